@@ -1,0 +1,57 @@
+"""Per-request sampling parameters, shared by the API layer and the engine.
+
+Field meanings follow the OpenAI API reference (``temperature``, ``top_p``, ``presence_penalty``,
+``frequency_penalty``, ``logit_bias``, ``seed``, ``stop``, ``logprobs``/``top_logprobs``) and vLLM's
+extras (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence is sampled and when it stops.
+
+    Attributes:
+        max_tokens: most tokens to generate (>= 1); ``finish_reason="length"`` when reached.
+        temperature: 0 means greedy (argmax); > 0 divides the logits.
+        top_p: nucleus mass in (0, 1]; 1 disables.
+        top_k: keep the k most likely tokens; 0 or -1 disables.
+        min_p: drop tokens whose probability is below ``min_p * p_max``; 0 disables.
+        seed: seeds this request's own ``torch.Generator``; the same seed gives the same tokens
+            whatever else runs in the batch. None: non-deterministic.
+        presence_penalty, frequency_penalty: OpenAI additive penalties over the generated tokens, in [-2, 2].
+        repetition_penalty: multiplicative penalty (CTRL paper, Keskar et al. 2019) over prompt and
+            generated tokens; 1 disables.
+        logit_bias: token id -> bias added to its logit, in [-100, 100].
+        stop: stop strings; the output ends before the first match, which is not included.
+        stop_token_ids: token ids that end the sequence (not included in the text).
+        ignore_eos: keep generating past EOS (benchmarks).
+        logprobs: return the chosen token's log-probability for every generated token.
+        top_logprobs: also return this many most likely alternatives per position (0..20).
+        min_tokens: do not stop on EOS / stop ids before this many tokens.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    min_tokens: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when sampling reduces to argmax (temperature 0)."""
+        return self.temperature <= 0.0

