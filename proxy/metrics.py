@@ -1,0 +1,117 @@
+"""Prometheus metrics of streamproxy, named after vLLM's (``vllm:*`` -> ``streamproxy:*``).
+
+Each ``Metrics`` owns its own ``CollectorRegistry`` so that several apps (tests) never clash.
+Latencies are in seconds, as Prometheus and vLLM use them. Gauges that mirror engine state
+(running, waiting, KV cache usage) are read at scrape time through callables, so they are never stale.
+
+Names (vLLM ``vllm/v1/metrics/loggers.py``):
+    streamproxy:time_to_first_token_seconds   histogram, arrival -> first token
+    streamproxy:inter_token_latency_seconds   histogram, between consecutive tokens of a request
+    streamproxy:e2e_request_latency_seconds   histogram, arrival -> finish
+    streamproxy:request_queue_time_seconds    histogram, arrival -> first scheduled
+    streamproxy:prompt_tokens_total           counter
+    streamproxy:generation_tokens_total       counter
+    streamproxy:request_success_total         counter, label finished_reason (stop, length, abort, error)
+    streamproxy:num_requests_running          gauge
+    streamproxy:num_requests_waiting          gauge
+    streamproxy:kv_cache_usage_perc           gauge, 0..1
+    streamproxy:request_rejected_total        counter, label reason (queue_full, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+PREFIX = "streamproxy:"
+
+# Buckets as vLLM uses them for TTFT / ITL / request latencies (seconds).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The server's metrics registry and the observations the API layer records.
+
+    Args:
+        model_name: value of the ``model_name`` label on every metric (as vLLM labels them).
+        num_running, num_waiting: callables returning the engine's current counts (requests).
+        kv_cache_usage: callable returning the used fraction of KV blocks, in [0, 1].
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        num_running: Callable[[], float] = lambda: 0,
+        num_waiting: Callable[[], float] = lambda: 0,
+        kv_cache_usage: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        reg = self.registry
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token (s).", labels,
+                              buckets=TTFT_BUCKETS, registry=reg).labels(model_name)
+        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Inter-token latency (s).", labels,
+                             buckets=ITL_BUCKETS, registry=reg).labels(model_name)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "End-to-end request latency (s).", labels,
+                             buckets=REQUEST_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Time waiting before first scheduled (s).",
+                                    labels, buckets=REQUEST_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefill tokens processed.", labels,
+                                     registry=reg).labels(model_name)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", labels,
+                                         registry=reg).labels(model_name)
+        self._success = Counter(PREFIX + "request_success", "Finished requests by finish_reason.",
+                                labels + ["finished_reason"], registry=reg)
+        self._rejected = Counter(PREFIX + "request_rejected", "Requests refused before they ran, by reason.",
+                                 labels + ["reason"], registry=reg)
+        Gauge(PREFIX + "num_requests_running", "Requests in the running batch.", labels,
+              registry=reg).labels(model_name).set_function(num_running)
+        Gauge(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled.", labels,
+              registry=reg).labels(model_name).set_function(num_waiting)
+        Gauge(PREFIX + "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels,
+              registry=reg).labels(model_name).set_function(kv_cache_usage)
+
+    def observe_first_token(self, ttft_s: float) -> None:
+        """Record one request's time to first token, in seconds."""
+        self.ttft.observe(ttft_s)
+
+    def observe_inter_token(self, itl_s: float, num_tokens: int = 1) -> None:
+        """Record ``num_tokens`` inter-token gaps of ``itl_s`` seconds each."""
+        for _ in range(num_tokens):
+            self.itl.observe(itl_s)
+
+    def observe_finished(
+        self,
+        finish_reason: str,
+        *,
+        e2e_s: float,
+        queue_s: float | None,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+    ) -> None:
+        """Record a finished request: its latency (s), queue time (s), token counts and finish_reason."""
+        self.e2e.observe(e2e_s)
+        if queue_s is not None:
+            self.queue_time.observe(queue_s)
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.generation_tokens.inc(num_generation_tokens)
+        self._success.labels(self.model_name, finish_reason).inc()
+
+    def observe_rejected(self, reason: str) -> None:
+        """Count one request refused before it ran (e.g. ``queue_full``)."""
+        self._rejected.labels(self.model_name, reason).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric (``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)

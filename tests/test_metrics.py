@@ -1,0 +1,48 @@
+"""The Prometheus metrics: vLLM-style names, values recorded exactly, gauges read at scrape time."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import Metrics
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_names_and_values() -> None:
+    state = {"running": 3, "waiting": 1, "kv": 0.25}
+    m = Metrics("m", num_running=lambda: state["running"], num_waiting=lambda: state["waiting"],
+                kv_cache_usage=lambda: state["kv"])
+    m.observe_first_token(0.05)
+    m.observe_inter_token(0.02, num_tokens=3)
+    m.observe_finished("stop", e2e_s=1.5, queue_s=0.01, num_prompt_tokens=7, num_generation_tokens=4)
+    m.observe_finished("length", e2e_s=2.0, queue_s=None, num_prompt_tokens=5, num_generation_tokens=16)
+    m.observe_rejected("queue_full")
+    state["running"] = 5
+    s = _samples(m)
+    lab = (("model_name", "m"),)
+    assert s[("streamproxy:time_to_first_token_seconds_count", lab)] == 1
+    assert s[("streamproxy:time_to_first_token_seconds_sum", lab)] == 0.05
+    assert s[("streamproxy:inter_token_latency_seconds_count", lab)] == 3
+    assert s[("streamproxy:e2e_request_latency_seconds_count", lab)] == 2
+    assert s[("streamproxy:e2e_request_latency_seconds_sum", lab)] == 3.5
+    assert s[("streamproxy:request_queue_time_seconds_count", lab)] == 1
+    assert s[("streamproxy:prompt_tokens_total", lab)] == 12
+    assert s[("streamproxy:generation_tokens_total", lab)] == 20
+    assert s[("streamproxy:request_success_total", (("finished_reason", "stop"), ("model_name", "m")))] == 1
+    assert s[("streamproxy:request_success_total", (("finished_reason", "length"), ("model_name", "m")))] == 1
+    assert s[("streamproxy:request_rejected_total", (("model_name", "m"), ("reason", "queue_full")))] == 1
+    assert s[("streamproxy:num_requests_running", lab)] == 5  # read at scrape time, not at construction
+    assert s[("streamproxy:num_requests_waiting", lab)] == 1
+    assert s[("streamproxy:kv_cache_usage_perc", lab)] == 0.25
+
+
+def test_registries_are_independent() -> None:
+    a, b = Metrics("a"), Metrics("b")
+    a.observe_first_token(1.0)
+    assert ("streamproxy:time_to_first_token_seconds_count", (("model_name", "b"),)) in _samples(b)
+    assert _samples(b)[("streamproxy:time_to_first_token_seconds_count", (("model_name", "b"),))] == 0
