@@ -1,0 +1,44 @@
+"""Hot path selector: the compiled twin (``proxy.hotpath._hotpath``, from ``ext/hotpath.pyx``) unless
+``STREAMPROXY_PURE_PYTHON=1`` or it failed to import; then the pure-Python reference
+(``proxy.hotpath.python``). ``IS_COMPILED`` says which one is exported; ``COMPILED_IMPORT_ERROR`` holds
+the import error text when the compiled module should have loaded and did not (a test fails on it when
+``STREAMPROXY_REQUIRE_COMPILED=1``, as ``make test`` sets).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+from proxy.hotpath import python
+
+COMPILED_IMPORT_ERROR: str | None = None
+_impl: ModuleType = python
+IS_COMPILED = False
+
+if os.environ.get("STREAMPROXY_PURE_PYTHON", "") != "1":
+    try:
+        from proxy.hotpath import _hotpath
+    except ImportError as exc:  # not built: fall back, a test reports it when CI requires it
+        COMPILED_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+    else:
+        _impl = _hotpath
+        IS_COMPILED = True
+
+DecodeTable = _impl.DecodeTable
+IncrementalDetokenizer = _impl.IncrementalDetokenizer
+StopChecker = _impl.StopChecker
+ChunkFramer = _impl.ChunkFramer
+dumps = _impl.dumps
+utf8_complete_prefix_len = _impl.utf8_complete_prefix_len
+
+__all__ = [
+    "COMPILED_IMPORT_ERROR",
+    "IS_COMPILED",
+    "ChunkFramer",
+    "DecodeTable",
+    "IncrementalDetokenizer",
+    "StopChecker",
+    "dumps",
+    "utf8_complete_prefix_len",
+]
