@@ -1,0 +1,71 @@
+"""Per-request Prometheus observations (TTFT, ITL, latency, finish reasons) from engine outputs.
+
+Feeds :class:`proxy.metrics.Metrics` from the :class:`~proxy.engine.output.OutputProcessor`'s
+observer hook. Times are ``time.monotonic()`` seconds, the clock of ``RequestOutput`` timestamps.
+TTFT is the engine's ``first_token_time - arrival_time``; inter-token latency is measured where
+the outputs reach the event loop (what a client can see at best), as vLLM's frontend does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.metrics import Metrics
+
+
+@dataclass
+class _Seen:
+    arrival_time: float
+    last_token_time: float | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+class MetricsRecorder:
+    """Turns the outputs of each engine request into ``Metrics`` observations."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._seen: dict[str, _Seen] = {}
+
+    def on_output(self, output: Any, finish_reason: str | None) -> None:
+        """Observer for ``OutputProcessor``: one engine output and the finish reason decided for it."""
+        now = time.monotonic()
+        seen = self._seen.get(output.request_id)
+        if seen is None:
+            seen = _Seen(output.arrival_time or now, None, output.num_prompt_tokens, 0)
+            self._seen[output.request_id] = seen
+        num_new = len(output.new_token_ids)
+        if num_new:
+            if seen.last_token_time is None:
+                first = output.first_token_time if output.first_token_time is not None else now
+                self.metrics.observe_first_token(max(0.0, first - seen.arrival_time))
+                if num_new > 1:
+                    self.metrics.observe_inter_token(0.0, num_new - 1)
+            else:
+                self.metrics.observe_inter_token((now - seen.last_token_time) / num_new, num_new)
+            seen.last_token_time = now
+        seen.num_output_tokens = output.num_output_tokens or seen.num_output_tokens + num_new
+        seen.num_prompt_tokens = output.num_prompt_tokens or seen.num_prompt_tokens
+        if finish_reason is None:
+            return
+        del self._seen[output.request_id]
+        scheduled = output.first_scheduled_time
+        self.metrics.observe_finished(
+            finish_reason,
+            e2e_s=max(0.0, now - seen.arrival_time),
+            queue_s=None if scheduled is None else max(0.0, scheduled - seen.arrival_time),
+            num_prompt_tokens=seen.num_prompt_tokens,
+            num_generation_tokens=seen.num_output_tokens,
+        )
+
+    def on_abort(self, request_id: str) -> None:
+        """The client went away: count the request as ``abort`` (if it produced any output)."""
+        seen = self._seen.pop(request_id, None)
+        if seen is None:
+            return
+        self.metrics.observe_finished("abort", e2e_s=max(0.0, time.monotonic() - seen.arrival_time),
+                                      queue_s=None, num_prompt_tokens=seen.num_prompt_tokens,
+                                      num_generation_tokens=seen.num_output_tokens)

@@ -1,0 +1,113 @@
+"""/health, /v1/models and /v1/models/{id}; 503 while loading and after the engine died."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+
+from proxy.api.app import create_app
+from proxy.api.routes import ServingModel
+from proxy.settings import Settings
+
+from .conftest import MODEL, chat_body, run, serve
+from .fakes import FakeEngine, make_tokenizer
+
+
+def test_models_list_and_get():
+    async def main():
+        async with serve() as s:
+            return (await s.client.get("/v1/models"), await s.client.get(f"/v1/models/{MODEL}"),
+                    await s.client.get("/v1/models/other/model"))
+
+    lst, one, other = run(main())
+    card = one.json()
+    assert lst.json() == {"object": "list", "data": [card]}
+    assert card["id"] == MODEL and card["object"] == "model" and card["owned_by"] == "streamproxy"
+    assert isinstance(card["created"], int) and card["max_model_len"] == 128
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+
+
+def test_health_503_while_loading_then_200_then_503_when_engine_dies():
+    release = threading.Event()
+    engine = FakeEngine()
+    tok = make_tokenizer()
+
+    def factory(_: Settings) -> ServingModel:
+        release.wait(10)
+        return ServingModel(engine, tok, MODEL, 128)
+
+    async def main():
+        app = create_app(Settings(), factory)
+        async with app.router.lifespan_context(app), \
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            loading = await c.get("/health")
+            chat_loading = await c.post("/v1/chat/completions", json=chat_body())
+            release.set()
+            for _ in range(200):
+                if app.state.server.status == "ready":
+                    break
+                await asyncio.sleep(0.01)
+            ready = await c.get("/health")
+            engine.is_healthy = False
+            dead = await c.get("/health")
+            chat_dead = await c.post("/v1/chat/completions", json=chat_body())
+            return loading, chat_loading, ready, dead, chat_dead
+
+    loading, chat_loading, ready, dead, chat_dead = run(main())
+    assert loading.status_code == 503 and loading.json()["status"] == "loading"
+    assert chat_loading.status_code == 503 and chat_loading.json()["error"]["code"] == "service_unavailable"
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.json()["num_running"] == 0
+    assert dead.status_code == 503 and dead.json()["status"] == "dead"
+    assert chat_dead.status_code == 503 and chat_dead.json()["error"]["code"] == "engine_dead"
+
+
+def test_failed_load_is_503_with_reason():
+    def factory(_: Settings) -> ServingModel:
+        raise FileNotFoundError("no such model")
+
+    async def main():
+        app = create_app(Settings(), factory)
+        async with app.router.lifespan_context(app):
+            for _ in range(200):
+                if app.state.server.status != "loading":
+                    break
+                await asyncio.sleep(0.01)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+                return await c.get("/health")
+
+    r = run(main())
+    assert r.status_code == 503
+    assert r.json() == {"status": "failed", "error": "Loading the model failed: FileNotFoundError: no such model"}
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_endpoint_records_requests():
+    async def main():
+        async with serve() as s:
+            await s.client.post("/v1/chat/completions", json=chat_body(max_tokens=3))
+            await s.client.post("/v1/chat/completions", json=chat_body(stop=["END"], stream=True))
+            s.engine.max_waiting = 0
+            await s.client.post("/v1/chat/completions", json=chat_body())
+            return await s.client.get("/metrics"), s.tokenizer
+
+    r, tok = run(main())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = _samples(r.text)
+    lab = (("model_name", MODEL),)
+    assert m[("streamproxy:request_success_total", (("finished_reason", "length"), *lab))] == 1
+    assert m[("streamproxy:request_success_total", (("finished_reason", "stop"), *lab))] == 1
+    assert m[("streamproxy:request_rejected_total", (*lab, ("reason", "queue_full")))] == 1
+    num_stop = len(tok.encode("Hello world! alpha beta 你好 🤗 END"))  # tokens up to the one completing "END"
+    assert m[("streamproxy:generation_tokens_total", lab)] == 3 + num_stop
+    assert m[("streamproxy:time_to_first_token_seconds_count", lab)] == 2
+    assert m[("streamproxy:inter_token_latency_seconds_count", lab)] == 2 + num_stop - 1
+    assert m[("streamproxy:num_requests_running", lab)] == 0

@@ -1,0 +1,126 @@
+"""OutputProcessor + Mailbox: detokenize, stop strings, coalescing for a lagging consumer, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.engine.output import Mailbox, OutputProcessor
+from proxy.engine.request import RequestOutput, TokenLogprob
+from proxy.sampling import SamplingParams
+
+from .fakes import make_tokenizer
+
+
+def out(rid, ids, finished=False, reason=None, lps=None, stop_reason=None, error=None):
+    return RequestOutput(rid, list(ids), lps, finished, reason, 3, 0, error, stop_reason=stop_reason)
+
+
+def setup(params=None, n=1):
+    params = params or SamplingParams()
+    tok = make_tokenizer()
+    aborted: list[str] = []
+    proc = OutputProcessor(tok, aborted.append)
+    box = Mailbox(n)
+    for i in range(n):
+        proc.add(f"r-{i}", box, i, params)
+    return tok, proc, box, aborted
+
+
+def test_lagging_consumer_gets_one_coalesced_delta():
+    async def main():
+        tok, proc, box, _ = setup()
+        ids = tok.encode("Hello world! alpha beta")
+        for t in ids:  # the consumer does not run in between: everything merges into the slot
+            proc.process(out("r-0", [t]))
+        first = box.take()
+        proc.process(out("r-0", [], True, "length"))
+        second = box.take()
+        return ids, first, second, box
+
+    ids, first, second, box = asyncio.run(main())
+    assert [(d.index, d.text, d.finish_reason) for d in first] == [(0, "Hello world! alpha beta", None)]
+    assert [(d.index, d.text, d.finish_reason) for d in second] == [(0, "", "length")]
+    assert box.take() == [] and box.is_finished and box.num_output_tokens == len(ids)
+
+
+def test_split_character_is_held_until_complete():
+    async def main():
+        tok, proc, box, _ = setup()
+        ids = tok.encode("a 🤗")  # the emoji spans two byte-level tokens
+        texts = []
+        for t in ids:
+            proc.process(out("r-0", [t]))
+            texts.append("".join(d.text for d in box.take()))
+        return texts
+
+    texts = asyncio.run(main())
+    assert "".join(texts) == "a 🤗"
+    assert all("\ufffd" not in t for t in texts) and "" in texts  # the first half produced no text
+
+
+def test_stop_string_finishes_and_aborts_once():
+    async def main():
+        tok, proc, box, aborted = setup(SamplingParams(stop=("END",)))
+        for t in tok.encode("alpha END beta"):
+            proc.process(out("r-0", [t]))
+        return box.take(), aborted, proc.num_tracked
+
+    deltas, aborted, tracked = asyncio.run(main())
+    assert "".join(d.text for d in deltas) == "alpha "
+    assert deltas[-1].finish_reason == "stop"
+    assert aborted == ["r-0"] and tracked == 0
+
+
+def test_stop_token_text_is_excluded_and_its_logprob_has_no_bytes():
+    async def main():
+        tok, proc, box, _ = setup(SamplingParams(logprobs=True))
+        a = tok.encode("alpha")[0]
+        proc.process(out("r-0", [a], lps=[TokenLogprob(a, -0.1, [])]))
+        proc.process(out("r-0", [a], True, "stop", lps=[TokenLogprob(a, float("-inf"), [])], stop_reason=a))
+        return tok, box.take()
+
+    tok, deltas = asyncio.run(main())
+    text = tok.decode(tok.encode("alpha")[:1])
+    assert "".join(d.text for d in deltas) == text
+    entries = [e for d in deltas for e in d.logprobs]
+    assert [(e.token_bytes, e.logprob) for e in entries] == [(text.encode(), -0.1), (b"", -9999.0)]
+
+
+def test_engine_error_and_abort_fail_the_mailbox():
+    async def main():
+        _, proc, box, _ = setup(n=2)
+        proc.process(out("r-1", [], True, "error", error="boom"))
+        proc.process(out("r-0", [], True, "abort"))
+        return box
+
+    box = asyncio.run(main())
+    assert box.error == "boom" and box.is_finished
+
+
+def test_outputs_after_remove_are_dropped():
+    async def main():
+        tok, proc, box, _ = setup()
+        proc.remove("r-0")
+        proc.remove("r-0")
+        proc.process(out("r-0", tok.encode("alpha"), True, "length"))
+        return box.take()
+
+    assert asyncio.run(main()) == []
+
+
+def test_wait_wakes_on_text_and_not_on_held_back_bytes():
+    async def main():
+        tok, proc, box, _ = setup()
+        half = tok.encode("🤗")[0]
+        proc.process(out("r-0", [half]))
+        try:
+            await asyncio.wait_for(box.wait(), 0.05)
+            woke = True
+        except asyncio.TimeoutError:
+            woke = False
+        proc.process(out("r-0", tok.encode("🤗")[1:]))
+        await asyncio.wait_for(box.wait(), 1)
+        return woke, box.take()
+
+    woke, deltas = asyncio.run(main())
+    assert not woke and deltas[0].text == "🤗"

@@ -1,0 +1,113 @@
+"""The API over the real engine (EngineCore + AsyncEngine + Tokenizer) with a tiny random Llama, in-process.
+
+Fast (no default model): stream == non-stream at T0, n > 1 with seeds, the stop-prefix invariant with
+the engine freed, and an engine fault after the stream started (C19): error event, [DONE], the
+engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy.api.app import create_app
+from proxy.settings import Settings
+
+from .conftest import sse_events, sse_json
+from .fakes import make_tiny_model
+
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    make_tiny_model(folder)
+    return folder
+
+
+def body(**kw):
+    return {"model": NAME, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True, **kw}
+
+
+async def with_app(model_dir: Path, fn):
+    settings = Settings(model=str(model_dir), served_model_name=NAME, max_model_len=256, num_kv_blocks=64,
+                        block_size=16, num_threads=1, device="cpu", dtype="float32")
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        state = app.state.server
+        for _ in range(3000):
+            if state.status != "loading":
+                break
+            await asyncio.sleep(0.01)
+        assert state.status == "ready", state.load_error
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
+                                     timeout=120) as client:
+            return await fn(client, state)
+
+
+async def wait_idle(client: httpx.AsyncClient) -> dict:
+    for _ in range(200):
+        h = (await client.get("/health")).json()
+        if h["num_running"] == 0 and h["num_free_blocks"] == h["num_total_blocks"]:
+            return h
+        await asyncio.sleep(0.01)
+    raise AssertionError(h)
+
+
+def test_real_engine_end_to_end(model_dir: Path):
+    async def scenario(client: httpx.AsyncClient, state):
+        out = {}
+        plain, streamed = await asyncio.gather(
+            client.post("/v1/chat/completions", json=body()),
+            client.post("/v1/chat/completions", json=body(stream=True, stream_options={"include_usage": True})))
+        out["plain"], out["stream"] = plain.json(), sse_json(streamed.content)
+        n2 = body(n=2, temperature=1.0, seed=11, max_tokens=6)
+        out["n2_plain"] = (await client.post("/v1/chat/completions", json=n2)).json()
+        out["n2_stream"] = sse_json((await client.post("/v1/chat/completions", json={**n2, "stream": True})).content)
+        raw = out["plain"]["choices"][0]["message"]["content"]
+        stop = raw[len(raw) // 2: len(raw) // 2 + 2]
+        out["stop"] = stop
+        out["stopped"] = (await client.post("/v1/chat/completions", json=body(stop=[stop]))).json()
+        out["idle"] = await wait_idle(client)
+
+        calls = {"n": 0}
+
+        def fault() -> None:
+            calls["n"] += 1
+            if calls["n"] > 4:
+                raise RuntimeError("injected fault")
+
+        state.model.engine.fault_injector = fault
+        out["faulted"] = (await client.post("/v1/chat/completions", json=body(stream=True))).content
+        state.model.engine.fault_injector = None
+        out["after"] = (await client.post("/v1/chat/completions", json=body(max_tokens=3))).json()
+        out["health"] = await client.get("/health")
+        return out
+
+    out = asyncio.run(with_app(model_dir, scenario))
+    plain, chunks = out["plain"], out["stream"]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == plain["choices"][0]["message"]["content"]
+    assert plain["usage"]["completion_tokens"] == 12 and plain["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"] == plain["usage"]
+    for i in (0, 1):
+        mine = "".join(c["choices"][0]["delta"].get("content", "") for c in out["n2_stream"]
+                       if c["choices"] and c["choices"][0]["index"] == i)
+        assert mine == out["n2_plain"]["choices"][i]["message"]["content"]
+    raw, stop = plain["choices"][0]["message"]["content"], out["stop"]
+    assert out["stopped"]["choices"][0]["message"]["content"] == raw[: raw.find(stop)]
+    assert out["stopped"]["choices"][0]["finish_reason"] == "stop"
+    assert out["idle"]["num_running"] == 0
+    events = sse_events(out["faulted"])
+    assert events[-1] == b"[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and "injected fault" in err["message"]
+    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
+    assert out["after"]["usage"]["completion_tokens"] == 3
+    assert out["health"].status_code == 200

@@ -1,0 +1,116 @@
+"""One real ``python -m proxy serve`` (default model) per test process, started on first use.
+
+Tests get it through the ``server`` fixture (tests/e2e/conftest.py, tests/test_cases.py). It listens
+on a free port of 127.0.0.1; the process is stopped at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 600.0  # the first run converts the GGUF once; later starts take seconds
+
+
+@dataclass
+class Server:
+    base_url: str
+    port: int
+    model: str
+    max_model_len: int
+    process: subprocess.Popen
+    log_path: Path
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.base_url}/health", timeout=10).json()
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+
+_SERVER: Server | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_server(tmp_dir: Path) -> Server:
+    """Start the server once (or return the running one); waits for /health 200."""
+    global _SERVER
+    if _SERVER is not None and _SERVER.process.poll() is None:
+        return _SERVER
+    port = free_port()
+    log_path = tmp_dir / "server.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", "2",
+         "--max-num-seqs", "16", "--kv-cache-bytes", str(256 << 20)],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    atexit.register(_stop, process)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            r = httpx.get(f"{base}/health", timeout=2)
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    else:
+        _stop(process)
+        raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+    card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
+    _SERVER = Server(base, port, card["id"], card["max_model_len"], process, log_path)
+    return _SERVER
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def sse_payloads(raw: bytes) -> list[bytes]:
+    """Event payloads of an SSE body; asserts the exact ``data: <one line>\\n\\n`` framing."""
+    assert raw.endswith(b"\n\n"), raw[-80:]
+    out = []
+    for event in raw[:-2].split(b"\n\n"):
+        if event.startswith(b":"):
+            continue
+        assert event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event, event[:200]
+        out.append(event[6:])
+    return out
+
+
+def sse_chunks(raw: bytes) -> list[dict]:
+    """JSON chunks of a complete stream; asserts one final ``[DONE]`` and strict UTF-8 JSON."""
+    payloads = sse_payloads(raw)
+    assert payloads[-1] == b"[DONE]" and payloads.count(b"[DONE]") == 1
+    chunks = []
+    for p in payloads[:-1]:
+        text = p.decode("utf-8")  # strict
+        obj = json.loads(text)
+        assert "\\ud8" not in text.lower() and "\\udc" not in text.lower()  # no lone surrogate escapes
+        chunks.append(obj)
+    return chunks

@@ -1,0 +1,96 @@
+"""The README's examples, run as written against live servers (only host/port and paths substituted)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from api.fakes import make_tiny_model
+
+from .server import REPO, Server, free_port, sse_chunks
+
+pytestmark = pytest.mark.slow
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, flags=re.DOTALL)
+DEFAULT_URL = "127.0.0.1:8000"
+
+
+def blocks(lang: str, needle: str) -> list[str]:
+    return [code for kind, code in BLOCKS if kind == lang and needle in code]
+
+
+def test_readme_has_the_examples():
+    assert blocks("bash", "make serve") and blocks("bash", "curl -N")
+    assert blocks("python", "from openai import OpenAI") and blocks("python", "ChatOpenAI")
+    assert blocks("bash", "streamproxy serve --model")
+
+
+@pytest.mark.parametrize("needle", ["from openai import OpenAI", "ChatOpenAI"])
+def test_python_examples(server: Server, needle: str):
+    (code,) = blocks("python", needle)
+    assert server.model in code
+    code = code.replace(DEFAULT_URL, f"127.0.0.1:{server.port}")
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_example(server: Server):
+    (code,) = blocks("bash", "curl -N")
+    code = code.replace(DEFAULT_URL, f"127.0.0.1:{server.port}")
+    out = subprocess.run(["bash", "-c", code], check=False, capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    chunks = sse_chunks(out.stdout)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_serve_another_model(tmp_path: Path):
+    (code,) = blocks("bash", "streamproxy serve --model")
+    folder = tmp_path / "tiny-llama"
+    make_tiny_model(folder)
+    port = free_port()
+    argv = shlex.split(code.strip())
+    assert argv[:3] == ["streamproxy", "serve", "--model"]
+    argv[3] = str(folder)
+    name = argv[argv.index("--served-model-name") + 1]
+    cmd = [sys.executable, "-m", "proxy", *argv[1:], "--port", str(port), "--num-threads", "1",
+           "--max-model-len", "256", "--num-kv-blocks", "64"]
+    log = tmp_path / "server.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        assert httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"] == name
+        body = {"model": name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5,
+                "temperature": 0, "ignore_eos": True}
+        full = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+        r = httpx.post(f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+        chunks = sse_chunks(r.content)
+        assert full["usage"]["completion_tokens"] == 5 and full["choices"][0]["finish_reason"] == "length"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        assert text == full["choices"][0]["message"]["content"]
+        assert "ready" in log.read_text() and f"127.0.0.1:{port}" in log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -1,0 +1,52 @@
+"""CLI: options and STREAMPROXY_* environment -> Settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from proxy.cli import build_parser, settings_from
+from proxy.settings import Settings
+
+
+def parse(argv, env=None):
+    return settings_from(build_parser().parse_args(["serve", *argv]), env or {})
+
+
+def test_defaults_are_the_settings_defaults():
+    assert parse([]) == Settings()
+
+
+def test_options():
+    s = parse(["--model", "/m", "--host", "0.0.0.0", "--port", "9000", "--served-model-name", "x",
+               "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--dtype",
+               "float32", "--device", "cpu", "--num-kv-blocks", "10", "--block-size", "8", "--max-waiting", "3",
+               "--api-key", "a", "--api-key", "b", "--allowed-origins", "http://x,http://y", "--log-level",
+               "debug", "--keepalive-interval-s", "2.5"])
+    assert s == Settings(model="/m", host="0.0.0.0", port=9000, served_model_name="x", max_model_len=256,
+                         max_num_seqs=4, max_num_batched_tokens=64, dtype="float32", device="cpu", num_kv_blocks=10,
+                         block_size=8, max_waiting=3, api_keys=("a", "b"), allowed_origins=("http://x", "http://y"),
+                         log_level="debug", keepalive_interval_s=2.5)
+
+
+def test_environment_and_precedence():
+    env = {"STREAMPROXY_PORT": "8123", "STREAMPROXY_MODEL": "/env", "STREAMPROXY_API_KEYS": "k1, k2",
+           "STREAMPROXY_MAX_MODEL_LEN": "512"}
+    s = parse(["--model", "/cli"], env)
+    assert (s.port, s.model, s.api_keys, s.max_model_len) == (8123, "/cli", ("k1", "k2"), 512)
+
+
+def test_bad_environment_value_is_an_error():
+    with pytest.raises(ValueError, match="STREAMPROXY_PORT"):
+        parse([], {"STREAMPROXY_PORT": "abc"})
+
+
+def test_python_m_proxy_help():
+    out = subprocess.run([sys.executable, "-m", "proxy", "serve", "--help"], check=False, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0
+    for opt in ("--model", "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
+                "--dtype", "--device", "--api-key", "STREAMPROXY_PORT"):
+        assert opt in out.stdout

@@ -1,0 +1,115 @@
+"""Layering rules of ../shared/DESIGN.md, checked by walking every import in proxy/ (AST, incl. lazy ones).
+
+Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer -> engine ->
+api -> cli. Nothing imports api or cli; scheduler and block manager never import torch; only
+api/app.py imports starlette and only cli.py imports uvicorn.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "proxy"
+
+LAYERS = [  # (module prefix, layer); the longest matching prefix wins
+    ("proxy.hotpath", 0),
+    ("proxy", 0),
+    ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
+    ("proxy.protocol", 2), ("proxy.tokenizer", 2),
+    ("proxy.engine", 3), ("proxy.models", 3),
+    ("proxy.api", 4),
+    ("proxy.cli", 5),
+    ("proxy.__main__", 6),
+]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer(name: str) -> int:
+    best = max((p for p, _ in LAYERS if name == p or name.startswith(p + ".")), key=len)
+    return dict(LAYERS)[best]
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.add(mod)
+            found.update(f"{mod}.{a.name}" for a in node.names if mod.startswith("proxy"))
+    return found
+
+
+MODULES = {module_name(p): imports_of(p) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def proxy_imports(mod: str) -> set[str]:
+    """Imported proxy modules (names that are modules or packages of this tree)."""
+    return {i for i in MODULES[mod] if i in MODULES}
+
+
+def test_walk_found_the_tree():
+    assert {"proxy.protocol", "proxy.api.app", "proxy.cli", "proxy.engine.output"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_no_upward_imports(mod):
+    for dep in proxy_imports(mod):
+        if dep == mod or dep.startswith(mod + ".") or mod.startswith(dep + "."):
+            continue  # a package and its own modules
+        assert layer(dep) <= layer(mod), f"{mod} (layer {layer(mod)}) imports {dep} (layer {layer(dep)})"
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_nothing_imports_api_or_cli(mod):
+    if mod.startswith("proxy.api") or mod in ("proxy.cli", "proxy.__main__"):
+        return
+    bad = {d for d in MODULES[mod] if d.startswith(("proxy.api", "proxy.cli"))}
+    assert not bad, f"{mod} imports {bad}"
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("proxy.hotpath")))
+def test_hot_path_is_stdlib_only(mod):
+    for dep in MODULES[mod]:
+        top = dep.split(".")[0]
+        assert top in sys.stdlib_module_names or dep.startswith("proxy.hotpath") or dep == "proxy", \
+            f"{mod} imports {dep}"
+
+
+@pytest.mark.parametrize(("library", "allowed"), [("starlette", "proxy.api.app"), ("uvicorn", "proxy.cli")])
+def test_only_one_module_imports_the_web_stack(library, allowed):
+    users = {m for m, deps in MODULES.items() if any(d == library or d.startswith(library + ".") for d in deps)}
+    assert users <= {allowed}, users
+
+
+def test_scheduler_and_block_manager_never_import_torch():
+    for mod in ("proxy.engine.scheduler", "proxy.engine.block_manager"):
+        assert mod in MODULES
+        assert not any(d.split(".")[0] == "torch" for d in MODULES[mod])
+    code = ("import sys, proxy.engine.scheduler, proxy.engine.block_manager; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]; "
+            "assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+                         cwd=ROOT.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
