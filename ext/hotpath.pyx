@@ -4,19 +4,31 @@
 
 The decode table is one contiguous byte blob with C offsets and a C kind array; the detokenizer
 appends token bytes into a C buffer and decodes once per ``feed`` with ``PyUnicode_DecodeUTF8``
-(``"replace"``: maximal-subpart U+FFFD, as ``bytes.decode`` and Rust ``from_utf8_lossy``). The framer
+(``"replace"``: maximal-subpart U+FFFD, as ``bytes.decode`` and Rust ``from_utf8_lossy``), or builds the
+``str`` directly when the bytes are well-formed (one-character results from a small cache). A single id
+fed with nothing pending returns the token's cached text (filled on first use per table). The framer
 escapes text straight from its UTF-8 bytes into a preallocated ``bytes`` object.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.string cimport memcpy, memmove
 
 import json
 
 cdef extern from "Python.h":
-    ctypedef struct PyObject
+    object PyUnicode_New(Py_ssize_t size, unsigned int maxchar)
+    void* PyUnicode_DATA(object o)
+    int PyUnicode_KIND(object o)
+    unsigned int PyUnicode_READ_CHAR(PyObject* o, Py_ssize_t index)
+    Py_ssize_t PyUnicode_FindChar(object s, unsigned int ch, Py_ssize_t start, Py_ssize_t end,
+                                  int direction) except -2
+    int PyUnicode_1BYTE_KIND
+    int PyUnicode_2BYTE_KIND
+    bint PyLong_CheckExact(PyObject* o)
     PyObject** PySequence_Fast_ITEMS(object o)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
     Py_ssize_t PyLong_AsSsize_t(PyObject* o) except? -1
@@ -70,6 +82,116 @@ cdef inline Py_ssize_t _complete_prefix_len(const unsigned char* buf, Py_ssize_t
     return j
 
 
+cdef Py_ssize_t _scan_utf8(const unsigned char* s, Py_ssize_t n, unsigned int* maxchar) noexcept nogil:
+    """Number of code points in ``s[:n]`` if it is well-formed UTF-8 (Unicode table 3-7), else -1.
+    ``maxchar`` gets the largest code point (0 for ``n == 0``)."""
+    cdef Py_ssize_t i = 0, count = 0
+    cdef unsigned int m = 0, cp
+    cdef unsigned char c, lo, hi
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            if c > m:
+                m = c
+            i += 1
+        elif 0xC2 <= c <= 0xDF:
+            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
+                return -1
+            cp = ((c & 0x1F) << 6) | (s[i + 1] & 0x3F)
+            if cp > m:
+                m = cp
+            i += 2
+        elif 0xE0 <= c <= 0xF4:
+            _second_range(c, &lo, &hi)
+            if c <= 0xEF:
+                if i + 2 >= n or s[i + 1] < lo or s[i + 1] > hi or (s[i + 2] & 0xC0) != 0x80:
+                    return -1
+                cp = ((c & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F)
+                i += 3
+            else:
+                if (i + 3 >= n or s[i + 1] < lo or s[i + 1] > hi or (s[i + 2] & 0xC0) != 0x80
+                        or (s[i + 3] & 0xC0) != 0x80):
+                    return -1
+                cp = 0x10000  # any astral code point: only the maximum's range matters here
+                i += 4
+            if cp > m:
+                m = cp
+        else:
+            return -1
+        count += 1
+    maxchar[0] = m
+    return count
+
+
+# Direct-mapped cache of one-character strings (a CJK character or emoji completed by a token is the
+# commonest non-ASCII delta); an entry is used only when its character is the one asked for.
+cdef enum:
+    _CHAR_CACHE_SIZE = 4096
+cdef PyObject* _char_cache[_CHAR_CACHE_SIZE]
+
+
+cdef object _decode_utf8(const unsigned char* s, Py_ssize_t n):
+    """``s[:n].decode("utf-8", "replace")``: built directly when well-formed, else by CPython's decoder
+    (maximal-subpart U+FFFD). Equal strings either way (same code points, canonical representation)."""
+    cdef unsigned int maxchar, cp
+    cdef Py_ssize_t count = _scan_utf8(s, n, &maxchar), i = 0, j = 0
+    cdef object text
+    cdef int kind
+    cdef void* data
+    cdef unsigned char c
+    cdef PyObject* hit
+    if count < 0:
+        return PyUnicode_DecodeUTF8(<const char*>s, n, "replace")
+    if maxchar < 0x80:
+        text = PyUnicode_New(n, maxchar)
+        memcpy(PyUnicode_DATA(text), s, n)
+        return text
+    if count == 1:
+        cp = _utf8_at(s, n)
+        hit = _char_cache[cp & (_CHAR_CACHE_SIZE - 1)]
+        if hit != NULL and PyUnicode_READ_CHAR(hit, 0) == cp:
+            return <object>hit
+    text = PyUnicode_New(count, maxchar)
+    kind = PyUnicode_KIND(text)
+    data = PyUnicode_DATA(text)
+    while i < n:
+        c = s[i]
+        if c < 0x80:
+            cp = c
+            i += 1
+        elif c < 0xE0:
+            cp = ((c & 0x1F) << 6) | (s[i + 1] & 0x3F)
+            i += 2
+        elif c < 0xF0:
+            cp = ((c & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F)
+            i += 3
+        else:
+            cp = ((c & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F)
+            i += 4
+        if kind == PyUnicode_1BYTE_KIND:
+            (<unsigned char*>data)[j] = <unsigned char>cp
+        elif kind == PyUnicode_2BYTE_KIND:
+            (<unsigned short*>data)[j] = <unsigned short>cp
+        else:
+            (<unsigned int*>data)[j] = cp
+        j += 1
+    if count == 1:
+        hit = _char_cache[cp & (_CHAR_CACHE_SIZE - 1)]
+        Py_INCREF(text)
+        _char_cache[cp & (_CHAR_CACHE_SIZE - 1)] = <PyObject*>text
+        Py_XDECREF(hit)
+    return text
+
+
+cdef inline unsigned int _utf8_at(const unsigned char* s, Py_ssize_t n) noexcept nogil:
+    """The code point of the single well-formed UTF-8 character ``s[:n]`` (``n`` in 2..4)."""
+    if n == 2:
+        return ((s[0] & 0x1F) << 6) | (s[1] & 0x3F)
+    if n == 3:
+        return ((s[0] & 0x0F) << 12) | ((s[1] & 0x3F) << 6) | (s[2] & 0x3F)
+    return ((s[0] & 0x07) << 18) | ((s[1] & 0x3F) << 12) | ((s[2] & 0x3F) << 6) | (s[3] & 0x3F)
+
+
 def utf8_complete_prefix_len(buf):
     """See ``proxy.hotpath.python.utf8_complete_prefix_len``."""
     cdef bytes b = bytes(buf)
@@ -87,10 +209,15 @@ cdef class DecodeTable:
     cdef Py_ssize_t* _offsets
     cdef unsigned char* _kinds
     cdef Py_ssize_t _n
+    # Lazily filled per-token decode cache: NULL = not looked at yet, ``None`` = the token's bytes end in an
+    # incomplete UTF-8 sequence (must go through the buffer), else ``bytes.decode("utf-8", "replace")`` of
+    # the token's bytes: what ``feed([id])`` returns when nothing is pending (owned references).
+    cdef PyObject** _strs
 
     def __cinit__(self):
         self._offsets = NULL
         self._kinds = NULL
+        self._strs = NULL
 
     def __init__(self, list token_bytes, special_ids, bint strip_leading_space,
                  byte_fallback_ids=frozenset()):
@@ -107,7 +234,8 @@ cdef class DecodeTable:
         self._blob = b"".join(self.token_bytes)
         self._offsets = <Py_ssize_t*>PyMem_Malloc((n + 1) * sizeof(Py_ssize_t))
         self._kinds = <unsigned char*>PyMem_Malloc(n + 1)
-        if self._offsets == NULL or self._kinds == NULL:
+        self._strs = <PyObject**>PyMem_Calloc(n + 1, sizeof(PyObject*))
+        if self._offsets == NULL or self._kinds == NULL or self._strs == NULL:
             raise MemoryError()
         for i in range(n):
             self._offsets[i] = pos
@@ -122,8 +250,32 @@ cdef class DecodeTable:
                 self._kinds[i] = KIND_BYTE
 
     def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self._strs != NULL:
+            for i in range(self._n):
+                Py_XDECREF(self._strs[i])
+            PyMem_Free(self._strs)
         PyMem_Free(self._offsets)
         PyMem_Free(self._kinds)
+
+    cdef PyObject* _token_str(self, Py_ssize_t tid) except NULL:
+        """Borrowed: the cached text of text token ``tid`` alone, or ``None`` (see ``_strs``)."""
+        cdef PyObject* r = self._strs[tid]
+        cdef Py_ssize_t a, k
+        cdef const unsigned char* p
+        cdef object text
+        if r != NULL:
+            return r
+        a = self._offsets[tid]
+        k = self._offsets[tid + 1] - a
+        p = <const unsigned char*>PyBytes_AS_STRING(self._blob) + a
+        if _complete_prefix_len(p, k) == k:
+            text = PyUnicode_DecodeUTF8(<const char*>p, k, "replace")
+        else:
+            text = None
+        Py_INCREF(text)
+        self._strs[tid] = <PyObject*>text
+        return <PyObject*>text
 
     def __len__(self):
         return self._n
@@ -281,21 +433,38 @@ cdef class IncrementalDetokenizer:
             self._strip_pending = False
             if self._buf[0] == 0x20:
                 start = 1
-        text = PyUnicode_DecodeUTF8(<char*>self._buf + start, k - start, "replace")
+        text = _decode_utf8(self._buf + start, k - start)
         if k < self._len:
             memmove(self._buf, self._buf + k, self._len - k)
         self._len -= k
         return text
 
+    @cython.binding(False)
+    @cython.always_allow_keywords(True)
     def feed(self, ids):
         """Append token ids; return the newly completed text (possibly ``""``)."""
         cdef PyObject** items
         cdef Py_ssize_t count, i, tid, a, b
         cdef unsigned char kind
+        cdef PyObject* cached
         if type(ids) is not list and type(ids) is not tuple:
             ids = list(ids)
         items = PySequence_Fast_ITEMS(ids)
         count = PySequence_Fast_GET_SIZE(ids)
+        if count == 1 and self._len == 0 and PyLong_CheckExact(items[0]):
+            # One id and nothing pending (the usual decode step): no buffer round trip. A text token whose
+            # bytes are complete UTF-8 returns its cached text, exactly what the general path decodes.
+            tid = PyLong_AsSsize_t(items[0])
+            if tid < 0 or tid >= self._n:
+                return _EMPTY
+            kind = self._kinds[tid]
+            if kind == KIND_SKIP:
+                return _EMPTY
+            if kind == KIND_TEXT and self._run_len == 0 and not self._strip_pending:
+                cached = self._table._token_str(tid)
+                if cached != <PyObject*>None:
+                    self._run_invalid = False  # what ``_end_run`` does to an empty run
+                    return <object>cached
         for i in range(count):
             tid = PyLong_AsSsize_t(items[i])
             if tid < 0 or tid >= self._n:
@@ -328,6 +497,7 @@ cdef class StopChecker:
     cdef Py_ssize_t _max_len
     cdef str _held
     cdef Py_ssize_t _matched
+    cdef str _inner_chars  # characters a partial match can end with: each stop string but its last
 
     def __init__(self, stop):
         cdef Py_ssize_t i
@@ -338,6 +508,7 @@ cdef class StopChecker:
                 self._stops.append(str(s))
                 self._stop_index.append(i)
         self._max_len = max([len(s) for s in self._stops], default=0)
+        self._inner_chars = "".join([s[:len(s) - 1] for s in self._stops])
         self._held = _EMPTY
         self._matched = -1
 
@@ -346,6 +517,8 @@ cdef class StopChecker:
         """Index of the matched stop string, or -1 (also set when ``flush`` resolves a match)."""
         return self._matched
 
+    @cython.binding(False)
+    @cython.always_allow_keywords(True)
     def feed(self, str text):
         """Add newly decoded text; returns ``(safe_text, matched_index_or_-1)``."""
         cdef str held
@@ -417,6 +590,11 @@ cdef class StopChecker:
         cdef str tail, s
         if top > n:
             top = n
+        # A partial match of length k ends with s[k - 1] of a stop string s longer than k: if the last
+        # character occurs in no stop string before its last position, nothing can be held back.
+        if top <= 0 or PyUnicode_FindChar(self._inner_chars, PyUnicode_READ_CHAR(<PyObject*>text, n - 1),
+                                          0, len(self._inner_chars), 1) < 0:
+            return 0
         for k in range(top, 0, -1):
             tail = text[n - k:]
             for s in self._stops:
