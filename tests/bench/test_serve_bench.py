@@ -1,0 +1,345 @@
+"""bench/serve_bench.py: the metric math (exact values) and a run against a fake OpenAI SSE server.
+
+The fake server (starlette under uvicorn on 127.0.0.1, in a thread) streams a role-only chunk at once,
+then content chunks at known delays, then a finish chunk and a usage chunk, like an OpenAI server with
+``stream_options.include_usage``. TTFT must be measured to the first *content* chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import math
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_module() -> Any:
+    spec = importlib.util.spec_from_file_location("serve_bench", REPO / "bench" / "serve_bench.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["serve_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sb = _load_module()
+
+ROLE_DELAY_S = 0.12  # role chunk at once, first content this much later
+GAP_S = 0.02  # between content chunks
+PROMPT_TOKENS = 11
+
+
+# --------------------------------------------------------------------------------------------------
+# metric math
+
+
+def _res(start: float, ttft: float, latency: float, itl: list[float], out: int | None, **kw: Any) -> Any:
+    return sb.RequestResult(
+        success=True, start_time=start, ttft=ttft, latency=latency, itl=itl, output_tokens=out,
+        prompt_tokens=kw.pop("prompt", 10), num_content_chunks=len(itl) + 1, **kw,
+    )
+
+
+def test_calculate_metrics_exact() -> None:
+    results = [
+        _res(0.0, 0.100, 1.100, [0.25, 0.25, 0.25, 0.25], 5),  # tpot (1.1-0.1)/4 = 0.25
+        _res(0.5, 0.300, 2.300, [0.5, 0.5, 1.0], 3, prompt=20),  # tpot 2.0/2 = 1.0
+        _res(3.0, 0.200, 0.200, [], 1),  # one token: no tpot, no itl
+        sb.RequestResult(success=False, error="HTTP 500", start_time=4.0, latency=0.01, prompt_tokens=None),
+    ]
+    m = sb.calculate_metrics(results, duration_s=4.0, percentiles=(50, 90, 99))
+    assert m["completed"] == 3 and m["failed"] == 1
+    assert m["total_input_tokens"] == 40
+    assert m["total_output_tokens"] == 9
+    assert m["request_throughput"] == pytest.approx(0.75)
+    assert m["output_throughput"] == pytest.approx(2.25)
+    assert m["total_token_throughput"] == pytest.approx(49 / 4)
+    assert m["mean_ttft_ms"] == pytest.approx(200.0)
+    assert m["median_ttft_ms"] == pytest.approx(200.0)
+    assert m["p90_ttft_ms"] == pytest.approx(280.0)  # linear interpolation between 200 and 300
+    assert m["std_ttft_ms"] == pytest.approx(math.sqrt(2 / 3) * 100)
+    assert m["mean_tpot_ms"] == pytest.approx(625.0)
+    assert m["median_tpot_ms"] == pytest.approx(625.0)
+    assert m["p99_tpot_ms"] == pytest.approx(250 + 0.99 * 750)
+    assert m["mean_itl_ms"] == pytest.approx(3000 / 7)
+    assert m["median_itl_ms"] == pytest.approx(250.0)
+    assert m["p50_itl_ms"] == pytest.approx(250.0)
+    assert m["mean_e2el_ms"] == pytest.approx(3600 / 3)
+    assert m["p99_e2el_ms"] == pytest.approx(1100 + 0.98 * 1200)
+    assert m["max_concurrent_requests"] == 2  # [0,1.1) and [0.5,2.8) overlap; [3,3.2) alone
+    assert m["output_lens"] == [5, 3, 1, 0]
+    assert m["input_lens"] == [10, 20, 10, 0]
+    assert m["errors"] == ["", "", "", "HTTP 500"]
+
+
+def test_output_tokens_fall_back_to_tokenizer_then_chunks() -> None:
+    r = _res(0.0, 0.1, 0.5, [0.1, 0.1], None, generated_text="a b c d")
+    assert sb.output_token_count(r) == 3  # content chunks
+    assert sb.output_token_count(r, lambda t: len(t.split())) == 4
+    r.output_tokens = 7
+    assert sb.output_token_count(r, lambda t: len(t.split())) == 7
+
+
+def test_empty_and_invalid() -> None:
+    m = sb.calculate_metrics([sb.RequestResult(success=False, error="x")], 2.0)
+    assert (m["completed"], m["failed"], m["mean_ttft_ms"], m["p99_itl_ms"]) == (0, 1, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        sb.calculate_metrics([], 0.0)
+
+
+def test_peak_concurrency_half_open() -> None:
+    rs = [_res(0.0, 0.1, 1.0, [], 1), _res(1.0, 0.1, 1.0, [], 1), _res(1.5, 0.1, 1.0, [], 1)]
+    assert sb.peak_concurrency(rs) == 2
+
+
+def test_payload_eos_strategies() -> None:
+    req = sb.SampleRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=32, fixed_output=True)
+    cfg = sb.ClientConfig(base_url="http://x", model="m")
+    body = sb.build_payload(cfg, req)
+    assert body == {
+        "model": "m", "max_tokens": 32, "temperature": 0.0, "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }
+    cfg.eos_strategy, cfg.stream_options = "min_tokens", False
+    assert sb.build_payload(cfg, req)["min_tokens"] == 32 and "stream_options" not in sb.build_payload(cfg, req)
+    cfg.eos_strategy, cfg.eos_token_ids = "logit_bias", (0, 2)
+    assert sb.build_payload(cfg, req)["logit_bias"] == {"0": -100, "2": -100}
+    req.fixed_output = False
+    assert not {"ignore_eos", "min_tokens", "logit_bias"} & set(sb.build_payload(cfg, req))
+    cfg.endpoint = "/v1/completions"
+    assert sb.build_payload(cfg, req)["prompt"] == "hi"
+
+
+def test_random_requests_without_tokenizer() -> None:
+    a = sb.random_requests(3, 20, 7, seed=1)
+    b = sb.random_requests(3, 20, 7, seed=1)
+    assert [r.messages for r in a] == [r.messages for r in b]
+    assert len({r.messages[0]["content"] for r in a}) == 3
+    assert all(len(r.messages[0]["content"].split()) == 19 and r.max_tokens == 7 and r.fixed_output for r in a)
+
+
+def test_conversational_set_cycles() -> None:
+    rows = (REPO / "bench" / "prompts" / "conversational.jsonl").read_text().splitlines()
+    reqs = sb.conversational_requests(len(rows) + 2, 64)
+    assert reqs[len(rows)].messages == reqs[0].messages
+    assert all(r.max_tokens == 64 and not r.fixed_output for r in reqs)
+    assert all(r.messages[-1]["role"] == "user" for r in reqs)
+
+
+# --------------------------------------------------------------------------------------------------
+# a fake OpenAI-compatible SSE server
+
+
+def _make_app(received: list[dict[str, Any]]) -> Any:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def models(request: Any) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def chat(request: Any) -> Any:
+        body = await request.json()
+        received.append(body)
+        if body["messages"][0]["content"].startswith("FAIL"):
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        n = int(body["max_tokens"])
+        usage = (body.get("stream_options") or {}).get("include_usage", False)
+
+        def frame(delta: dict[str, Any], finish: str | None = None) -> str:
+            chunk = {"id": "x", "object": "chat.completion.chunk", "model": "fake-model",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return f"data: {json.dumps(chunk)}\n\n"
+
+        async def gen() -> Any:
+            yield frame({"role": "assistant", "content": ""})
+            await asyncio.sleep(ROLE_DELAY_S)
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(GAP_S)
+                yield frame({"content": f"t{i} "})
+            yield frame({}, "length")
+            if usage:
+                u = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n, "total_tokens": PROMPT_TOKENS + n}
+                yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': u})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    import uvicorn
+
+    received: list[dict[str, Any]] = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(_make_app(received), host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "fake server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", received
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def _args(base_url: str, tmp_path: Path, *extra: str) -> Any:
+    return sb.build_parser().parse_args(
+        ["--base-url", base_url, "--result-dir", str(tmp_path), "--label", "fake", "--no-progress",
+         "--random-input-len", "8", "--random-output-len", "5", "--num-warmups", "1", *extra]
+    )
+
+
+def test_sweep_against_fake_server(fake_server: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    base_url, received = fake_server
+    received.clear()
+    args = _args(base_url, tmp_path, "--max-concurrency", "1,4", "--num-prompts", "4")
+    summary = asyncio.run(sb.run_benchmark(args))
+    # 1 warmup + 4 measured per load point
+    assert len(received) == 10
+    measured = [b for b in received if b.get("ignore_eos") is True]  # warmups do not fix the length
+    assert len(measured) == 8
+    assert all(b["max_tokens"] == 5 and b["stream_options"] == {"include_usage": True} for b in measured)
+    assert all(b["model"] == "fake-model" for b in received)
+    assert [r["max_concurrency"] for r in summary["runs"]] == [1, 4]
+    for run in summary["runs"]:
+        assert run["completed"] == 4 and run["failed"] == 0
+        assert run["total_output_tokens"] == 20
+        assert run["total_input_tokens"] == 4 * PROMPT_TOKENS
+        assert run["output_tokens_source"] == "usage"
+        # TTFT runs to the first content chunk, after the role chunk's delay
+        assert all(t >= ROLE_DELAY_S for t in run["ttfts"])
+        assert all(len(gaps) == 4 for gaps in run["itls"])
+        assert run["mean_itl_ms"] >= GAP_S * 1000 * 0.9
+        assert run["mean_tpot_ms"] == pytest.approx(
+            sum((lat - t) / 4 for lat, t in zip(run["latencies"], run["ttfts"])) / 4 * 1000
+        )
+        assert run["output_throughput"] == pytest.approx(20 / run["duration"])
+        assert run["request_throughput"] == pytest.approx(4 / run["duration"])
+        assert all(f == "length" for f in run["finish_reasons"])
+    # closed loop at c=1 is serial: duration >= 4 requests x (role delay + 4 gaps)
+    assert summary["runs"][0]["duration"] >= 4 * (ROLE_DELAY_S + 4 * GAP_S)
+    assert summary["runs"][0]["max_concurrent_requests"] == 1
+    assert summary["runs"][1]["max_concurrent_requests"] == 4
+    assert summary["runs"][1]["duration"] < summary["runs"][0]["duration"]
+    on_disk = json.loads((tmp_path / "fake-c4.json").read_text())
+    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                "p90_ttft_ms", "std_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+                "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms",
+                "duration", "input_lens", "output_lens", "ttfts", "itls", "latencies", "errors",
+                "max_concurrency", "request_rate", "num_prompts", "model_id"):
+        assert key in on_disk, key
+    assert on_disk["request_rate"] == "inf"
+    assert (tmp_path / "fake.json").exists()
+    png = (tmp_path / "fake.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    loaded = sb.load_summary(tmp_path / "fake.json")
+    assert math.isinf(loaded["runs"][0]["request_rate"])
+
+
+def test_no_usage_poisson_and_failures(fake_server: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    base_url, received = fake_server
+    received.clear()
+    args = _args(base_url, tmp_path, "--request-rate", "50", "--max-concurrency", "2", "--num-prompts", "3",
+                 "--no-stream-options", "--eos-strategy", "none", "--no-plot", "--num-warmups", "0")
+    reqs_before = sb.random_requests
+    try:  # make the second request fail with HTTP 500
+        def patched(*a: Any, **k: Any) -> Any:
+            rs = reqs_before(*a, **k)
+            rs[1].messages = [{"role": "user", "content": "FAIL please"}]
+            return rs
+        sb.random_requests = patched
+        summary = asyncio.run(sb.run_benchmark(args))
+    finally:
+        sb.random_requests = reqs_before
+    run = summary["runs"][0]
+    assert (run["completed"], run["failed"]) == (2, 1)
+    assert run["errors"][1].startswith("HTTP 500")
+    assert run["output_tokens_source"] == "chunks"
+    assert run["total_output_tokens"] == 10  # 5 content chunks each, counted without usage
+    assert run["total_input_tokens"] == 0  # no usage, no tokenizer
+    assert run["request_rate"] == 50.0 and run["max_concurrency"] == 2
+    assert all("ignore_eos" not in b and "stream_options" not in b for b in received)
+    assert not (tmp_path / "fake.png").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# bench/compare.py: the ratio table and the EOS ids it sends to servers without ignore_eos
+
+
+def _load_compare() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_compare", REPO / "bench" / "compare.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_compare"] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_comparison_table_ratios() -> None:
+    cmp = _load_compare()
+
+    def run(c: int, tput: float, ttft: float) -> dict[str, Any]:
+        return {"max_concurrency": c, "output_throughput": tput, "p99_ttft_ms": ttft, "mean_tpot_ms": 50.0,
+                "p99_itl_ms": 60.0, "p90_e2el_ms": 900.0, "total_output_tokens": 256, "completed": 2, "failed": 0}
+
+    table = cmp.comparison_table(
+        {"streamproxy": {"runs": [run(1, 40.0, 100.0), run(8, 200.0, 400.0)]},
+         "llama-server": {"runs": [run(1, 80.0, 50.0), run(8, 100.0, 1000.0)]}},
+        {"vllm": "not built\nmore"},
+    )
+    lines = table.splitlines()
+    assert lines[2] == "| 1 | streamproxy | 40.0 | 1.00x | 100 | 1.00x | 50.0 | 60.0 | 900 | 128.0 | 0 |"
+    assert lines[3] == "| 1 | llama-server | 80.0 | 2.00x | 50 | 0.50x | 50.0 | 60.0 | 900 | 128.0 | 0 |"
+    assert lines[5] == "| 8 | llama-server | 100.0 | 0.50x | 1000 | 2.50x | 50.0 | 60.0 | 900 | 128.0 | 0 |"
+    assert lines[-1] == "skipped vllm: not built"
+
+
+def test_eos_token_ids_from_configs(tmp_path: Path) -> None:
+    cmp = _load_compare()
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    assert cmp.eos_token_ids(tmp_path) == [0, 2]
+
+
+def test_random_requests_with_local_tokenizer() -> None:
+    folder = REPO.parent / "shared" / "tokenizers" / "gpt-2"  # ../shared beside the repo
+    if not folder.is_dir():
+        pytest.skip(f"shared tokenizers not found at {folder}")
+    tok = sb.load_tokenizer(str(folder))
+    reqs = sb.random_requests(4, 32, 8, seed=3, tokenizer=tok)
+    for r in reqs:
+        n = len(tok.encode(r.messages[0]["content"], add_special_tokens=False))
+        assert r.prompt_len == n
+        assert 28 <= n <= 32  # cut to 32 ids; decode/encode round trips may merge a few
+    with pytest.raises(SystemExit):
+        sb.load_tokenizer("HuggingFaceTB/SmolLM2-135M-Instruct")  # a hub id is refused, never fetched
+
+
+def test_poisson_gaps() -> None:
+    assert sb._arrival_gaps(3, math.inf, 1.0, 0) == [0.0, 0.0, 0.0]
+    gaps = sb._arrival_gaps(20001, 4.0, 1.0, seed=7)
+    assert gaps[0] == 0.0 and gaps == sb._arrival_gaps(20001, 4.0, 1.0, seed=7)
+    assert sum(gaps[1:]) / 20000 == pytest.approx(0.25, rel=0.03)  # mean gap 1/rate
+    cv = float(np.std(gaps[1:])) / 0.25
+    assert cv == pytest.approx(1.0, rel=0.05)  # exponential gaps: std == mean (Poisson process)
