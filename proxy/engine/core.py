@@ -1,0 +1,173 @@
+"""EngineCore: the synchronous engine loop body, ``step() = schedule -> execute -> sample -> update``.
+
+Not thread-safe: one thread (the ``AsyncEngine``'s engine thread, or a test) drives it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from proxy.engine.block_manager import BlockManager
+from proxy.engine.model_runner import ModelRunner
+from proxy.engine.request import Request, RequestOutput
+from proxy.engine.sampler import Sampler
+from proxy.engine.scheduler import Scheduler
+from proxy.errors import ContextLengthExceededError, InvalidRequestError
+from proxy.sampling import SamplingParams
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Continuous batching over a paged KV cache for one transformers causal LM.
+
+    Args:
+        model: the causal LM (switched to the paged attention implementation if needed).
+        settings: ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, KV pool size, ``seed``.
+        eos_token_ids: ids that finish a request with "stop" (unless ``ignore_eos``).
+        max_model_len: longest prompt + output in tokens.
+
+    Attributes:
+        fault_injector: test hook, a callable run before each forward pass; an exception from it
+            fails that step's requests like any step failure.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, settings: Settings, eos_token_ids: Iterable[int], max_model_len: int
+    ) -> None:
+        self.settings = settings
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.runner = ModelRunner(model, settings, max_model_len)
+        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, settings.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed)
+        self.fault_injector: Callable[[], None] | None = None
+        self.num_steps = 0
+
+    # ---- counts -----------------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch."""
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting to be scheduled."""
+        return self.scheduler.num_waiting
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free KV blocks."""
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        """KV blocks in the pool."""
+        return self.block_manager.num_total_blocks
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use."""
+        return self.block_manager.usage
+
+    def has_unfinished(self) -> bool:
+        """True while any request waits or runs."""
+        return self.scheduler.has_unfinished()
+
+    # ---- requests ---------------------------------------------------------------------------------
+
+    def check_prompt(self, num_prompt_tokens: int) -> None:
+        """Validate a prompt length against the context and the KV pool (thread-safe: constants only).
+
+        Raises:
+            InvalidRequestError: empty prompt.
+            ContextLengthExceededError: ``num_prompt_tokens >= max_model_len`` (no room for one
+                output token) or the prompt needs more KV blocks than the whole pool.
+        """
+        if num_prompt_tokens < 1:
+            raise InvalidRequestError("the prompt must contain at least one token", param="messages")
+        if num_prompt_tokens >= self.max_model_len:
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{num_prompt_tokens} tokens and leaves no room for output.",
+                param="messages",
+            )
+        capacity = self.block_manager.num_total_blocks * self.block_manager.block_size
+        if num_prompt_tokens + 1 > capacity:
+            raise ContextLengthExceededError(
+                f"The prompt has {num_prompt_tokens} tokens; the KV cache holds at most {capacity}.",
+                param="messages",
+            )
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Queue a request.
+
+        Raises:
+            InvalidRequestError, ContextLengthExceededError: see ``check_prompt``.
+            ValueError: duplicate live request id.
+        """
+        self.check_prompt(len(prompt_token_ids))
+        self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params))
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort a live request and free its blocks now (idempotent).
+
+        Returns:
+            its final output (``finish_reason="abort"``), or None when unknown / already finished.
+        """
+        self.sampler.forget(request_id)
+        return self.scheduler.abort_request(request_id)
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """Finish every live request with ``finish_reason="error"`` (shutdown, engine death)."""
+        outputs = self.scheduler.fail_all(message)
+        for out in outputs:
+            self.sampler.forget(out.request_id)
+        return outputs
+
+    # ---- the step ---------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step.
+
+        Returns:
+            one ``RequestOutput`` per request that got a new token or finished. If the forward pass
+            or sampling raises, every request of the step is finished with ``finish_reason="error"``
+            and the message, its blocks are freed, and the engine stays usable.
+        """
+        scheduler = self.scheduler
+        sched = scheduler.schedule()
+        if sched.is_empty:
+            return scheduler.update(sched, [])
+        self.num_steps += 1
+        try:
+            if self.fault_injector is not None:
+                self.fault_injector()
+            logits = self.runner.execute(sched)
+            sampling = [sched.requests[i] for i in sched.sample_indices]
+            tokens, logprobs = self.sampler.sample(logits, sampling)
+        except Exception as exc:
+            logger.exception("engine step failed; failing its %d requests", len(sched.requests))
+            message = f"engine step failed: {type(exc).__name__}: {exc}"
+            outputs = scheduler.update(type(sched)(), [])
+            outputs += scheduler.fail_requests(sched.requests, message)
+            for request in sched.requests:
+                self.sampler.forget(request.request_id)
+            return outputs
+        outputs = scheduler.update(sched, tokens, logprobs)
+        for out in outputs:
+            if out.finished:
+                self.sampler.forget(out.request_id)
+        return outputs

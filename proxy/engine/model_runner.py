@@ -1,0 +1,218 @@
+"""The torch side of a step: ``SchedulerOutput`` -> flat ragged batch -> one forward -> logits.
+
+One forward pass per step over all scheduled tokens, as ``input_ids [1, T]`` with explicit
+``position_ids [1, T]`` (without them every sequence after the first gets wrong RoPE positions),
+``use_cache=False`` (the paged cache is ours), and ``logits_to_keep`` = the flat index of the last
+token of each sequence that samples this step (logits ``[1, S, V]``; computing logits for every
+prefill token would cost ~25% on a long prefill). The step's :class:`PagedAttentionMetadata` is
+built once here and passed to every layer. Facts behind this: ``../shared/notes/
+transformers-paged-attention.md``.
+
+KV pool size: ``settings.num_kv_blocks`` when set; otherwise enough blocks for ``max_num_seqs``
+full contexts, capped on CUDA by ``free memory * gpu_memory_utilization`` (``torch.cuda.mem_get_info``
+after the weights are loaded) and on CPU by ``settings.kv_cache_bytes``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from proxy.engine.attention import ATTN_IMPLEMENTATION, METADATA_KWARG, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.scheduler import SchedulerOutput
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def _text_config(model: torch.nn.Module):  # type: ignore[no-untyped-def]
+    config = model.config
+    get = getattr(config, "get_text_config", None)
+    return get() if get is not None else config
+
+
+def kv_geometry(model: torch.nn.Module) -> tuple[int, int, int, int]:
+    """``(num_layers, num_attention_heads, num_kv_heads, head_dim)`` of a transformers causal LM."""
+    config = _text_config(model)
+    num_heads = config.num_attention_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    return config.num_hidden_layers, num_heads, num_kv_heads, head_dim
+
+
+def choose_num_blocks(
+    settings: Settings, bytes_per_token: int, max_model_len: int, device: torch.device
+) -> int:
+    """Number of KV blocks for the pool (see the module docstring for the rule).
+
+    Raises:
+        ValueError: when not even one block fits.
+    """
+    bytes_per_block = bytes_per_token * settings.block_size
+    # never more than max_num_seqs full-length sequences can use
+    wanted = settings.max_num_seqs * -(-max_model_len // settings.block_size)
+    if settings.num_kv_blocks is not None:
+        num_blocks = settings.num_kv_blocks
+    elif device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        num_blocks = min(wanted, int(free * settings.gpu_memory_utilization) // bytes_per_block)
+    else:
+        num_blocks = min(wanted, settings.kv_cache_bytes // bytes_per_block)
+    if num_blocks < 1:
+        raise ValueError("the KV cache cannot hold a single block; raise kv_cache_bytes or lower block_size")
+    return num_blocks
+
+
+class ModelRunner:
+    """Runs a transformers causal LM over the paged KV cache.
+
+    Args:
+        model: a causal LM already using ``attn_implementation=ATTN_IMPLEMENTATION`` (switched here
+            if not), in eval mode, on its device.
+        settings: block size and KV pool size knobs.
+        max_model_len: longest sequence; bounds the default CPU pool.
+
+    Attributes:
+        kv_cache: the pools; ``kv_cache.num_blocks`` is what the block manager hands out.
+        device, dtype: of the model's parameters.
+    """
+
+    def __init__(self, model: torch.nn.Module, settings: Settings, max_model_len: int) -> None:
+        self.model = model
+        if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+            from proxy.engine.attention import register
+
+            register()
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype
+        num_layers, num_heads, num_kv_heads, head_dim = kv_geometry(model)
+        self.num_groups = num_heads // num_kv_heads
+        self.block_size = settings.block_size
+        bytes_per_token = PagedKVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+        num_blocks = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
+        self.kv_cache = PagedKVCache(
+            num_layers, num_kv_heads, head_dim, num_blocks, self.block_size, self.dtype, self.device
+        )
+        self.kv_bytes_per_token = bytes_per_token
+        logger.info(
+            "KV cache: %d blocks x %d tokens, %.1f MiB (%d bytes/token) on %s",
+            num_blocks, self.block_size, self.kv_cache.num_bytes / 2**20, bytes_per_token, self.device,
+        )
+
+    # ------------------------------------------------------------------------------------------
+
+    def build_metadata(
+        self, scheduler_output: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+        """Flatten the step into tensors on the model's device.
+
+        Returns:
+            ``input_ids [1, T]`` int64, ``position_ids [1, T]`` int64, ``logits_index [S]`` int64
+            (flat index of each sampling sequence's last token), and the attention metadata.
+        """
+        requests = scheduler_output.requests
+        nums = scheduler_output.num_new_tokens
+        bs = self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        starts: list[int] = []  # num_computed_tokens of each row
+        max_blocks = 0
+        for request, n in zip(requests, nums):
+            c = request.num_computed_tokens
+            starts.append(c)
+            if n == 1:
+                token_ids.append(request.all_token_ids[c])
+                positions.append(c)
+            else:
+                token_ids.extend(request.all_token_ids[c : c + n])
+                positions.extend(range(c, c + n))
+            max_blocks = max(max_blocks, len(request.block_ids))
+        block_tables_list = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in requests]
+        cpu = torch.device("cpu")
+        block_tables = torch.tensor(block_tables_list, dtype=torch.long)
+        pos_t = torch.tensor(positions, dtype=torch.long)
+        nums_t = torch.tensor(nums, dtype=torch.long)
+        starts_t = torch.tensor(starts, dtype=torch.long)
+        row_of_token = torch.repeat_interleave(torch.arange(len(requests)), nums_t)
+        slot_mapping = block_tables[row_of_token, pos_t // bs] * bs + pos_t % bs
+        ends_t = torch.cumsum(nums_t, 0)  # flat end index of each row
+        logits_index = ends_t[scheduler_output.sample_indices] - 1
+
+        num_decodes = scheduler_output.num_decodes
+        num_tokens = len(token_ids)
+        meta = PagedAttentionMetadata(kv_cache=self.kv_cache, slot_mapping=slot_mapping, num_decodes=num_decodes)
+        if num_decodes:
+            ctx = starts_t[:num_decodes] + 1
+            max_len = int(ctx.max())
+            ar = torch.arange(max_len)
+            meta.decode_gather = block_tables[:num_decodes, ar // bs] * bs + ar % bs
+            if int(ctx.min()) != max_len:
+                meta.decode_mask = (ar[None, :] < ctx[:, None]).view(num_decodes, 1, 1, max_len)
+        if num_decodes < len(requests):
+            p_nums = nums_t[num_decodes:]
+            p_starts = starts_t[num_decodes:]
+            p_first = ends_t[num_decodes:] - p_nums  # flat index of each prefill row's first token
+            num_seqs = len(requests) - num_decodes
+            q_len = int(p_nums.max())
+            ctx = p_starts + p_nums
+            max_len = int(ctx.max())
+            qa = torch.arange(q_len)
+            ka = torch.arange(max_len)
+            q_clamped = torch.minimum(qa[None, :], p_nums[:, None] - 1)  # [B_p, Q_p]
+            meta.prefill_query_index = (p_first[:, None] + q_clamped).reshape(-1)
+            meta.prefill_gather = block_tables[num_decodes:, ka // bs] * bs + ka % bs
+            # bottom-right causal: query j of row i sees keys k <= start_i + j
+            mask = ka[None, None, :] <= (p_starts[:, None] + q_clamped)[:, :, None]  # [B_p, Q_p, L_p]
+            g = self.num_groups
+            meta.prefill_mask = (
+                mask[:, None].expand(num_seqs, g, q_len, max_len).reshape(num_seqs, 1, g * q_len, max_len)
+            )
+            meta.num_prefill_seqs = num_seqs
+            meta.prefill_query_len = q_len
+            if int(p_nums.min()) != q_len:
+                valid = (qa[None, :] < p_nums[:, None]).reshape(-1)
+                meta.prefill_valid = valid.nonzero().squeeze(1)
+                meta.prefill_token_index = meta.prefill_query_index[meta.prefill_valid]
+        input_ids = torch.tensor(token_ids, dtype=torch.long).view(1, num_tokens)
+        position_ids = pos_t.view(1, num_tokens)
+        if self.device != cpu:
+            dev = self.device
+            input_ids = input_ids.to(dev, non_blocking=True)
+            position_ids = position_ids.to(dev, non_blocking=True)
+            logits_index = logits_index.to(dev, non_blocking=True)
+            for name in (
+                "slot_mapping", "decode_gather", "decode_mask", "prefill_query_index", "prefill_gather",
+                "prefill_mask", "prefill_valid", "prefill_token_index",
+            ):
+                value = getattr(meta, name)
+                if value is not None:
+                    setattr(meta, name, value.to(dev, non_blocking=True))
+        return input_ids, position_ids, logits_index, meta
+
+    def execute(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
+        """Run one forward pass over the scheduled tokens.
+
+        Returns:
+            logits ``[S, V]`` float32 on the model's device, one row per entry of
+            ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
+        """
+        input_ids, position_ids, logits_index, meta = self.build_metadata(scheduler_output)
+        with torch.inference_mode():
+            if logits_index.numel() == 0:
+                keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
+            else:
+                keep = logits_index
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                use_cache=False,
+                logits_to_keep=keep,
+                **{METADATA_KWARG: meta},
+            )
+            logits = out.logits[0]
+            if logits_index.numel() == 0:
+                logits = logits[:0]
+            return logits.float()

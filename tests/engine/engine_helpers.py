@@ -1,0 +1,81 @@
+"""Shared helpers of the engine tests: reference generation and the near-tie-aware comparison."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from proxy.engine.core import EngineCore
+from proxy.sampling import SamplingParams
+
+TIE_TOLERANCE = 1e-4
+
+
+def reference_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int, eos: int | None):
+    """``model.generate(do_sample=False)`` of one prompt alone -> (new ids, per-step top-2 logit gaps)."""
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([list(prompt)]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    ids = out.sequences[0, len(prompt):].tolist()
+    gaps = []
+    for score in out.scores:
+        top2 = score[0].float().topk(2).values
+        gaps.append(float(top2[0] - top2[1]))
+    return ids, gaps
+
+
+def assert_greedy_matches(engine_ids: list[int], ref_ids: list[int], gaps: list[float], label: str) -> None:
+    """Token-for-token equality; a divergence is accepted only at a near-tie (top-2 gap < 1e-4)
+    of the reference, and then only from that position on."""
+    for pos, (a, b) in enumerate(zip(engine_ids, ref_ids)):
+        if a != b:
+            assert gaps[pos] < TIE_TOLERANCE, (
+                f"{label}: diverged at token {pos} ({a} != {b}) where the reference's top-2 gap is "
+                f"{gaps[pos]:.3g} (not a near-tie)"
+            )
+            return
+    assert len(engine_ids) == len(ref_ids), f"{label}: length {len(engine_ids)} != {len(ref_ids)}"
+
+
+def run_staggered(
+    core: EngineCore,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    arrival_steps: Sequence[int],
+    check_blocks: bool = True,
+) -> dict[str, list[int]]:
+    """Submit prompt i at engine step ``arrival_steps[i]``; run to completion; return ids per request.
+
+    Checks after every step that used + free blocks == total, and at the end that all blocks are free.
+    """
+    results: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    finished: set[str] = set()
+    step = 0
+    pending = sorted(range(len(prompts)), key=lambda i: arrival_steps[i])
+    while pending or core.has_unfinished():
+        while pending and arrival_steps[pending[0]] <= step:
+            i = pending.pop(0)
+            core.add_request(str(i), prompts[i], params)
+        for out in core.step():
+            assert out.request_id not in finished
+            results[out.request_id].extend(out.new_token_ids)
+            if out.finished:
+                assert out.finish_reason in ("stop", "length"), out
+                finished.add(out.request_id)
+        if check_blocks:
+            used = sum(len(r.block_ids) for r in core.scheduler.requests.values())
+            assert used + core.num_free_blocks == core.num_total_blocks
+        step += 1
+        assert step < 10_000, "engine did not finish"
+    assert finished == set(results)
+    assert core.num_free_blocks == core.num_total_blocks
+    return results

