@@ -4,6 +4,15 @@ Every :class:`~proxy.settings.Settings` field is an option ``--field-name`` and 
 variable ``STREAMPROXY_FIELD_NAME``; the command line wins over the environment, which wins over
 the default. List settings (``--api-key``, ``--allowed-origins``) repeat on the command line and
 are comma-separated in the environment (``STREAMPROXY_API_KEYS``, ``STREAMPROXY_ALLOWED_ORIGINS``).
+
+Shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections; :class:`DrainingServer` first
+tells the app to drain (``ServerState.begin_drain``: new requests 503, open streams get
+``shutdown_grace_s`` to finish, then an SSE error event + ``[DONE]``), uvicorn's own
+``timeout_graceful_shutdown`` (grace + :data:`SHUTDOWN_BACKSTOP_S`) stays as a backstop, and the
+process exits 0.
+
+``STREAMPROXY_TEST_FAULTS=1`` (environment only, for tests) mounts the fault-injection route
+``POST /_test/fault`` (``proxy.api.faults``). API keys are never logged.
 """
 
 from __future__ import annotations
@@ -19,6 +28,9 @@ from typing import Any
 from proxy.settings import Settings
 
 ENV_PREFIX = "STREAMPROXY_"
+TEST_FAULTS_ENV = "STREAMPROXY_TEST_FAULTS"
+SHUTDOWN_BACKSTOP_S = 5.0
+"""Seconds uvicorn waits past the grace period before it cancels what is left."""
 _OPTION_NAMES = {"api_keys": "--api-key"}
 _HELP = {
     "model": "Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct)",
@@ -99,16 +111,43 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     return Settings(**values)
 
 
-def serve(settings: Settings) -> None:
-    """Run uvicorn with the app of ``settings`` until interrupted."""
+def _server_class() -> type:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """``uvicorn.Server`` that drains the app before uvicorn's graceful shutdown and exits 0.
+
+        uvicorn >= 0.29 re-raises the captured SIGTERM after a graceful shutdown (the process
+        would die by the signal, status -15); a drained streamproxy exits 0 instead.
+        """
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            state = getattr(getattr(self.config.app, "state", None), "server", None)
+            if state is not None:
+                state.begin_drain()
+            await super().shutdown(sockets)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+
+    return DrainingServer
+
+
+def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
+    """Run uvicorn with the app of ``settings`` until SIGTERM/SIGINT, then drain and return."""
     import uvicorn
 
     from proxy.api.app import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                timeout_graceful_shutdown=int(settings.shutdown_grace_s), access_log=False)
+    app = create_app(settings, enable_test_faults=enable_test_faults)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                            timeout_graceful_shutdown=int(settings.shutdown_grace_s + SHUTDOWN_BACKSTOP_S + 0.999),
+                            access_log=False)
+    _server_class()(config).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.command == "serve":
-        serve(settings)
+        serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
     return 0
 
 

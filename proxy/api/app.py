@@ -9,13 +9,19 @@ HTTP concerns live here: the body is read under ``max_body_bytes`` (413 from ``C
 or while streaming the body), any ``Content-Type`` is accepted when the body is JSON (so
 ``text/plain`` with a JSON body works, as documented in the README), errors become OpenAI error
 objects (404 unknown route, 405 wrong method, 500 without a traceback), an optional bearer-key
-check (401), CORS, and a disconnect watcher per request that aborts its engine requests.
+check (401; keys are compared in constant time and never logged), CORS, ``Retry-After`` on 429,
+and a disconnect watcher per request that aborts its engine requests.
+
+Graceful shutdown: whoever runs the app calls ``app.state.server.begin_drain()`` when shutdown
+starts (``proxy.cli`` does it from its ``uvicorn.Server`` subclass); see ``routes.ServerState``.
+The test-only fault hook (``proxy.api.faults``) is mounted only with ``enable_test_faults=True``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,15 +38,18 @@ from starlette.routing import Route
 from proxy.engine.output import OutputProcessor
 from proxy.errors import (
     AuthenticationError,
+    InvalidRequestError,
     MethodNotAllowedError,
     NotFoundError,
     PayloadTooLargeError,
+    RateLimitError,
     StreamproxyError,
 )
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 
 from . import routes
+from .faults import FaultInjector, parse_arm_body
 from .observe import MetricsRecorder
 from .routes import ApiRequest, BytesReply, EmptyReply, JsonReply, ServerState, ServingModel, StreamReply
 
@@ -55,7 +64,13 @@ def _json_response(payload: Any, status: int = 200, headers: dict[str, str] | No
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
+RETRY_AFTER_S = 1
+"""``Retry-After`` (seconds) of a 429: the waiting queue turns over within about a second of decode."""
+
+
 def _error_response(exc: StreamproxyError, headers: dict[str, str] | None = None) -> Response:
+    if isinstance(exc, RateLimitError):
+        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
     return _json_response(exc.to_dict(), exc.status, headers)
 
 
@@ -87,7 +102,12 @@ def _check_auth(settings: Settings, request: Request) -> None:
         return
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or key.strip() not in settings.api_keys:
+    given = key.strip().encode("utf-8", "surrogateescape")
+    # compare with every key, in constant time per key (no early exit on a match)
+    ok = False
+    for accepted in settings.api_keys:
+        ok |= hmac.compare_digest(given, accepted.encode("utf-8", "surrogateescape"))
+    if scheme.lower() != "bearer" or not ok:
         raise AuthenticationError("Missing or invalid API key (send 'Authorization: Bearer <key>').")
 
 
@@ -170,7 +190,20 @@ def default_engine_factory(settings: Settings) -> ServingModel:
     return build_serving_model(settings)
 
 
-def create_app(settings: Settings, engine_factory: EngineFactory | None = None) -> Starlette:
+async def _arm_fault(state: ServerState, req: ApiRequest) -> JsonReply:
+    """``POST /_test/fault`` (test-only): arm the fault injector, see ``proxy.api.faults``."""
+    state.require_ready()
+    injector: FaultInjector = state.fault_injector
+    try:
+        after, fail = parse_arm_body(json.loads(req.body) if req.body.strip() else {})
+    except ValueError as exc:
+        raise InvalidRequestError(f"Bad fault spec: {exc}") from None
+    injector.arm(after, fail)
+    return JsonReply({"armed": True, "after_steps": after, "fail_steps": fail})
+
+
+def create_app(settings: Settings, engine_factory: EngineFactory | None = None, *,
+               enable_test_faults: bool = False) -> Starlette:
     """The Starlette app serving ``settings.model``.
 
     Args:
@@ -178,17 +211,22 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
         engine_factory: called in a worker thread at startup; returns a :class:`ServingModel`
             whose engine is started on the event loop. Default: load ``settings.model`` with
             ``proxy.models.load_model`` and build ``EngineCore`` + ``AsyncEngine``.
+        enable_test_faults: TEST ONLY. Install a :class:`~proxy.api.faults.FaultInjector` as the
+            engine's ``fault_injector`` and mount ``POST /_test/fault`` to arm it. Never in production.
 
     The ``ServerState`` is ``app.state.server``.
     """
     factory = engine_factory or default_engine_factory
     state = ServerState(settings)
+    state.fault_injector = FaultInjector() if enable_test_faults else None
 
     async def load() -> None:
         try:
             model = await asyncio.to_thread(factory, settings)
             model.engine.start()
             engine = model.engine
+            if state.fault_injector is not None:
+                engine.fault_injector = state.fault_injector
             metrics = Metrics(model.served_model_name, num_running=lambda: engine.num_running,
                               num_waiting=lambda: engine.num_waiting, kv_cache_usage=lambda: engine.kv_cache_usage)
             recorder = MetricsRecorder(metrics)
@@ -210,6 +248,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
         finally:
             if not task.done():
                 task.cancel()
+            state.cancel_drain_timer()
             if state.model is not None:
                 with contextlib.suppress(Exception):
                     state.model.engine.shutdown()
@@ -226,6 +265,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None) 
         route("/v1/chat/completions", routes.chat_completions, "POST", reads_body=True),
         route("/v1/completions", routes.completions, "POST", reads_body=True),
     ]
+    if enable_test_faults:
+        log.warning("TEST-ONLY fault injection is enabled (POST /_test/fault); never use this in production")
+        app_routes.append(route("/_test/fault", _arm_fault, "POST", reads_body=True))
     middleware = []
     if settings.allowed_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),

@@ -7,8 +7,14 @@ under the size limit and watches for client disconnects.
 Flow of a completion (``../shared/DESIGN.md``): parse + validate -> tokenize (chat template) ->
 context check -> ``AsyncEngine.submit`` once per choice (request id ``f"{id}-{i}"``, seed + i) ->
 the :class:`~proxy.engine.output.OutputProcessor` fills the request's mailbox -> SSE body or one
-JSON body. A streaming request first waits for its first output, so that an engine failure before
-anything was generated is still a plain 500 JSON error; after that, errors travel in-band.
+JSON body. A streaming request first waits for its first output, up to ``keepalive_interval_s``,
+so that an early engine failure is still a plain 500 JSON error; if nothing came by then (the
+request waits in the queue or in a long prefill) the headers and a keep-alive comment go out, and
+from then on errors travel in-band (SSE error event + ``[DONE]``).
+
+Shutdown (``ServerState.begin_drain``, called when uvicorn starts its graceful shutdown): new
+requests get 503, running ones may finish within ``shutdown_grace_s``; then every open response is
+ended with an error (``code: "server_shutdown"``) and its engine requests are aborted.
 """
 
 from __future__ import annotations
@@ -64,8 +70,11 @@ class ServingModel:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+SHUTDOWN_MESSAGE = "The server is shutting down; the response was cut short. Retry the request."
+
+
 class ServerState:
-    """Lifecycle of the server: ``loading`` -> ``ready`` (or ``failed``)."""
+    """Lifecycle of the server: ``loading`` -> ``ready`` (or ``failed``) -> ``draining`` -> ``stopped``."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -74,6 +83,39 @@ class ServerState:
         self.processor: OutputProcessor | None = None
         self.load_error: str | None = None
         self.metrics: Any | None = None  # proxy.metrics.Metrics once loaded
+        self.is_draining = False
+        self.fault_injector: Any | None = None  # proxy.api.faults.FaultInjector when test faults are on
+        self._grace_timer: asyncio.TimerHandle | None = None
+
+    def begin_drain(self, grace_s: float | None = None) -> None:
+        """Start the graceful shutdown (idempotent; call on the event loop).
+
+        From now on new completions get 503 and ``/health`` says ``draining`` (503), so a load
+        balancer takes this replica out. Responses already running may finish for ``grace_s``
+        seconds (default ``settings.shutdown_grace_s``); then :meth:`end_streams` cuts the rest.
+        """
+        if self.is_draining:
+            return
+        self.is_draining = True
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        log.info("shutting down: no new requests; open responses get %.1f s to finish", grace)
+        self._grace_timer = asyncio.get_running_loop().call_later(max(0.0, grace), self.end_streams)
+
+    def end_streams(self) -> int:
+        """End every open response now: SSE error event (``server_shutdown``) + ``[DONE]``, or a
+        503 JSON error for a non-stream request; their engine requests are aborted. Returns how
+        many engine requests were ended."""
+        if self.processor is None:
+            return 0
+        n = self.processor.fail_all(SHUTDOWN_MESSAGE, "server_shutdown")
+        if n:
+            log.warning("shutdown grace period over: ended %d running request(s)", n)
+        return n
+
+    def cancel_drain_timer(self) -> None:
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
 
     def set_ready(self, model: ServingModel, processor: OutputProcessor) -> None:
         self.model, self.processor, self.status = model, processor, "ready"
@@ -83,10 +125,14 @@ class ServerState:
 
     @property
     def is_healthy(self) -> bool:
-        return self.status == "ready" and self.model is not None and bool(self.model.engine.is_healthy)
+        return (self.status == "ready" and not self.is_draining and self.model is not None
+                and bool(self.model.engine.is_healthy))
 
     def require_ready(self) -> tuple[ServingModel, OutputProcessor]:
-        """The model and processor, or 503 while loading / after a failure or engine death."""
+        """The model and processor, or 503 while loading / draining / after a failure or engine death."""
+        if self.is_draining:
+            raise ServiceUnavailableError("The server is shutting down; send the request to another replica.",
+                                          code="server_shutdown")
         if self.status == "loading":
             raise ServiceUnavailableError("The model is still loading; retry shortly.")
         if self.model is None or self.processor is None or self.status != "ready":
@@ -172,11 +218,11 @@ async def health(state: ServerState, req: ApiRequest) -> JsonReply:
     The body also gives engine counters (``num_running``, ``num_waiting``, ``num_free_blocks``,
     ``num_total_blocks``) used by the disconnect tests.
     """
-    payload: dict[str, Any] = {"status": state.status}
+    payload: dict[str, Any] = {"status": "draining" if state.is_draining else state.status}
     model = state.model
     if model is not None:
         engine, core = model.engine, model.core
-        if not engine.is_healthy:
+        if not engine.is_healthy and not state.is_draining:
             payload["status"] = "dead"
         payload["num_running"] = engine.num_running
         payload["num_waiting"] = engine.num_waiting
@@ -330,20 +376,28 @@ async def _stream_reply(state: ServerState, req: ApiRequest, gen: _Generation, i
     from proxy.hotpath import ChunkFramer, dumps
 
     mailbox = gen.mailbox
-    await wait_pending(mailbox, None)  # first output, an error, or the client left
+    keepalive_s = state.settings.keepalive_interval_s or None
+    # the first output, an error, the client left -- or keepalive_s passed (queue wait, long prefill)
+    got_output = await wait_pending(mailbox, keepalive_s)
     if req.is_disconnected:
         gen.close()
         return EmptyReply()
-    if mailbox.error is not None:
+    if got_output and mailbox.error is not None:
         gen.close()
-        raise EngineError(mailbox.error)
+        raise _mailbox_error(mailbox)
     framer = ChunkFramer("chat.completion.chunk" if is_chat else "text_completion", response_id, created,
                          gen.model.served_model_name, stream.include_usage)
     sse = SseStream(mailbox, framer, is_chat=is_chat, num_prompt_tokens=num_prompt_tokens,
                     include_usage=stream.include_usage, is_interrupted=lambda: req.is_disconnected,
                     on_close=gen.close, dumps=dumps,
-                    keepalive_interval_s=state.settings.keepalive_interval_s or None)
+                    keepalive_interval_s=keepalive_s, started_idle=not got_output)
     return StreamReply(sse.body())
+
+
+def _mailbox_error(mailbox: Mailbox) -> StreamproxyError:
+    if mailbox.error_code == "server_shutdown":
+        return ServiceUnavailableError(mailbox.error or SHUTDOWN_MESSAGE, code="server_shutdown")
+    return EngineError(mailbox.error or "The engine failed.")
 
 
 async def _json_reply(req: ApiRequest, gen: _Generation, is_chat: bool, response_id: str, created: int,
@@ -364,7 +418,7 @@ async def _json_reply(req: ApiRequest, gen: _Generation, is_chat: bool, response
             return EmptyReply()
         if mailbox.error is not None:
             gen.close()
-            raise EngineError(mailbox.error)
+            raise _mailbox_error(mailbox)
         if mailbox.is_finished:
             break
         await wait_pending(mailbox, None)

@@ -12,7 +12,11 @@ Event order per the OpenAI streaming reference (and the cases C13-C17 of
 
 An engine error after the stream started ends it with ``data: {"error": ...}`` then
 ``data: [DONE]``, and no finish chunk is fabricated. While nothing is pending for
-``keepalive_interval_s`` an SSE comment (``: keepalive``) is sent. Leaving the generator early
+``keepalive_interval_s`` an SSE comment (``: keepalive``) is sent; clients and the OpenAI SDK
+ignore comment lines (WHATWG HTML "server-sent events": a line starting with ``:`` is a comment),
+while proxies see traffic and keep the connection open. A request that waits in the queue or in a
+long prefill gets its headers and a first comment after ``keepalive_interval_s`` (``routes``
+passes ``started_idle=True``). Leaving the generator early
 (client disconnect: the response task is cancelled or the disconnect watcher wakes the mailbox)
 runs ``on_close``, which aborts the engine requests.
 """
@@ -54,11 +58,14 @@ class SseStream:
         on_close: called exactly once when the body ends, normally or not.
         dumps: canonical compact JSON (``proxy.hotpath.dumps``) for ``logprobs_json``.
         keepalive_interval_s: seconds between keep-alive comments while idle.
+        started_idle: the engine has produced nothing yet (the request waits in the queue or in
+            prefill): the body starts with a keep-alive comment, so headers go out now.
     """
 
     def __init__(self, mailbox: Mailbox, framer: Any, *, is_chat: bool, num_prompt_tokens: int,
                  include_usage: bool, is_interrupted: Callable[[], bool], on_close: Callable[[], None],
-                 dumps: Callable[[Any], str], keepalive_interval_s: float | None) -> None:
+                 dumps: Callable[[Any], str], keepalive_interval_s: float | None,
+                 started_idle: bool = False) -> None:
         self._mailbox = mailbox
         self._framer = framer
         self._is_chat = is_chat
@@ -69,6 +76,7 @@ class SseStream:
         self._dumps = dumps
         self._keepalive_s = keepalive_interval_s
         self._text_offsets = [0] * mailbox.num_choices
+        self._started_idle = started_idle
 
     def _frame_deltas(self, deltas: list[ChoiceDelta], out: list[bytes]) -> None:
         framer = self._framer
@@ -90,13 +98,15 @@ class SseStream:
         mailbox, framer = self._mailbox, self._framer
         try:
             out: list[bytes] = []
+            if self._started_idle:
+                yield KEEPALIVE
             if self._is_chat:
                 out.extend(framer.role(i) for i in range(mailbox.num_choices))
             while True:
                 if self._is_interrupted():
                     return
                 if mailbox.error is not None:
-                    out.append(framer.error(mailbox.error, "server_error", "engine_error"))
+                    out.append(framer.error(mailbox.error, "server_error", mailbox.error_code))
                     out.append(framer.done())
                     yield b"".join(out)
                     return

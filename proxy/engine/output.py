@@ -125,6 +125,7 @@ class Mailbox:
         self._slots = [_ChoiceSlot() for _ in range(num_choices)]
         self._event = asyncio.Event()
         self.error: str | None = None
+        self.error_code = "engine_error"
         self._error_taken = False
 
     @property
@@ -164,10 +165,15 @@ class Mailbox:
         slot.held_logprobs = []
         self._event.set()
 
-    def fail(self, message: str) -> None:
-        """End the whole response with an engine error (first error wins)."""
+    def fail(self, message: str, code: str = "engine_error") -> None:
+        """End the whole response with an error (first error wins).
+
+        ``code`` becomes the OpenAI error ``code`` of the SSE error event: ``"engine_error"``
+        (a failed engine step) or ``"server_shutdown"`` (the shutdown grace period ran out).
+        """
         if self.error is None:
             self.error = message
+            self.error_code = code
         self._event.set()
 
     def interrupt(self) -> None:
@@ -264,6 +270,20 @@ class OutputProcessor:
         """Stop tracking a request that is being aborted (client gone); reports it to ``on_abort``."""
         if self._requests.pop(request_id, None) is not None and self._on_abort is not None:
             self._on_abort(request_id)
+
+    def fail_all(self, message: str, code: str = "server_shutdown") -> int:
+        """End every tracked request now: its mailbox fails with ``message``/``code`` and the engine
+        request is aborted. Used when the shutdown grace period ends (``ServerState.begin_drain``).
+
+        The requests stay tracked until their HTTP response closes them (``abort``), so the
+        metrics still count them as aborted. Returns the number of requests ended.
+        """
+        ended = [rid for rid, t in self._requests.items() if t.mailbox.error is None]
+        for rid, tracked in list(self._requests.items()):
+            tracked.mailbox.fail(message, code)
+        for rid in ended:
+            self._abort(rid)
+        return len(ended)
 
     def _entries(self, output: Any) -> list[LogprobEntry]:
         tok = self._tokenizer
