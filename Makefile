@@ -27,5 +27,10 @@ test: setup
 soak: setup
 	$(PYTHON) -m pytest -q -p no:cacheprovider -m soak tests/production/test_soak.py -s
 
+bench: setup
+	$(PYTHON) bench/detok_bench.py
+	$(PYTHON) bench/engine_bench.py
+	@echo "serving comparison against peers (long; builds llama.cpp): $(PYTHON) bench/compare.py"
+
 lint:
 	$(PYTHON) -m ruff check proxy tests bench
