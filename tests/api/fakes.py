@@ -8,8 +8,13 @@ scripted token per step on the event loop, so the API can be tested without torc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,73 +56,27 @@ def make_hf_tokenizer() -> Any:
     return hf
 
 
-def make_tiny_model(folder: Any) -> None:
-    """A randomly initialised 2-layer Llama over :func:`make_hf_tokenizer`, saved as a Hugging Face folder."""
+def make_tiny_model(folder: Any, max_positions: int = 256) -> Any:
+    """A randomly initialised 2-layer Llama (hidden 32) over :func:`make_hf_tokenizer` with
+    ``max_positions`` positions, saved as a Hugging Face folder; returns ``folder``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = make_hf_tokenizer()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                          eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
                          bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
     LlamaForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)
-
-
-class SimpleTokenizer:
-    """Stand-in with the ``proxy.tokenizer.Tokenizer`` interface (used only if that module is absent)."""
-
-    def __init__(self, hf: Any) -> None:
-        self.hf = hf
-        self.eos_token_ids = frozenset({hf.convert_tokens_to_ids("<|im_end|>")})
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=False))
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        return list(self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                return_dict=False))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self.hf.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False))
-
-    def new_detokenizer(self) -> Any:
-        return _ExactDetokenizer(self)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.decode([token_id]).encode("utf-8", "surrogatepass")
-
-    def token_text(self, token_id: int) -> str:
-        return str(self.hf.convert_ids_to_tokens(token_id))
-
-
-class _ExactDetokenizer:
-    def __init__(self, tok: SimpleTokenizer) -> None:
-        self._tok, self._ids, self._sent = tok, [], 0
-
-    def feed(self, ids: Sequence[int]) -> str:
-        self._ids.extend(ids)
-        text = self._tok.decode(self._ids)
-        end = len(text)
-        while end > self._sent and text[end - 1] == "\ufffd":
-            end -= 1
-        out, self._sent = text[self._sent:end], end
-        return out
-
-    def flush(self) -> str:
-        text = self._tok.decode(self._ids)
-        out, self._sent = text[self._sent:], len(text)
-        return out
+    return folder
 
 
 def make_tokenizer() -> Any:
-    """``proxy.tokenizer.Tokenizer`` over :func:`make_hf_tokenizer` (or the stand-in before it exists)."""
-    try:
-        from proxy.tokenizer import Tokenizer
-    except ImportError:
-        return SimpleTokenizer(make_hf_tokenizer())
+    """``proxy.tokenizer.Tokenizer`` over :func:`make_hf_tokenizer`."""
+    from proxy.tokenizer import Tokenizer
+
     return Tokenizer(make_hf_tokenizer())
 
 
@@ -237,3 +196,51 @@ class FakeEngine:
             r.on_output(self._out(r, [token], is_last, reason, stop_reason=token if is_eos else None))
             if is_last:
                 return
+
+
+@contextlib.contextmanager
+def thread_server(engine: FakeEngine, model: str = "test-model", **settings: Any) -> Iterator[tuple[int, Any]]:
+    """The real app over ``engine`` in uvicorn on a thread, on a free 127.0.0.1 port; yields ``(port, app)``."""
+    import uvicorn
+
+    from proxy.api.app import create_app
+    from proxy.api.routes import ServingModel
+    from proxy.settings import Settings
+
+    tok = make_tokenizer()
+    engine.eos_token_ids = frozenset({make_hf_tokenizer().convert_tokens_to_ids("<|im_end|>")})
+    settings.setdefault("served_model_name", model)
+    app = create_app(Settings(**settings), lambda _: ServingModel(engine, tok, model, 4096))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(1000):
+            if server.started and app.state.server.status == "ready":
+                break
+            time.sleep(0.01)
+        assert server.started and app.state.server.status == "ready"
+        yield server.servers[0].sockets[0].getsockname()[1], app
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def post_stream(port: int, body: dict[str, Any], path: str = "/v1/chat/completions") -> socket.socket:
+    """Send ``body`` as a raw HTTP/1.1 POST on a new socket (the response is left to read)."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def dechunk(body: bytes) -> bytes:
+    """The payload of an HTTP/1.1 chunked body."""
+    out = b""
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, body = out + body[:size], body[size + 2:]

@@ -2,61 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import threading
 import time
-from collections.abc import Iterator
 
 import pytest
-import uvicorn
 
-from proxy.api.app import create_app
-from proxy.api.routes import ServingModel
-from proxy.settings import Settings
-
-from .conftest import MODEL, REPLY, chat_body, reply_ids, sse_events
-from .fakes import FakeEngine, make_hf_tokenizer, make_tokenizer
-
-
-@contextlib.contextmanager
-def uvicorn_server(engine: FakeEngine, **settings) -> Iterator[tuple[int, object]]:
-    tok = make_tokenizer()
-    engine.eos_token_ids = frozenset({make_hf_tokenizer().convert_tokens_to_ids("<|im_end|>")})
-    app = create_app(Settings(**settings), lambda _: ServingModel(engine, tok, MODEL, 4096))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(500):
-            if server.started and app.state.server.status == "ready":
-                break
-            time.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield port, app
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-def post(port: int, body: dict) -> socket.socket:
-    data = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    return sock
-
-
-def dechunk(body: bytes) -> bytes:
-    """The payload of an HTTP/1.1 chunked body."""
-    out = b""
-    while True:
-        size_line, _, body = body.partition(b"\r\n")
-        size = int(size_line, 16)
-        if size == 0:
-            return out
-        out, body = out + body[:size], body[size + 2:]
+from .conftest import REPLY, chat_body, reply_ids, sse_events
+from .fakes import FakeEngine, dechunk, make_tokenizer, post_stream, thread_server
 
 
 def wait_until(pred, timeout=1.0) -> float:
@@ -70,9 +22,9 @@ def wait_until(pred, timeout=1.0) -> float:
 
 def test_stream_arrives_incrementally_with_exact_framing():
     engine = FakeEngine(step_s=0.05)
-    with uvicorn_server(engine) as (port, _):
+    with thread_server(engine) as (port, _):
         engine.reply_ids = reply_ids(make_tokenizer())
-        sock = post(port, chat_body(stream=True))
+        sock = post_stream(port, chat_body(stream=True))
         arrivals, raw = [], b""
         while not raw.endswith(b"\r\n0\r\n\r\n"):  # the chunked-encoding terminator ends the response
             chunk = sock.recv(65536)
@@ -94,9 +46,9 @@ def test_stream_arrives_incrementally_with_exact_framing():
 
 def test_keepalive_comment_while_idle():
     engine = FakeEngine(step_s=0.4)
-    with uvicorn_server(engine, keepalive_interval_s=0.1) as (port, _):
+    with thread_server(engine, keepalive_interval_s=0.1) as (port, _):
         engine.reply_ids = reply_ids(make_tokenizer())
-        sock = post(port, chat_body(stream=True, max_tokens=3))
+        sock = post_stream(port, chat_body(stream=True, max_tokens=3))
         raw = b""
         while b"data: [DONE]" not in raw:
             raw += sock.recv(65536)
@@ -107,9 +59,9 @@ def test_keepalive_comment_while_idle():
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_engine_request(stream):
     engine = FakeEngine(step_s=0.02)
-    with uvicorn_server(engine) as (port, app):
+    with thread_server(engine) as (port, app):
         engine.reply_ids = reply_ids(make_tokenizer())[:3]  # never reaches EOS: repeats forever
-        sock = post(port, chat_body(stream=stream, max_tokens=3000))
+        sock = post_stream(port, chat_body(stream=stream, max_tokens=3000))
         wait_until(lambda: engine.running, 2.0)
         if stream:
             buf = b""

@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,8 @@ from typing import Any
 
 import httpx
 import pytest
-from api.fakes import FakeEngine, make_hf_tokenizer, make_tokenizer
+from api.fakes import make_tiny_model as _make_tiny_model
+from api.fakes import thread_server  # noqa: F401  (re-exported for the production tests)
 
 REPO = Path(__file__).resolve().parents[2]
 NGINX_CONF = REPO / "docs" / "nginx.conf"
@@ -42,19 +42,8 @@ def free_port() -> int:
 
 
 def make_tiny_model(folder: Path) -> Path:
-    """A random 2-layer Llama (hidden 32) over ``make_hf_tokenizer()``, 16384 positions; returns ``folder``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = make_hf_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384,
-                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                         bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    """A random 2-layer Llama over ``make_hf_tokenizer()`` with 16384 positions; returns ``folder``."""
+    return _make_tiny_model(folder, max_positions=16384)
 
 
 TINY_ARGS = ["--served-model-name", TINY, "--max-model-len", "16384", "--num-kv-blocks", "4200",
@@ -124,34 +113,6 @@ def start_server(tmp: Path, args: list[str], env: dict[str, str] | None = None,
 
 
 # ----------------------------------------------------------------------------- in-thread server
-
-
-@contextlib.contextmanager
-def thread_server(engine: FakeEngine, model: str = "test-model", **settings: Any) -> Iterator[tuple[int, Any]]:
-    """The real app over ``engine`` in uvicorn on a thread; yields ``(port, app)``."""
-    import uvicorn
-
-    from proxy.api.app import create_app
-    from proxy.api.routes import ServingModel
-    from proxy.settings import Settings
-
-    tok = make_tokenizer()
-    engine.eos_token_ids = frozenset({make_hf_tokenizer().convert_tokens_to_ids("<|im_end|>")})
-    settings.setdefault("served_model_name", model)
-    app = create_app(Settings(**settings), lambda _: ServingModel(engine, tok, model, 4096))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(1000):
-            if server.started and app.state.server.status == "ready":
-                break
-            time.sleep(0.01)
-        assert server.started and app.state.server.status == "ready"
-        yield server.servers[0].sockets[0].getsockname()[1], app
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 # ----------------------------------------------------------------------------- nginx

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from dataclasses import dataclass
 
 import openai
-from api.fakes import FakeEngine, make_hf_tokenizer, make_tokenizer
+from api.fakes import FakeEngine, dechunk, make_hf_tokenizer, make_tokenizer, post_stream
 
 from .helpers import chunks_and_done, events, stream_text, thread_server
 
@@ -29,24 +28,6 @@ class SlowStartEngine(FakeEngine):
     async def _run(self, r) -> None:  # type: ignore[no-untyped-def]
         await asyncio.sleep(self.first_delay_s)
         await super()._run(r)
-
-
-def post_stream(port: int, body: dict) -> socket.socket:
-    data = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    return sock
-
-
-def dechunk(body: bytes) -> bytes:
-    out = b""
-    while True:
-        size_line, _, body = body.partition(b"\r\n")
-        size = int(size_line, 16)
-        if size == 0:
-            return out
-        out, body = out + body[:size], body[size + 2:]
 
 
 def read_all(sock: socket.socket) -> bytes:
