@@ -46,6 +46,7 @@ UNSUPPORTED_CHAT_FIELDS = (
     "modalities",
     "prediction",
     "web_search_options",
+    "best_of",
 )
 UNSUPPORTED_COMPLETION_FIELDS = ("suffix", "echo", "best_of", "tools", "response_format")
 
@@ -77,7 +78,46 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequestError("The request body is nested too deeply.") from None
     if not isinstance(body, dict):
         raise InvalidRequestError(f"The request body must be a JSON object, not {_type_name(body)}.")
+    bad = _surrogate_path(body, "")
+    if bad is not None:
+        raise InvalidRequestError(
+            "The request contains a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair), "
+            "which is not a Unicode character.",
+            param=bad or None,
+        )
     return body
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """The path (``messages[0].content``) of the first string or key holding a lone surrogate, or None.
+
+    JSON allows ``"\\ud800"`` escapes that decode to no Unicode scalar value; such text can be neither
+    tokenized nor encoded as UTF-8 in a response, so it is refused up front (RFC 8259 section 8.2).
+    """
+    if isinstance(value, str):
+        return path if _has_surrogate(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if _has_surrogate(key):
+                return path or sub.encode("utf-8", "backslashreplace").decode()
+            found = _surrogate_path(item, sub)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _surrogate_path(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 # ----------------------------------------------------------------------------- field checks
@@ -245,9 +285,15 @@ def _stream(body: dict[str, Any]) -> StreamOptions:
     return StreamOptions(stream=stream, include_usage=include_usage)
 
 
-def _sampling(body: dict[str, Any], vocab_size: int | None) -> SamplingParams:
-    """The sampling fields shared by both endpoints; ``max_tokens`` is filled in later."""
+def _sampling(body: dict[str, Any], vocab_size: int | None, max_tokens: int | None) -> SamplingParams:
+    """The sampling fields shared by both endpoints; ``max_tokens`` is filled in later.
+
+    ``max_tokens`` (the client's, or None) bounds ``min_tokens``, as vLLM checks it.
+    """
     top_k = _opt_int(body, "top_k", 0, lo=-1)
+    min_tokens = _opt_int(body, "min_tokens", 0, lo=0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise _bad("min_tokens", f"'min_tokens' ({min_tokens}) must not exceed 'max_tokens' ({max_tokens}).")
     return SamplingParams(
         max_tokens=1,
         temperature=_opt_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -262,7 +308,7 @@ def _sampling(body: dict[str, Any], vocab_size: int | None) -> SamplingParams:
         stop=_stop(body),
         stop_token_ids=_stop_token_ids(body, vocab_size),
         ignore_eos=_opt_bool(body, "ignore_eos", False),
-        min_tokens=_opt_int(body, "min_tokens", 0, lo=0) or 0,
+        min_tokens=min_tokens,
     )
 
 
@@ -392,7 +438,7 @@ def parse_chat_request(body: dict[str, Any], *, max_n: int, vocab_size: int | No
     if user is not None and not isinstance(user, str):
         raise _bad("user", f"'user' must be a string, not {_type_name(user)}.")
     stream = _stream(body)
-    params = replace(_sampling(body, vocab_size), logprobs=logprobs, top_logprobs=top_logprobs)
+    params = replace(_sampling(body, vocab_size, max_tokens), logprobs=logprobs, top_logprobs=top_logprobs)
     return ChatCompletionRequest(model, messages, n, max_tokens, stream, params)
 
 
@@ -440,7 +486,7 @@ def parse_completion_request(body: dict[str, Any], *, max_n: int,
     assert max_tokens is not None
     logprobs = _opt_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     stream = _stream(body)
-    params = replace(_sampling(body, vocab_size), logprobs=logprobs is not None, top_logprobs=logprobs or 0)
+    params = replace(_sampling(body, vocab_size, max_tokens), logprobs=logprobs is not None, top_logprobs=logprobs or 0)
     return CompletionRequest(model, prompt, n, max_tokens, logprobs, stream, params)
 
 

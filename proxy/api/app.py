@@ -60,7 +60,8 @@ Handler = Callable[[ServerState, ApiRequest], Awaitable[Any]]
 
 
 def _json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    # backslashreplace: a stray surrogate in a message becomes the JSON escape "\\udXXX", never a 500
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 

@@ -62,6 +62,16 @@ CHAT_CASES = [
     ("max_tokens over context", {"model": MODEL, "messages": U, "max_tokens": 10_000_000}, 400, "max_tokens"),
     ("prompt over context", {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 300}]}, 400,
      "messages"),
+    ("min_tokens over max_tokens", {"model": MODEL, "messages": U, "max_tokens": 3, "min_tokens": 5}, 400,
+     "min_tokens"),
+    ("best_of on chat", {"model": MODEL, "messages": U, "best_of": 2}, 400, "best_of"),
+    # lone UTF-16 surrogate escapes are valid JSON but no Unicode text (httpx sends them as "\ud83d")
+    ("lone surrogate in model", {"model": "\ud83d", "messages": U}, 400, "model"),
+    ("lone surrogate in content", {"model": MODEL, "messages": [{"role": "user", "content": "\ud800 hi"}]}, 400,
+     "messages[0].content"),
+    ("lone surrogate in part type", {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "\ud800"}]}]},
+     400, "messages[0].content[0].type"),
+    ("lone surrogate in stop", {"model": MODEL, "messages": U, "stop": ["ok", "\udfff"]}, 400, "stop[1]"),
 ]
 
 
@@ -73,7 +83,9 @@ def test_chat_bad_input(name, body, status, param, stream):
             sent = dict(body)
             if stream:
                 sent["stream"] = body.get("stream", True)
-            r = await s.client.post("/v1/chat/completions", json=sent)
+            # json.dumps escapes non-ASCII (and lone surrogates) as \\uXXXX, as many clients send them
+            r = await s.client.post("/v1/chat/completions", content=json.dumps(sent),
+                                    headers={"Content-Type": "application/json"})
             ok = await s.client.post("/v1/chat/completions", json=chat_body(max_tokens=2))
             return r, ok, s.engine
 
@@ -205,3 +217,16 @@ def test_api_key_required_when_configured():
     a, b, c = run(main())
     assert a.status_code == 401 and a.json()["error"]["code"] == "invalid_api_key"
     assert b.status_code == 200 and c.status_code == 200
+
+
+def test_completions_lone_surrogate_prompt_is_400_json():
+    async def main():
+        async with serve() as s:
+            body = json.dumps({"model": MODEL, "prompt": "\udfff", "max_tokens": 2})
+            return await s.client.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+
+    r = run(main())
+    assert r.status_code == 400
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["error"]["param"] == "prompt"
+    assert r.json()["error"]["type"] == "invalid_request_error"
