@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,6 +42,23 @@ _HELP = {
     "api_keys": "accepted bearer key (repeatable; env: comma-separated)",
     "allowed_origins": "CORS origin (repeatable or comma-separated)",
 }
+
+
+def _settings_help() -> dict[str, str]:
+    """Each field's description from the ``Attributes:`` section of ``Settings``' docstring (one source)."""
+    doc = inspect.getdoc(Settings) or ""
+    out: dict[str, str] = {}
+    names: list[str] = []
+    for line in doc.split("Attributes:", 1)[-1].splitlines():
+        entry = re.match(r"^ {4}([a-z_][a-z0-9_, ]*):\s*(.*)$", line)
+        if entry:
+            names = [n.strip() for n in entry.group(1).split(",")]
+            for name in names:
+                out[name] = entry.group(2).replace("``", "")
+        elif names and line.strip():
+            for name in names:
+                out[name] += " " + line.strip().replace("``", "")
+    return out
 
 
 def _kind(field: dataclasses.Field[Any]) -> str:
@@ -71,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamproxy", description="OpenAI-compatible streaming server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
+    described = _settings_help()
     for field in dataclasses.fields(Settings):
         kind = _kind(field)
-        help_text = _HELP.get(field.name, field.name.replace("_", " "))
+        help_text = _HELP.get(field.name) or described.get(field.name, field.name.replace("_", " "))
         env = ENV_PREFIX + field.name.upper()
-        help_text = f"{help_text} (env {env}; default {field.default!r})"
+        help_text = f"{help_text.replace('%', '%%')} (env {env}; default {field.default!r})"
         if kind == "list":
             serve.add_argument(_option(field), dest=field.name, action="append", default=None, help=help_text)
         else:

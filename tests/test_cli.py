@@ -50,3 +50,14 @@ def test_python_m_proxy_help():
     for opt in ("--model", "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
                 "--dtype", "--device", "--api-key", "STREAMPROXY_PORT"):
         assert opt in out.stdout
+
+
+def test_help_describes_each_option_from_the_settings_docstring() -> None:
+    from proxy.cli import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    helps = {a.dest: a.help for a in serve._actions}
+    assert helps["max_num_seqs"].startswith("most requests in the running batch.")
+    assert helps["num_kv_blocks"].startswith("KV blocks on CPU; None: enough for max_num_seqs full contexts, capped by")
+    assert helps["keepalive_interval_s"].startswith("seconds between SSE comment lines")
+    assert all(h and "(env STREAMPROXY_" in h for d, h in helps.items() if d != "help")

@@ -28,7 +28,7 @@ def build_serving_model(settings: Settings) -> ServingModel:
         engine=engine,
         tokenizer=tokenizer,
         served_model_name=loaded.served_model_name,
-        max_model_len=loaded.max_model_len,
+        max_model_len=core.max_model_len,  # lowered to the KV pool's capacity if smaller
         vocab_size=len(loaded.hf_tokenizer),
         core=core,
     )

@@ -35,8 +35,8 @@ class AsyncEngine:
 
     Args:
         core: the engine core; from ``start()`` on only the engine thread touches it.
-        max_waiting: most requests submitted but not yet running; past it ``submit`` raises
-            ``RateLimitError`` (HTTP 429).
+        max_waiting: most requests submitted that cannot start at the next step (beyond the free
+            places of the running batch); past it ``submit`` raises ``RateLimitError`` (HTTP 429).
     """
 
     def __init__(self, core: EngineCore, max_waiting: int) -> None:
@@ -121,7 +121,10 @@ class AsyncEngine:
         """
         if not self.is_healthy:
             raise EngineDeadError(f"the engine is not running{': ' + self._dead if self._dead else ''}")
-        if self.num_waiting >= self.max_waiting:
+        # Requests that will start at the next step (free places in the running batch) are not
+        # "waiting": a burst into an idle server is admitted whole, up to max_num_seqs + max_waiting.
+        free_slots = max(0, self.core.settings.max_num_seqs - self.num_running)
+        if self.num_waiting - free_slots >= self.max_waiting:
             raise RateLimitError(
                 f"too many requests waiting ({self.max_waiting}); retry later"
             )

@@ -29,9 +29,11 @@ class EngineCore:
         model: the causal LM (switched to the paged attention implementation if needed).
         settings: ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, KV pool size, ``seed``.
         eos_token_ids: ids that finish a request with "stop" (unless ``ignore_eos``).
-        max_model_len: longest prompt + output in tokens.
+        max_model_len: longest prompt + output in tokens; lowered to the KV pool's capacity
+            (``num_blocks * block_size``) when the pool is smaller.
 
     Attributes:
+        max_model_len: the context length in force (what the API must check requests against).
         fault_injector: test hook, a callable run before each forward pass; an exception from it
             fails that step's requests like any step failure.
     """
@@ -40,9 +42,18 @@ class EngineCore:
         self, model: torch.nn.Module, settings: Settings, eos_token_ids: Iterable[int], max_model_len: int
     ) -> None:
         self.settings = settings
-        self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
         self.runner = ModelRunner(model, settings, max_model_len)
+        kv_capacity = self.runner.kv_cache.num_blocks * settings.block_size
+        if kv_capacity < max_model_len:
+            # One request must always fit in the pool, or it would be cut short with "length" (vLLM
+            # refuses to start here; lowering the context keeps the server usable and honest).
+            logger.warning(
+                "the KV cache holds %d tokens, fewer than max_model_len %d: max_model_len is lowered to %d",
+                kv_capacity, max_model_len, kv_capacity,
+            )
+            max_model_len = kv_capacity
+        self.max_model_len = max_model_len
         self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, settings.block_size)
         self.scheduler = Scheduler(
             self.block_manager,

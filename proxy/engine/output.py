@@ -73,6 +73,14 @@ def chat_logprobs(entries: Sequence[LogprobEntry]) -> dict[str, Any]:
     return {"content": [e.to_chat() for e in entries]}
 
 
+def _legacy_top(entry: LogprobEntry) -> dict[str, float]:
+    """The alternatives plus the sampled token: OpenAI "Create completion" says the sampled token's
+    logprob is always returned, "so there may be up to logprobs+1 elements" (vLLM does the same)."""
+    top = {t: lp for t, lp, _ in entry.top}
+    top.setdefault(entry.token, entry.logprob)
+    return top
+
+
 def completion_logprobs(entries: Sequence[LogprobEntry], text_offset: int) -> dict[str, Any]:
     """Legacy completions ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``.
 
@@ -87,7 +95,7 @@ def completion_logprobs(entries: Sequence[LogprobEntry], text_offset: int) -> di
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries],
+        "top_logprobs": [_legacy_top(e) for e in entries],
         "text_offset": offsets,
     }
 

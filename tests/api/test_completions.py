@@ -71,6 +71,19 @@ def test_legacy_logprobs():
     assert streamed == lp
 
 
+def test_legacy_logprobs_always_hold_the_sampled_token():
+    """OpenAI: the sampled token's logprob is always returned (up to logprobs+1 entries), even for 0."""
+    async def main():
+        async with serve() as s:
+            body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2, "logprobs": 0}
+            return await s.client.post("/v1/completions", json=body), s.tokenizer
+
+    r, tok = run(main())
+    ids = tok.encode(REPLY)[:2]
+    assert r.json()["choices"][0]["logprobs"]["top_logprobs"] == [
+        {tok.token_text(i): -0.5 * (k + 1)} for k, i in enumerate(ids)]
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": ""}, "prompt"),

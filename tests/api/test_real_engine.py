@@ -111,3 +111,17 @@ def test_real_engine_end_to_end(model_dir: Path):
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
     assert out["after"]["usage"]["completion_tokens"] == 3
     assert out["health"].status_code == 200
+
+
+def test_context_is_lowered_to_what_the_kv_pool_holds(model_dir: Path):
+    """A pool smaller than max_model_len must not cut requests short with "length": the served
+    context shrinks to the pool (4 blocks x 16 = 64 tokens) and longer requests get a 400."""
+    from proxy.api.serving import build_serving_model
+
+    settings = Settings(model=str(model_dir), served_model_name=NAME, max_model_len=256, num_kv_blocks=4,
+                        block_size=16, num_threads=1, device="cpu", dtype="float32")
+    served = build_serving_model(settings)
+    assert served.max_model_len == 64
+    from proxy.protocol import resolve_max_tokens
+
+    assert resolve_max_tokens(None, 10, served.max_model_len) == 54

@@ -113,19 +113,21 @@ def test_abort_stops_outputs_and_frees_blocks(model) -> None:
 
 def test_waiting_queue_full_raises_rate_limit(model) -> None:
     async def main() -> None:
-        engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=2)
+        # one place in the batch + two waiting: a burst of three is admitted, the fourth is refused
+        settings = Settings(num_kv_blocks=64, block_size=4, max_num_batched_tokens=64, max_num_seqs=1)
+        engine = AsyncEngine(EngineCore(model, settings, [EOS], 256), max_waiting=2)
         loop = asyncio.get_running_loop()
-        collectors = [Collector(loop) for _ in range(3)]
-        engine.submit("0", prompt(0), SHORT, collectors[0])  # not started yet: both stay waiting
-        engine.submit("1", prompt(1), SHORT, collectors[1])
-        assert engine.num_waiting == 2
+        collectors = [Collector(loop) for _ in range(4)]
+        for i in range(3):  # not started yet: all stay waiting
+            engine.submit(str(i), prompt(i), SHORT, collectors[i])
+        assert engine.num_waiting == 3
         with pytest.raises(RateLimitError):
-            engine.submit("2", prompt(2), SHORT, collectors[2])
+            engine.submit("3", prompt(3), SHORT, collectors[3])
         engine.start()
-        await asyncio.wait_for(asyncio.gather(collectors[0].done, collectors[1].done), 60)
+        await asyncio.wait_for(asyncio.gather(*(c.done for c in collectors[:3])), 60)
         assert engine.num_waiting == 0
-        engine.submit("2", prompt(2), SHORT, collectors[2])
-        assert (await asyncio.wait_for(collectors[2].done, 60)).finish_reason == "length"
+        engine.submit("3", prompt(3), SHORT, collectors[3])
+        assert (await asyncio.wait_for(collectors[3].done, 60)).finish_reason == "length"
         engine.shutdown()
 
     asyncio.run(main())
