@@ -325,7 +325,12 @@ class OutputProcessor:
         if finished:
             text += tracked.detokenizer.flush()
         if tracked.stop_checker is not None:
-            safe, matched = tracked.stop_checker.feed(text) if text else ("", -1)
+            checker = tracked.stop_checker
+            safe, matched = checker.feed(text) if text else ("", -1)
+            if finished and matched < 0:
+                # the end can settle a match that waited on a longer, earlier-starting stop string
+                safe += checker.flush()
+                matched = checker.matched_index
             if matched >= 0:
                 mailbox.put_text(index, safe, entries, len(output.new_token_ids))
                 mailbox.finish(index, "stop")
@@ -335,8 +340,6 @@ class OutputProcessor:
                 if self._observer is not None:
                     self._observer(output, "stop")
                 return
-            if finished:
-                safe += tracked.stop_checker.flush()
             text = safe
         mailbox.put_text(index, text, entries, len(output.new_token_ids))
         if self._observer is not None:

@@ -71,6 +71,23 @@ def test_stop_string_finishes_and_aborts_once():
     assert aborted == ["r-0"] and tracked == 0
 
 
+def test_stop_match_settled_at_the_end_finishes_with_stop():
+    """Stops ["abcd", "bc"]: "bc" waits while "abcd" could still match from the earlier "a"; when
+    max_tokens ends the request there, "bc" is the match: text "x a", finish_reason "stop"."""
+    async def main():
+        tok, proc, box, aborted = setup(SamplingParams(stop=("abcd", "bc")))
+        ids = tok.encode("x abc")
+        for t in ids:
+            proc.process(out("r-0", [t]))
+        proc.process(out("r-0", [], True, "length"))
+        return box.take(), aborted, proc.num_tracked
+
+    deltas, aborted, tracked = asyncio.run(main())
+    assert "".join(d.text for d in deltas) == "x a"
+    assert deltas[-1].finish_reason == "stop"
+    assert aborted == [] and tracked == 0  # the engine had already finished it
+
+
 def test_stop_token_text_is_excluded_and_its_logprob_has_no_bytes():
     async def main():
         tok, proc, box, _ = setup(SamplingParams(logprobs=True))
