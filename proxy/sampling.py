@@ -8,6 +8,25 @@ extras (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_tok
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+StructuredOutputKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class StructuredOutputParams:
+    """What a constrained request's output must match (vLLM's ``StructuredOutputsParams``, one kind).
+
+    Attributes:
+        kind: ``"json"`` (``spec`` is a JSON Schema as JSON text), ``"json_object"`` (any JSON object;
+            ``spec`` is ignored), ``"regex"`` (``spec`` is a regular expression), ``"choice"``
+            (``spec`` is a JSON list of strings; the output is exactly one of them), ``"grammar"``
+            (``spec`` is an EBNF grammar in GBNF syntax with a ``root`` rule).
+        spec: the grammar source text; with ``kind`` it is the compile-cache key.
+    """
+
+    kind: StructuredOutputKind
+    spec: str = ""
 
 
 @dataclass(frozen=True)
@@ -31,7 +50,10 @@ class SamplingParams:
         ignore_eos: keep generating past EOS (benchmarks).
         logprobs: return the chosen token's log-probability for every generated token.
         top_logprobs: also return this many most likely alternatives per position (0..20).
-        min_tokens: do not stop on EOS / stop ids before this many tokens.
+        min_tokens: do not stop on EOS / stop ids before this many tokens (not applied to a
+            constrained request: its grammar decides when the output may end).
+        structured_outputs: constrain the output to a grammar (``response_format``, tool calls);
+            None: unconstrained.
     """
 
     max_tokens: int = 16
@@ -50,6 +72,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     min_tokens: int = 0
+    structured_outputs: StructuredOutputParams | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from proxy.engine.scheduler import Scheduler
 from proxy.errors import ContextLengthExceededError, InvalidRequestError
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.engine.structured import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,8 @@ class EngineCore:
         eos_token_ids: ids that finish a request with "stop" (unless ``ignore_eos``).
         max_model_len: longest prompt + output in tokens; lowered to the KV pool's capacity
             (``num_blocks * block_size``) when the pool is smaller.
+        grammar_compiler: compiles the grammars of constrained requests (structured outputs, tool
+            calls); None: requests with ``params.structured_outputs`` are refused.
 
     Attributes:
         max_model_len: the context length in force (what the API must check requests against).
@@ -39,7 +45,12 @@ class EngineCore:
     """
 
     def __init__(
-        self, model: torch.nn.Module, settings: Settings, eos_token_ids: Iterable[int], max_model_len: int
+        self,
+        model: torch.nn.Module,
+        settings: Settings,
+        eos_token_ids: Iterable[int],
+        max_model_len: int,
+        grammar_compiler: GrammarCompiler | None = None,
     ) -> None:
         self.settings = settings
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -62,7 +73,7 @@ class EngineCore:
             max_model_len=max_model_len,
             eos_token_ids=self.eos_token_ids,
         )
-        self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed)
+        self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         self.fault_injector: Callable[[], None] | None = None
         self.num_steps = 0
 
@@ -126,10 +137,13 @@ class EngineCore:
         """Queue a request.
 
         Raises:
-            InvalidRequestError, ContextLengthExceededError: see ``check_prompt``.
+            InvalidRequestError, ContextLengthExceededError: see ``check_prompt``; also a constrained
+                request when the engine has no grammar compiler.
             ValueError: duplicate live request id.
         """
         self.check_prompt(len(prompt_token_ids))
+        if params.structured_outputs is not None and self.sampler.grammar_compiler is None:
+            raise InvalidRequestError("structured outputs are not enabled on this engine", param="response_format")
         self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params))
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

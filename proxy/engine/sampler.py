@@ -2,6 +2,10 @@
 
 Order of processing, as in vLLM's sampler:
 
+0. **Grammar masks** (structured outputs, tool calls; :mod:`proxy.engine.structured`): on the
+   constrained rows only, tokens the request's grammar does not allow next get ``-inf`` (vLLM applies
+   the grammar bitmask before any other logits processing, too). Every later step (penalties,
+   temperature, top-k/p, min-p, greedy or seeded draws) then only sees allowed tokens.
 1. **logprobs** are taken from ``log_softmax`` of the *raw* model logits (vLLM's default
    ``logprobs_mode="raw_logprobs"``): what the model believes, independent of penalties, bias and
    temperature; the chosen token's logprob and the ``top_logprobs`` alternatives both come from it.
@@ -21,10 +25,14 @@ Order of processing, as in vLLM's sampler:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from proxy.engine.request import Request, TokenLogprob
+
+if TYPE_CHECKING:
+    from proxy.engine.structured import GrammarCompiler, RequestGrammar
 
 
 class Sampler:
@@ -34,9 +42,17 @@ class Sampler:
         device: where the logits live (generators are created there).
         eos_token_ids: ids masked while a request is below ``min_tokens`` (unless ``ignore_eos``).
         seed: seed of the shared generator for unseeded requests; None: random.
+        grammar_compiler: compiles/looks up the grammars of constrained requests; None: the engine
+            serves no structured outputs (``EngineCore.add_request`` refuses them).
     """
 
-    def __init__(self, device: torch.device, eos_token_ids: Iterable[int], seed: int | None = None) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        eos_token_ids: Iterable[int],
+        seed: int | None = None,
+        grammar_compiler: GrammarCompiler | None = None,
+    ) -> None:
         self.device = device
         self.eos_token_ids = sorted(set(eos_token_ids))
         self._shared = torch.Generator(device=device)
@@ -45,10 +61,41 @@ class Sampler:
         else:
             self._shared.manual_seed(seed)
         self._generators: dict[str, torch.Generator] = {}
+        self.grammar_compiler = grammar_compiler
+        self._grammars: dict[str, RequestGrammar] = {}
 
     def forget(self, request_id: str) -> None:
-        """Drop a finished request's generator."""
+        """Drop a finished request's generator and grammar state."""
         self._generators.pop(request_id, None)
+        self._grammars.pop(request_id, None)
+
+    @property
+    def num_grammars(self) -> int:
+        """Live per-request grammar states (constrained requests sampled at least once, not forgotten)."""
+        return len(self._grammars)
+
+    def _apply_grammars(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
+        """Mask the constrained rows of ``logits`` in place; return their indices."""
+        rows = [i for i, r in enumerate(requests) if r.params.structured_outputs is not None]
+        if not rows:
+            return rows
+        from proxy.engine.structured import apply_bitmask
+
+        compiler = self.grammar_compiler
+        if compiler is None:
+            raise RuntimeError("a constrained request reached a sampler without a grammar compiler")
+        bitmask = compiler.allocate_bitmask(len(rows))
+        for k, i in enumerate(rows):
+            request = requests[i]
+            grammar = self._grammars.get(request.request_id)
+            if grammar is None:
+                so = request.params.structured_outputs
+                assert so is not None
+                grammar = self._grammars[request.request_id] = compiler.new_request_grammar(so)
+            grammar.sync(request.output_token_ids)
+            grammar.fill(bitmask, k)
+        apply_bitmask(logits, bitmask, rows)
+        return rows
 
     def _generator_for(self, request: Request) -> torch.Generator:
         gen = self._generators.get(request.request_id)
@@ -64,7 +111,8 @@ class Sampler:
         vocab = logits.shape[-1]
         for i, request in enumerate(requests):
             p = request.params
-            below_min = len(request.output_token_ids) < p.min_tokens
+            # A grammar decides when a constrained output may end: banning EOS there could leave no token.
+            below_min = len(request.output_token_ids) < p.min_tokens and p.structured_outputs is None
             if not (
                 p.logit_bias or below_min or p.repetition_penalty != 1.0
                 or p.frequency_penalty or p.presence_penalty
@@ -141,7 +189,8 @@ class Sampler:
         """Sample one token for each row.
 
         Args:
-            logits: ``[S, V]`` float32, row ``i`` for ``requests[i]``.
+            logits: ``[S, V]`` float32, row ``i`` for ``requests[i]``; the rows of constrained
+                requests are masked in place.
             requests: the sampling requests, their ``params`` and token history.
 
         Returns:
@@ -152,6 +201,7 @@ class Sampler:
             return [], None
         want_lp = [i for i, r in enumerate(requests) if r.params.logprobs or r.params.top_logprobs > 0]
         raw_lp = logits[want_lp].log_softmax(dim=-1) if want_lp else None
+        self._apply_grammars(logits, requests)
         processed = self._process(logits, requests)
         greedy = [r.params.is_greedy for r in requests]
         if all(greedy):
