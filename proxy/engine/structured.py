@@ -53,6 +53,7 @@ import xgrammar as xgr
 
 from proxy.errors import InvalidRequestError
 from proxy.sampling import StructuredOutputParams
+from proxy.tools.schema import ANNOTATION_KEYWORDS, ENFORCED_KEYWORDS, JSON_FORMATS, check_json_schema
 
 __all__ = [
     "ANNOTATION_KEYWORDS",
@@ -65,109 +66,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-ENFORCED_KEYWORDS: frozenset[str] = frozenset({
-    "type", "enum", "const",
-    "properties", "required", "additionalProperties", "propertyNames",
-    "items", "prefixItems", "minItems", "maxItems",
-    "minLength", "maxLength", "pattern", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "anyOf", "allOf", "$ref", "$defs", "definitions",
-})
-"""JSON Schema keywords xgrammar 0.2.9 was checked to enforce (a violating instance is rejected and a
-conforming one accepted; ``allOf`` only with one branch). Any other keyword that constrains values is
-refused with a 400 naming it."""
-
-ANNOTATION_KEYWORDS: frozenset[str] = frozenset({
-    "title", "description", "$schema", "$id", "$comment", "default", "examples", "deprecated",
-    "readOnly", "writeOnly", "strict",
-})
-"""Keywords that do not constrain values (JSON Schema annotations): accepted and ignored."""
-
-JSON_FORMATS: frozenset[str] = frozenset({
-    "email", "date", "time", "date-time", "uuid", "ipv4", "uri", "hostname",
-})
-"""``format`` values xgrammar 0.2.9 was checked to enforce; others are a 400."""
-
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames")
-_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
-
-
-def _refuse(message: str, param: str) -> InvalidRequestError:
-    return InvalidRequestError(message, param=param)
-
-
-def check_json_schema(schema: Any, param: str = "response_format.json_schema.schema") -> None:
-    """Check that ``schema`` is JSON Schema that the grammar enforces exactly.
-
-    Args:
-        schema: the parsed schema (a dict, or ``True``/``False``).
-        param: the request field it came from, used in error messages.
-
-    Raises:
-        InvalidRequestError: not a JSON Schema object, a keyword outside :data:`ENFORCED_KEYWORDS`
-            and :data:`ANNOTATION_KEYWORDS` (the message names it and its path), an ``allOf`` with
-            more than one branch, an unknown ``type`` or ``format``, or a ``required`` name that is
-            not in ``properties``.
-    """
-    _check(schema, param, "#")
-
-
-def _check(node: Any, param: str, path: str) -> None:
-    if isinstance(node, bool):
-        return
-    if not isinstance(node, dict):
-        raise _refuse(f"{param}: the schema at {path} must be a JSON object, got {type(node).__name__}", param)
-    for key, value in node.items():
-        where = f"{path}/{key}"
-        if key in ANNOTATION_KEYWORDS:
-            continue
-        if key not in ENFORCED_KEYWORDS:
-            raise _refuse(
-                f"{param}: the JSON Schema keyword {key!r} (at {path}) is not supported by this server's "
-                f"constrained decoding; supported keywords: {', '.join(sorted(ENFORCED_KEYWORDS))}",
-                param,
-            )
-        if key == "type":
-            types = value if isinstance(value, list) else [value]
-            if not types or any(t not in _TYPES for t in types):
-                raise _refuse(f"{param}: invalid JSON Schema type {value!r} at {path}", param)
-        elif key == "format" and value not in JSON_FORMATS:
-            raise _refuse(
-                f"{param}: the string format {value!r} (at {path}) is not supported; supported formats: "
-                f"{', '.join(sorted(JSON_FORMATS))}",
-                param,
-            )
-        elif key in _SCHEMA_MAPS:
-            if not isinstance(value, dict):
-                raise _refuse(f"{param}: {where} must be an object of schemas", param)
-            for name, sub in value.items():
-                _check(sub, param, f"{where}/{name}")
-        elif key in _SCHEMA_LISTS:
-            if not isinstance(value, list) or not value:
-                raise _refuse(f"{param}: {where} must be a non-empty array of schemas", param)
-            if key == "allOf" and len(value) > 1:
-                raise _refuse(
-                    f"{param}: 'allOf' with more than one schema (at {path}) is not supported; merge them", param
-                )
-            for i, sub in enumerate(value):
-                _check(sub, param, f"{where}/{i}")
-        elif key in _SCHEMA_VALUES:
-            _check(value, param, where)
-        elif key == "required":
-            if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
-                raise _refuse(f"{param}: {where} must be an array of property names", param)
-            props = node.get("properties", {})
-            missing = [n for n in value if not isinstance(props, dict) or n not in props]
-            if missing:
-                raise _refuse(
-                    f"{param}: required property {missing[0]!r} (at {path}) is not listed in 'properties'", param
-                )
-        elif key == "enum" and (not isinstance(value, list) or not value):
-            raise _refuse(f"{param}: {where} must be a non-empty array", param)
-
 
 class RequestGrammar:
     """One request's grammar state.
@@ -282,7 +180,7 @@ class GrammarCompiler:
                 try:
                     schema = json.loads(so.spec)
                 except ValueError as exc:
-                    raise _refuse(f"{param}: the schema is not valid JSON: {exc}", param) from None
+                    raise InvalidRequestError(f"{param}: the schema is not valid JSON: {exc}", param=param) from None
                 check_json_schema(schema, param)
                 return c.compile_json_schema(so.spec, any_whitespace=False, strict_mode=True)
             if so.kind == "json_object":
@@ -292,7 +190,7 @@ class GrammarCompiler:
             if so.kind == "choice":
                 choices = json.loads(so.spec)
                 if not isinstance(choices, list) or not choices or not all(isinstance(x, str) and x for x in choices):
-                    raise _refuse(f"{param}: must be a non-empty list of non-empty strings", param)
+                    raise InvalidRequestError(f"{param}: must be a non-empty list of non-empty strings", param=param)
                 alts = " | ".join(json.dumps(x, ensure_ascii=False) for x in choices)
                 return c.compile_grammar(f"root ::= {alts}")
             if so.kind == "grammar":
@@ -301,8 +199,8 @@ class GrammarCompiler:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise _refuse(f"{param}: cannot be compiled to a grammar: {reason}", param) from None
-        raise _refuse(f"{param}: unknown structured output kind {so.kind!r}", param)
+            raise InvalidRequestError(f"{param}: cannot be compiled to a grammar: {reason}", param=param) from None
+        raise InvalidRequestError(f"{param}: unknown structured output kind {so.kind!r}", param=param)
 
     def new_request_grammar(self, so: StructuredOutputParams) -> RequestGrammar:
         """A fresh per-request grammar (engine thread). Compiles now if ``so`` is not cached, which
