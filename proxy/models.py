@@ -12,9 +12,8 @@
 - Device ``"auto"``: CUDA when available, else CPU. Dtype ``"auto"``: fp32 on CPU, bf16 on CUDA.
 - ``max_model_len``: ``settings.max_model_len`` or the config's ``max_position_embeddings``.
 - ``eos_token_ids``: the generation config's ``eos_token_id`` (int or list) + the tokenizer's.
-- Sliding-window architectures (``layer_types`` with ``sliding_attention``, ``use_sliding_window``,
-  or a ``sliding_window`` without ``layer_types``, as Mistral) are refused with ``ModelLoadError``:
-  the paged attention implements full causal attention only.
+- Architectures the paged engine cannot serve exactly (Mamba / linear attention, ...) are refused
+  with ``ModelLoadError`` by the rules of ``proxy.engine.architectures``.
 
 ``python -m proxy.models --convert [--model X.gguf] [--cache-dir DIR]`` converts ahead of time.
 """
@@ -34,6 +33,8 @@ from typing import Any
 
 import torch
 
+from proxy.engine.architectures import UnsupportedArchitectureError
+from proxy.engine.architectures import check_config as check_architecture
 from proxy.engine.attention import register as register_paged_attention
 from proxy.settings import Settings
 
@@ -164,27 +165,15 @@ def resolve_model_path(settings: Settings) -> tuple[Path, str]:
 
 
 def check_supported(config: Any) -> None:
-    """Refuse configurations the paged attention cannot run.
+    """Refuse architectures the paged engine cannot serve exactly (rules: ``proxy.engine.architectures``).
 
     Raises:
-        ModelLoadError: sliding-window attention, or an encoder-decoder model.
+        ModelLoadError: with the rule's reason (model type, what is unsupported, what to try).
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layer_types = getattr(text, "layer_types", None)
-    sliding = False
-    if layer_types:
-        sliding = any("sliding" in str(t) for t in layer_types)
-    elif getattr(text, "use_sliding_window", None) is not None:
-        sliding = bool(text.use_sliding_window) and getattr(text, "sliding_window", None) is not None
-    elif getattr(text, "sliding_window", None) is not None:
-        sliding = True
-    if sliding:
-        raise ModelLoadError(
-            f"{getattr(config, 'model_type', 'this')} model uses sliding-window attention layers, "
-            "which streamproxy's paged attention does not support"
-        )
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelLoadError("encoder-decoder models are not supported")
+    try:
+        check_architecture(config)
+    except UnsupportedArchitectureError as exc:
+        raise ModelLoadError(str(exc)) from exc
 
 
 def resolve_device_dtype(settings: Settings) -> tuple[torch.device, torch.dtype]:
@@ -230,7 +219,7 @@ def load_model(settings: Settings) -> LoadedModel:
     """Load the configured model for the engine (see the module docstring for every rule).
 
     Raises:
-        ModelLoadError: not found, not convertible, or unsupported (sliding window).
+        ModelLoadError: not found, not convertible, or an unsupported architecture.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -39,6 +39,9 @@ class Settings:
         cache_dir: where the default model's converted Hugging Face folder is cached.
         log_level: uvicorn/logging level name.
         seed: global seed for requests without one.
+        self_check: before reporting ready, compare the engine's greedy output with transformers'
+            ``generate()`` on a few short prompts and refuse the model on a mismatch
+            (``proxy.engine.selfcheck``; seconds on a CPU for small models; off for very large ones).
     """
 
     model: str | None = None
@@ -64,3 +67,4 @@ class Settings:
     cache_dir: str | None = None
     log_level: str = "info"
     seed: int | None = None
+    self_check: bool = True

@@ -67,16 +67,16 @@ def test_bad_paths_are_refused(tmp_path: Path) -> None:
         models.resolve_model_path(Settings(model=str(tmp_path)))
 
 
-def test_sliding_window_models_are_refused() -> None:
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+def test_sliding_window_models_are_accepted_and_stateful_ones_refused() -> None:
+    from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config
 
     models.check_supported(LlamaConfig())
     models.check_supported(Qwen2Config(use_sliding_window=False))
     models.check_supported(MistralConfig(sliding_window=None))
-    with pytest.raises(models.ModelLoadError, match="sliding-window"):
-        models.check_supported(Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0))
-    with pytest.raises(models.ModelLoadError, match="sliding-window"):
-        models.check_supported(MistralConfig(sliding_window=4096))
+    models.check_supported(Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0))
+    models.check_supported(MistralConfig(sliding_window=4096))
+    with pytest.raises(models.ModelLoadError, match="'qwen3_next' has Mamba / linear-attention"):
+        models.check_supported(AutoConfig.for_model("qwen3_next"))
 
 
 def test_device_and_dtype_rules() -> None:

@@ -8,6 +8,11 @@ prefill token would cost ~25% on a long prefill). The step's :class:`PagedAttent
 built once here and passed to every layer. Facts behind this: ``../shared/notes/
 transformers-paged-attention.md``.
 
+Per-layer cache shapes, windows, chunk sizes, soft-caps and sinks come from a 3-token probe pass at
+construction (``attention.probe_layers`` -> ``architectures.layer_specs``), which also refuses
+layers that never reach the attention function (Mamba / linear attention). The cache is sized from
+the shapes the layers really produce (multi-head latent attention has K and V of other widths).
+
 KV pool size: ``settings.num_kv_blocks`` when set; otherwise enough blocks for ``max_num_seqs``
 full contexts, capped on CUDA by ``free memory * gpu_memory_utilization`` (``torch.cuda.mem_get_info``
 after the weights are loaded) and on CPU by ``settings.kv_cache_bytes``.
@@ -19,26 +24,20 @@ import logging
 
 import torch
 
-from proxy.engine.attention import ATTN_IMPLEMENTATION, METADATA_KWARG, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.architectures import layer_specs, unexpected_kwargs
+from proxy.engine.attention import (
+    ATTN_IMPLEMENTATION,
+    METADATA_KWARG,
+    LayerSpec,
+    PagedAttentionMetadata,
+    PagedKVCache,
+    active_metadata,
+    probe_layers,
+)
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-
-def _text_config(model: torch.nn.Module):  # type: ignore[no-untyped-def]
-    config = model.config
-    get = getattr(config, "get_text_config", None)
-    return get() if get is not None else config
-
-
-def kv_geometry(model: torch.nn.Module) -> tuple[int, int, int, int]:
-    """``(num_layers, num_attention_heads, num_kv_heads, head_dim)`` of a transformers causal LM."""
-    config = _text_config(model)
-    num_heads = config.num_attention_heads
-    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    return config.num_hidden_layers, num_heads, num_kv_heads, head_dim
 
 
 def choose_num_blocks(
@@ -75,6 +74,10 @@ class ModelRunner:
 
     Attributes:
         kv_cache: the pools; ``kv_cache.num_blocks`` is what the block manager hands out.
+        layers: one :class:`LayerSpec` per layer (shapes, window, chunk, soft-cap, sinks).
+
+    Raises:
+        UnsupportedArchitectureError: the probe pass found layers the paged cache cannot serve.
         device, dtype: of the model's parameters.
     """
 
@@ -88,14 +91,16 @@ class ModelRunner:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        num_layers, num_heads, num_kv_heads, head_dim = kv_geometry(model)
-        self.num_groups = num_heads // num_kv_heads
+        probe = probe_layers(model)
+        self.layers: list[LayerSpec] = layer_specs(model.config, probe)
+        odd = unexpected_kwargs(probe)
+        if odd:
+            logger.warning("attention layers pass keyword arguments the paged attention ignores: %s", odd)
+        self.num_groups = self.layers[0].num_heads // self.layers[0].num_kv_heads
         self.block_size = settings.block_size
-        bytes_per_token = PagedKVCache.bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
+        bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         num_blocks = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
-        self.kv_cache = PagedKVCache(
-            num_layers, num_kv_heads, head_dim, num_blocks, self.block_size, self.dtype, self.device
-        )
+        self.kv_cache = PagedKVCache(self.layers, num_blocks, self.block_size, self.dtype, self.device)
         self.kv_bytes_per_token = bytes_per_token
         logger.info(
             "KV cache: %d blocks x %d tokens, %.1f MiB (%d bytes/token) on %s",
@@ -143,9 +148,12 @@ class ModelRunner:
 
         num_decodes = scheduler_output.num_decodes
         num_tokens = len(token_ids)
-        meta = PagedAttentionMetadata(kv_cache=self.kv_cache, slot_mapping=slot_mapping, num_decodes=num_decodes)
+        meta = PagedAttentionMetadata(
+            kv_cache=self.kv_cache, slot_mapping=slot_mapping, num_decodes=num_decodes, num_groups=self.num_groups
+        )
         if num_decodes:
             ctx = starts_t[:num_decodes] + 1
+            meta.decode_context_lens = ctx
             max_len = int(ctx.max())
             ar = torch.arange(max_len)
             meta.decode_gather = block_tables[:num_decodes, ar // bs] * bs + ar % bs
@@ -165,7 +173,8 @@ class ModelRunner:
             meta.prefill_query_index = (p_first[:, None] + q_clamped).reshape(-1)
             meta.prefill_gather = block_tables[num_decodes:, ka // bs] * bs + ka % bs
             # bottom-right causal: query j of row i sees keys k <= start_i + j
-            mask = ka[None, None, :] <= (p_starts[:, None] + q_clamped)[:, :, None]  # [B_p, Q_p, L_p]
+            meta.prefill_positions = p_starts[:, None] + q_clamped  # [B_p, Q_p]
+            mask = ka[None, None, :] <= meta.prefill_positions[:, :, None]  # [B_p, Q_p, L_p]
             g = self.num_groups
             meta.prefill_mask = (
                 mask[:, None].expand(num_seqs, g, q_len, max_len).reshape(num_seqs, 1, g * q_len, max_len)
@@ -184,8 +193,8 @@ class ModelRunner:
             position_ids = position_ids.to(dev, non_blocking=True)
             logits_index = logits_index.to(dev, non_blocking=True)
             for name in (
-                "slot_mapping", "decode_gather", "decode_mask", "prefill_query_index", "prefill_gather",
-                "prefill_mask", "prefill_valid", "prefill_token_index",
+                "slot_mapping", "decode_gather", "decode_context_lens", "decode_mask", "prefill_query_index",
+                "prefill_gather", "prefill_positions", "prefill_mask", "prefill_valid", "prefill_token_index",
             ):
                 value = getattr(meta, name)
                 if value is not None:
@@ -200,7 +209,7 @@ class ModelRunner:
             ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
         """
         input_ids, position_ids, logits_index, meta = self.build_metadata(scheduler_output)
-        with torch.inference_mode():
+        with torch.inference_mode(), active_metadata(meta):
             if logits_index.numel() == 0:
                 keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
             else:
