@@ -10,9 +10,23 @@ STAMP := $(VENV)/.streamproxy-setup
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup serve test test-fast soak bench lint check
+NODE_SDK := tests/node/node_modules/openai/package.json
 
-setup: $(STAMP)
+.PHONY: setup testdata serve test test-fast soak bench lint check
+
+# Test data a fresh clone lacks: the tokenizer zoo (downloaded and converted once into
+# ~/.cache/streamproxy/tokenizers; later runs only check it) and the OpenAI Node SDK for
+# tests/e2e/test_node_sdk.py (into the ignored tests/node/node_modules; skipped where npm is absent).
+setup: $(STAMP) testdata $(NODE_SDK)
+
+testdata: $(STAMP)
+	@$(PY) tests/testdata.py
+
+$(NODE_SDK): tests/node/package.json
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "installing the openai npm package into tests/node/node_modules"; \
+		cd tests/node && npm install --no-package-lock --no-audit --no-fund --loglevel=error && touch node_modules/openai/package.json; \
+	else echo "note: npm is not installed; tests/e2e/test_node_sdk.py will be skipped"; fi
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

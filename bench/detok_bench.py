@@ -1,6 +1,6 @@
 """Detokenizer and SSE framing throughput, each against its baselines in the same run (not a timed test).
 
-For every tokenizer in ../shared/tokenizers (and with ``--gguf`` the default model's), a trace of at least
+For every tokenizer of the test zoo (``tests/testdata.py``, fetched by ``make setup``; and with ``--gguf`` the default model's), a trace of at least
 ``--tokens`` (default 100k) tokens of mixed CJK, emoji and English text is streamed one token per call
 (as the engine hands tokens over), through:
 
@@ -43,7 +43,10 @@ try:
 except ImportError:  # pragma: no cover
     orjson = None
 
-ZOO = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizers"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from testdata import zoo_root  # noqa: E402 - the tokenizer zoo of the tests
+
+ZOO = zoo_root()
 MIXED = [
     "你是谁？请用中文详细介绍你自己，至少三句话。我很感动，遐迩闻名的𠮷野家和龘字。春天来了，花开了。",
     "日本語のテキスト、カタカナとひらがな。삼겹살 감사합니다 한국어 문장입니다.",

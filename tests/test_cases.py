@@ -1,8 +1,8 @@
-"""Every line of ../shared/cases/cases_public.jsonl against a real server with the default model.
+"""Every line of tests/data/cases/cases_public.jsonl against a real server with the default model.
 
 ``MODEL`` is replaced by the served id. The generation requests of all lines run concurrently once
 per session (the engine batches them); each case is then checked on its own. Checks follow the
-``check`` text of each line and ``../shared/cases/log.md``:
+``check`` text of each line and ``tests/data/cases/log.md``:
 
 - stream/non-stream equality (T0): joined ``delta.content`` == ``message.content``, byte for byte;
 - stop-prefix invariant: content == raw[:raw.find(S)] where raw is the same request without ``stop``;
@@ -22,25 +22,17 @@ import json
 import re
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from e2e.server import Server, get_server, sse_chunks
+from testdata import CASES_PUBLIC as CASES_FILE
 
-SHARED = Path(__file__).parents[1].parent / "shared"
-CASES_FILE = SHARED / "cases" / "cases_public.jsonl"
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CASES_FILE.exists(), reason=f"{CASES_FILE} not found (the shared folder is absent)"),
-]
+pytestmark = [pytest.mark.slow]
 
 
 def load_cases() -> list[dict[str, Any]]:
-    if not CASES_FILE.exists():
-        return []
     return [json.loads(line) for line in CASES_FILE.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 

@@ -1,7 +1,7 @@
 """proxy.tokenizer: the decode table and the invariant joined deltas == tokenizer.decode(ids,
-skip_special_tokens=True) on the real tokenizers of ../shared/tokenizers, the default model's GGUF tokenizer
-and tokenizers trained here; the multibyte and stop cases C01-C03, C06, C08-C10, C12 of
-../shared/cases/log.md; chat template, EOS ids, logprob bytes and the exact fallback path."""
+skip_special_tokens=True) on the real tokenizers of the zoo (tests/testdata.py: fetched by make setup), the
+default model's GGUF tokenizer and tokenizers trained here; the multibyte and stop cases C01-C03, C06,
+C08-C10, C12 of tests/data/cases/log.md; chat template, EOS ids, logprob bytes and the exact fallback path."""
 
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from testdata import TOKENIZER_IDS, ZOO_NAMES, zoo_path
+
 from proxy import hotpath
 from proxy.errors import InvalidRequestError
 from proxy.tokenizer import VERIFY_CORPUS, RedecodeDetokenizer, Tokenizer
 
-SHARED = Path(__file__).parents[1].parent / "shared"
-ZOO = SHARED / "tokenizers"
-ZOO_NAMES = ["gpt-2", "llama-bpe", "qwen2", "llama-spm", "phi-3"]
 FFFD = "\ufffd"
 
 C01 = "你是谁？请用中文详细介绍你自己，至少三句话。帮助各种"
@@ -46,12 +45,29 @@ ENGLISH = [
 ] * 20
 
 
+def zoo_folder(name: str) -> Path:
+    """The zoo tokenizer's folder; a missing zoo fails the test (make setup fetches it), never skips."""
+    try:
+        return zoo_path(name)
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
+
+
 @functools.cache
 def zoo(name: str) -> Tokenizer:
-    path = ZOO / name
-    if not path.is_dir():
-        pytest.skip(f"{path} is absent (shared tokenizer zoo not available)")
-    return Tokenizer(AutoTokenizer.from_pretrained(str(path)))
+    return Tokenizer(AutoTokenizer.from_pretrained(str(zoo_folder(name))))
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_zoo_ids_pinned(name):
+    """The fetched zoo tokenizes a corpus exactly as the reference zoo did (ids recorded in
+    tests/data/tokenizer_ids.json from the project's shared tokenizer folders)."""
+    pinned = json.loads(TOKENIZER_IDS.read_text(encoding="utf-8"))
+    hf = AutoTokenizer.from_pretrained(str(zoo_folder(name)))
+    corpus = pinned["corpus"]
+    assert len(corpus) == 11
+    assert [hf.encode(t, add_special_tokens=False) for t in corpus] == pinned["ids"][name]
+    assert [hf.encode(t, add_special_tokens=True) for t in corpus] == pinned["ids_with_special_tokens"][name]
 
 
 @functools.cache
@@ -345,9 +361,7 @@ def test_wordpiece_uses_exact_fallback():
 
 
 def test_cleanup_spaces_uses_exact_fallback():
-    hf = AutoTokenizer.from_pretrained(str(ZOO / "gpt-2")) if (ZOO / "gpt-2").is_dir() else None
-    if hf is None:
-        pytest.skip("shared tokenizer zoo absent")
+    hf = AutoTokenizer.from_pretrained(str(zoo_folder("gpt-2")))
     hf.clean_up_tokenization_spaces = True
     tok = Tokenizer(hf)
     assert tok.decode_path.startswith("fallback: clean_up_tokenization_spaces")

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import testdata
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -323,9 +324,10 @@ def test_eos_token_ids_from_configs(tmp_path: Path) -> None:
 
 
 def test_random_requests_with_local_tokenizer() -> None:
-    folder = REPO.parent / "shared" / "tokenizers" / "gpt-2"  # ../shared beside the repo
-    if not folder.is_dir():
-        pytest.skip(f"shared tokenizers not found at {folder}")
+    try:
+        folder = testdata.zoo_path("gpt-2")
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
     tok = sb.load_tokenizer(str(folder))
     reqs = sb.random_requests(4, 32, 8, seed=3, tokenizer=tok)
     for r in reqs:
