@@ -28,8 +28,16 @@ $(NODE_SDK): tests/node/package.json
 		cd tests/node && npm install --no-package-lock --no-audit --no-fund --loglevel=error && touch node_modules/openai/package.json; \
 	else echo "note: npm is not installed; tests/e2e/test_node_sdk.py will be skipped"; fi
 
+# Debian and Ubuntu ship venv's pip bootstrap (ensurepip) separately, in python3.X-venv: installed here
+# when missing and we are root with apt-get, else the error says what to install.
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+		pkg="python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"; \
+		if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing $$pkg (venv's pip bootstrap)"; \
+			(apt-get install -y -q $$pkg >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$pkg >/dev/null)) && \
+			$(PYTHON) -m venv $(VENV); \
+		else echo "error: $(PYTHON) -m venv failed; install $$pkg (Debian/Ubuntu) and rerun make"; exit 1; fi; }
 
 $(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx)
 	$(PY) -m pip install -q --upgrade pip
