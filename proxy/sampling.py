@@ -36,11 +36,13 @@ class SamplingParams:
     Attributes:
         max_tokens: most tokens to generate (>= 1); ``finish_reason="length"`` when reached.
         temperature: 0 means greedy (argmax); > 0 divides the logits.
-        top_p: nucleus mass in (0, 1]; 1 disables.
+        top_p: nucleus mass in [0, 1]; 1 disables; 0 keeps only the most likely token (OpenAI accepts the
+            closed range), which is greedy decoding: the same tokens as ``temperature=0``.
         top_k: keep the k most likely tokens; 0 or -1 disables.
         min_p: drop tokens whose probability is below ``min_p * p_max``; 0 disables.
         seed: seeds this request's own ``torch.Generator``; the same seed gives the same tokens
-            whatever else runs in the batch. None: non-deterministic.
+            whatever else runs in the batch, and every distinct 64-bit value (taken modulo 2**64) its
+            own stream (the API accepts the signed 64-bit range). None: non-deterministic.
         presence_penalty, frequency_penalty: OpenAI additive penalties over the generated tokens, in [-2, 2].
         repetition_penalty: multiplicative penalty (CTRL paper, Keskar et al. 2019) over prompt and
             generated tokens; 1 disables.
@@ -76,5 +78,5 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """True when sampling reduces to argmax (temperature 0)."""
-        return self.temperature <= 0.0
+        """True when sampling reduces to argmax: temperature 0, or top_p 0 (only the most likely token)."""
+        return self.temperature <= 0.0 or self.top_p <= 0.0

@@ -20,6 +20,13 @@ Order of processing, as in vLLM's sampler:
    exponential race, equivalent to sampling from ``p``). A seeded request draws ``E`` from its own
    ``torch.Generator`` seeded once with ``params.seed``, so the same seed gives the same tokens
    whatever else is in the batch; unseeded rows share the engine's generator (``Settings.seed``).
+
+   64-bit seeds: the CPU generator (mt19937) keeps only the low 32 bits of ``manual_seed``, so seeds 1
+   and 2**32 + 1 would give the same stream. A seed is taken modulo 2**64 and split in halves: with a
+   zero high half the row draws ``E`` from one generator seeded with the low half (as before); else two
+   generators (low half, high half) each draw ``U ~ U[0, 1)`` per token and ``E = -log(1 - frac(U1 +
+   U2))`` (the fractional sum of two independent uniforms is uniform), so every 64-bit seed has its
+   own stream.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ class Sampler:
             self._shared.seed()
         else:
             self._shared.manual_seed(seed)
-        self._generators: dict[str, torch.Generator] = {}
+        self._generators: dict[str, tuple[torch.Generator, torch.Generator | None]] = {}
         self.grammar_compiler = grammar_compiler
         self._grammars: dict[str, RequestGrammar] = {}
 
@@ -97,13 +104,31 @@ class Sampler:
         apply_bitmask(logits, bitmask, rows)
         return rows
 
-    def _generator_for(self, request: Request) -> torch.Generator:
-        gen = self._generators.get(request.request_id)
-        if gen is None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(request.params.seed))  # type: ignore[arg-type]
-            self._generators[request.request_id] = gen
-        return gen
+    def _generators_for(self, request: Request) -> tuple[torch.Generator, torch.Generator | None]:
+        """The request's generators: (low 32 bits of the seed, high 32 bits or None when zero)."""
+        gens = self._generators.get(request.request_id)
+        if gens is None:
+            seed = int(request.params.seed) % (1 << 64)  # type: ignore[arg-type]
+            low = torch.Generator(device=self.device)
+            low.manual_seed(seed & 0xFFFFFFFF)
+            high = None
+            if seed >> 32:
+                high = torch.Generator(device=self.device)
+                high.manual_seed(seed >> 32)
+            gens = (low, high)
+            self._generators[request.request_id] = gens
+        return gens
+
+    def _seeded_noise(self, row: torch.Tensor, request: Request) -> None:
+        """Fill ``row`` (one row of the noise, ``[V]``) with Exp(1) draws from the request's seed."""
+        low, high = self._generators_for(request)
+        if high is None:
+            row.exponential_(generator=low)
+            return
+        u = torch.rand(row.shape, generator=low, dtype=torch.float64, device=row.device)
+        u += torch.rand(row.shape, generator=high, dtype=torch.float64, device=row.device)
+        u -= u.floor()
+        row.copy_(-torch.log1p(-u)).clamp_(min=torch.finfo(row.dtype).tiny)  # never 0: p / 0 would win
 
     def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         """Apply logit_bias, min_tokens and the penalties (rows without any are untouched)."""
@@ -180,7 +205,7 @@ class Sampler:
                     noise[i].exponential_(generator=self._shared)
         for i, r in enumerate(requests):
             if r.params.seed is not None:
-                noise[i].exponential_(generator=self._generator_for(r))
+                self._seeded_noise(noise[i], r)
         return (probs / noise).argmax(dim=-1)
 
     def sample(

@@ -112,3 +112,42 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
         busy_tokens.append(busy.sample(logits, reqs)[0][2])
     assert alone_tokens == busy_tokens
     assert len(set(alone_tokens)) > 1  # really sampled, not argmax
+
+
+def _seeded_tokens(seed: int, steps: int = 40) -> list[int]:
+    """Tokens a fresh sampler draws for one request with ``seed`` over a flat 1000-token distribution."""
+    s = Sampler(CPU, [99999])
+    logits = torch.zeros(1, 1000)
+    req = r(SamplingParams(temperature=1.0, seed=seed), rid="x")
+    return [s.sample(logits, [req])[0][0] for _ in range(steps)]
+
+
+def test_every_64_bit_seed_has_its_own_stream() -> None:
+    """Issue 12 item 8: mt19937 keeps 32 bits of a seed; 1 and 2**32 + 1 (and 0 and -2**63, i.e. 2**63
+    modulo 2**64) must still differ, while each seed stays reproducible."""
+    pairs = [(1, 2**32 + 1), (0, -(2**63)), (5, 5 + (2**40)), (2**63 - 1, 2**31 - 1), (-1, 2**32 - 1)]
+    for a, b in pairs:
+        ta, tb = _seeded_tokens(a), _seeded_tokens(b)
+        assert ta == _seeded_tokens(a) and tb == _seeded_tokens(b)
+        assert ta != tb, (a, b)
+        assert len(set(tb)) > 20  # a real draw over the 1000 tokens, not a constant
+
+
+def test_high_seed_noise_follows_the_distribution() -> None:
+    """The two-generator draw of seeds past 32 bits samples from p like the one-generator draw."""
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.1])).repeat(3000, 1)
+    s = Sampler(CPU, [99])
+    reqs = [r(SamplingParams(temperature=1.0, seed=(i + 1) << 33), rid=str(i)) for i in range(3000)]
+    tokens = torch.tensor(s.sample(logits, reqs)[0])
+    freq = torch.bincount(tokens, minlength=3).float() / 3000
+    assert torch.allclose(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.035), freq
+
+
+def test_top_p_zero_is_greedy() -> None:
+    """Issue 12 item 5: top_p 0 keeps only the most likely token: the same tokens as temperature 0."""
+    assert SamplingParams(top_p=0.0).is_greedy and not SamplingParams(top_p=0.01).is_greedy
+    s = Sampler(CPU, [99], seed=0)
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(7))
+    top0 = s.sample(logits, [r(SamplingParams(temperature=1.5, top_p=0.0), rid=str(i)) for i in range(8)])[0]
+    greedy = s.sample(logits, [r(SamplingParams(temperature=0.0), rid=str(i)) for i in range(8)])[0]
+    assert top0 == greedy == logits.argmax(dim=-1).tolist()
