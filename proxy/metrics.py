@@ -16,13 +16,17 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
     streamproxy:num_requests_waiting          gauge
     streamproxy:kv_cache_usage_perc           gauge, 0..1
     streamproxy:request_rejected_total        counter, label reason (queue_full, ...)
+    streamproxy:num_preemptions_total         counter, requests preempted (recompute) because the KV cache
+                                              ran out; read from the scheduler at scrape time
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PREFIX = "streamproxy:"
@@ -45,6 +49,8 @@ class Metrics:
         model_name: value of the ``model_name`` label on every metric (as vLLM labels them).
         num_running, num_waiting: callables returning the engine's current counts (requests).
         kv_cache_usage: callable returning the used fraction of KV blocks, in [0, 1].
+        num_preemptions: callable returning the engine's preemptions so far (monotonic count), exported
+            as the counter ``streamproxy:num_preemptions_total`` (vLLM's ``vllm:num_preemptions``).
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class Metrics:
         num_running: Callable[[], float] = lambda: 0,
         num_waiting: Callable[[], float] = lambda: 0,
         kv_cache_usage: Callable[[], float] = lambda: 0.0,
+        num_preemptions: Callable[[], float] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
@@ -81,6 +88,8 @@ class Metrics:
               registry=reg).labels(model_name).set_function(num_waiting)
         Gauge(PREFIX + "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels,
               registry=reg).labels(model_name).set_function(kv_cache_usage)
+        reg.register(_CallbackCounter(PREFIX + "num_preemptions", "Requests preempted (KV cache full; recomputed).",
+                                      model_name, num_preemptions))
 
     def observe_first_token(self, ttft_s: float) -> None:
         """Record one request's time to first token, in seconds."""
@@ -115,3 +124,15 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (``CONTENT_TYPE``)."""
         return generate_latest(self.registry)
+
+
+class _CallbackCounter(Collector):
+    """A counter whose value is read from a callable at scrape time (a count the engine keeps itself)."""
+
+    def __init__(self, name: str, documentation: str, model_name: str, value: Callable[[], float]) -> None:
+        self.name, self.documentation, self.model_name, self.value = name, documentation, model_name, value
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=["model_name"])
+        family.add_metric([self.model_name], float(self.value()))
+        yield family

@@ -46,3 +46,14 @@ def test_registries_are_independent() -> None:
     a.observe_first_token(1.0)
     assert ("streamproxy:time_to_first_token_seconds_count", (("model_name", "b"),)) in _samples(b)
     assert _samples(b)[("streamproxy:time_to_first_token_seconds_count", (("model_name", "b"),))] == 0
+
+
+def test_num_preemptions_counter_read_at_scrape_time() -> None:
+    """Issue 12 item 10: vLLM's preemption counter, as streamproxy:num_preemptions_total."""
+    state = {"preemptions": 0}
+    m = Metrics("m", num_preemptions=lambda: state["preemptions"])
+    lab = (("model_name", "m"),)
+    assert _samples(m)[("streamproxy:num_preemptions_total", lab)] == 0
+    state["preemptions"] = 3
+    assert _samples(m)[("streamproxy:num_preemptions_total", lab)] == 3
+    assert b"# TYPE streamproxy:num_preemptions_total counter" in m.render()
