@@ -87,6 +87,14 @@ class PayloadTooLargeError(StreamproxyError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaTypeError(StreamproxyError):
+    """A request body in a ``Content-Encoding`` the server does not decode (HTTP 415, RFC 9110 15.5.16)."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+
+
 class RateLimitError(StreamproxyError):
     """The waiting queue is full (HTTP 429, ``rate_limit_exceeded``); the client should retry later."""
 
