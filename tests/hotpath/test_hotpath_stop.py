@@ -1,5 +1,5 @@
 """StopChecker: OpenAI stop semantics (output ends before the earliest stop string, which is not output),
-hold-back of only a possible partial match, golden cases from ../shared/cases (C09, C10, C12), an oracle and
+hold-back of only a possible partial match, golden cases from tests/data/cases (C09, C10, C12), an oracle and
 a compiled-vs-Python differential test."""
 
 from __future__ import annotations
