@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -131,17 +132,26 @@ class GrammarCompiler:
             the masks cover every column, padding columns disallowed).
         eos_token_ids: the engine's EOS ids; a complete grammar allows exactly these.
         cache_size: compiled grammars kept (least recently used dropped first).
+        max_threads: xgrammar's compile threads; default a quarter of the CPUs (1 on a 2-core
+            machine), so a large compile leaves the cores to the engine's forward passes.
     """
 
     def __init__(
-        self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int], cache_size: int = 256
+        self,
+        hf_tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: Iterable[int],
+        cache_size: int = 256,
+        max_threads: int | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(set(eos_token_ids))
         info = xgr.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids
         )
-        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+        if max_threads is None:
+            max_threads = min(8, max(1, (os.cpu_count() or 1) // 4))
+        self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
         self.json_token_mask = _token_mask(
             vocab_size, [i for i, raw in enumerate(info.decoded_vocab[:vocab_size]) if not _has_control_char(raw)]
         )
