@@ -1,0 +1,65 @@
+"""ChoiceToolOutput: auto (parsed), required/named (grammar-shaped JSON), cut outputs, chunk shape."""
+
+from __future__ import annotations
+
+import json
+
+from proxy.tools.output import ChoiceToolOutput, tool_calls_chunk
+from proxy.tools.request import parse_chat_tools
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def run(out: ChoiceToolOutput, pieces: list[str], reason: str):
+    content, deltas = [], []
+    for p in pieces:
+        c, d = out.feed(p)
+        content.append(c)
+        deltas += d
+    c, d, final = out.finish(reason)
+    return "".join(content) + c, deltas + d, final
+
+
+def test_auto_hermes_stream_and_message() -> None:
+    out = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER]}), "hermes")
+    text, deltas, reason = run(out, ["Checking.", "<tool", '_call>{"name": "get_weather", ',
+                                     '"arguments": {"city": "Oslo"}}</tool_call>'], "stop")
+    assert text == "Checking." and reason == "tool_calls"
+    assert [d.to_openai()["function"] for d in deltas] == [{"name": "get_weather", "arguments": ""},
+                                                           {"arguments": '{"city": "Oslo"}'}]
+    msg = out.message()
+    assert msg["content"] == "Checking." and msg["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_required_named_and_cut() -> None:
+    required = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "required"}), None)
+    text, deltas, reason = run(required, ['[{"name": "get_weather", ', '"parameters": {"city": "Rome"}}]'], "stop")
+    assert text == "" and reason == "tool_calls" and required.message()["content"] is None
+    assert json.loads(required.message()["tool_calls"][0]["function"]["arguments"]) == {"city": "Rome"}
+    named = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": {
+        "type": "function", "function": {"name": "get_weather"}}}), None)
+    text, deltas, reason = run(named, ['{"city": ', '"Bern"}'], "stop")
+    assert reason == "tool_calls" and "".join(d.arguments for d in deltas) == '{"city": "Bern"}'
+    cut = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "required"}), None)
+    text, deltas, reason = run(cut, ['[{"name": "get_w'], "length")
+    assert (text, deltas, reason) == ('[{"name": "get_w', [], "length") and cut.message() == {
+        "role": "assistant", "content": '[{"name": "get_w'}
+
+
+def test_none_and_plain_auto_text() -> None:
+    none = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "none"}), "hermes")
+    assert run(none, ["<tool_call>x"], "stop") == ("<tool_call>x", [], "stop")
+    auto = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER]}), "hermes")
+    assert run(auto, ["Just text."], "stop") == ("Just text.", [], "stop") and auto.message()["content"] == "Just text."
+
+
+def test_chunk_shape() -> None:
+    out = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "required"}), None)
+    _, deltas, _ = run(out, ['[{"name": "get_weather", "parameters": {"city": "X"}}]'], "stop")
+    raw = tool_calls_chunk("chatcmpl-1", 5, "m", 0, deltas[:1])
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+    chunk = json.loads(raw[6:])
+    assert chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["finish_reason"] is None
+    call = chunk["choices"][0]["delta"]["tool_calls"][0]
+    assert call["index"] == 0 and call["type"] == "function" and call["id"].startswith("call_")
