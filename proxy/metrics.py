@@ -18,6 +18,9 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
     streamproxy:request_rejected_total        counter, label reason (queue_full, ...)
     streamproxy:num_preemptions_total         counter, requests preempted (recompute) because the KV cache
                                               ran out; read from the scheduler at scrape time
+    streamproxy:structured_output_requests_total  counter, label kind: constrained requests by what
+                                              constrained them (json_schema, json_object, regex, choice,
+                                              grammar, tool_required, tool_named); no vLLM equivalent
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class Metrics:
               registry=reg).labels(model_name).set_function(num_waiting)
         Gauge(PREFIX + "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels,
               registry=reg).labels(model_name).set_function(kv_cache_usage)
+        self._structured = Counter(PREFIX + "structured_output_requests",
+                                   "Requests with constrained (structured) output, by kind.",
+                                   labels + ["kind"], registry=reg)
         reg.register(_CallbackCounter(PREFIX + "num_preemptions", "Requests preempted (KV cache full; recomputed).",
                                       model_name, num_preemptions))
 
@@ -120,6 +126,11 @@ class Metrics:
     def observe_rejected(self, reason: str) -> None:
         """Count one request refused before it ran (e.g. ``queue_full``)."""
         self._rejected.labels(self.model_name, reason).inc()
+
+    def observe_structured_output(self, kind: str) -> None:
+        """Count one constrained request (``json_schema``, ``json_object``, ``regex``, ``choice``,
+        ``grammar``, ``tool_required``, ``tool_named``)."""
+        self._structured.labels(self.model_name, kind).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (``CONTENT_TYPE``)."""

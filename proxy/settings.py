@@ -42,6 +42,8 @@ class Settings:
         self_check: before reporting ready, compare the engine's greedy output with transformers'
             ``generate()`` on a few short prompts and refuse the model on a mismatch
             (``proxy.engine.selfcheck``; seconds on a CPU for small models; off for very large ones).
+        tool_call_parser: how ``tool_choice: "auto"`` output is parsed into tool calls: ``hermes``,
+            ``llama3_json`` or ``mistral`` (vLLM's names); "": detected from the chat template.
     """
 
     model: str | None = None
@@ -68,3 +70,4 @@ class Settings:
     log_level: str = "info"
     seed: int | None = None
     self_check: bool = True
+    tool_call_parser: str = ""

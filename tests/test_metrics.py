@@ -57,3 +57,13 @@ def test_num_preemptions_counter_read_at_scrape_time() -> None:
     state["preemptions"] = 3
     assert _samples(m)[("streamproxy:num_preemptions_total", lab)] == 3
     assert b"# TYPE streamproxy:num_preemptions_total counter" in m.render()
+
+
+def test_structured_output_counter_by_kind() -> None:
+    m = Metrics("m")
+    m.observe_structured_output("json_schema")
+    m.observe_structured_output("json_schema")
+    m.observe_structured_output("tool_required")
+    text = m.render().decode()
+    assert 'streamproxy:structured_output_requests_total{kind="json_schema",model_name="m"} 2.0' in text
+    assert 'streamproxy:structured_output_requests_total{kind="tool_required",model_name="m"} 1.0' in text
