@@ -66,6 +66,11 @@ SERVED: dict[str, dict[str, Any]] = {
     "ministral": {"sliding_window": WINDOW, "layer_types": _TWO, "head_dim": 16},
     "gpt_oss": {"sliding_window": WINDOW, "layer_types": _TWO, "num_local_experts": 4,
                 "num_experts_per_tok": 2, "head_dim": 16},
+    "gemma4_text": {"sliding_window": WINDOW, "head_dim": 16, "num_hidden_layers": 4,
+                    "layer_types": _TWO * 2, "num_kv_shared_layers": 2, "vocab_size_per_layer_input": 97,
+                    "hidden_size_per_layer_input": 8},
+    "qwen2_swa": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": WINDOW,
+                  "max_window_layers": 1},
     # chunked attention
     "llama4_text": {"attention_chunk_size": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1,
                     "intermediate_size_mlp": 128, "head_dim": 16, "interleave_moe_layer_step": 1,

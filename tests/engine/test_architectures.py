@@ -33,7 +33,7 @@ ARRIVALS = [0, 0, 3, 6]
 NEW_TYPES = {
     "stablelm", "mistral_swa", "phi3_4k", "phi3_window_beyond_context", "starcoder2", "gemma2", "gemma3_text",
     "olmo3", "cohere2", "exaone4", "ministral", "gpt_oss", "llama4_text", "deepseek_v2", "deepseek_v3",
-    "glm4_moe_lite",
+    "glm4_moe_lite", "gemma4_text", "qwen2_swa",
 }
 
 
