@@ -24,6 +24,13 @@ class Settings:
         max_model_len: context length in tokens (prompt + completion); None: the model's own.
         max_num_seqs: most requests in the running batch.
         max_num_batched_tokens: token budget of one engine step (decode tokens + prefill chunks).
+        long_prefill_token_threshold: in a step that carries running decodes, the largest prefill
+            chunk (tokens) one request may add; 0: only max_num_batched_tokens bounds it. Lower
+            keeps inter-token latency steady while prompts arrive, higher gives a lower TTFT.
+        max_num_partial_prefills: in a step that carries running decodes, the most requests whose
+            prefill chunks may join it.
+        enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
+            (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.
         num_kv_blocks: KV blocks on CPU; None: enough for ``max_num_seqs`` full contexts, capped by
             ``kv_cache_bytes``.
@@ -55,6 +62,9 @@ class Settings:
     max_model_len: int | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = 1
+    enable_prefix_caching: bool = True
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_bytes: int = 1 << 30

@@ -31,7 +31,9 @@ class EngineCore:
 
     Args:
         model: the causal LM (switched to the paged attention implementation if needed).
-        settings: ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``, KV pool size, ``seed``.
+        settings: ``max_num_seqs``, ``max_num_batched_tokens``, ``long_prefill_token_threshold``,
+            ``max_num_partial_prefills``, ``block_size``, KV pool size, ``enable_prefix_caching``,
+            ``seed``.
         eos_token_ids: ids that finish a request with "stop" (unless ``ignore_eos``).
         max_model_len: longest prompt + output in tokens; lowered to the KV pool's capacity
             (``num_blocks * block_size``) when the pool is smaller.
@@ -65,13 +67,17 @@ class EngineCore:
             )
             max_model_len = kv_capacity
         self.max_model_len = max_model_len
-        self.block_manager = BlockManager(self.runner.kv_cache.num_blocks, settings.block_size)
+        self.block_manager = BlockManager(
+            self.runner.kv_cache.num_blocks, settings.block_size, settings.enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_model_len=max_model_len,
             eos_token_ids=self.eos_token_ids,
+            long_prefill_token_threshold=settings.long_prefill_token_threshold,
+            max_num_partial_prefills=settings.max_num_partial_prefills,
         )
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         self.fault_injector: Callable[[], None] | None = None
@@ -103,6 +109,16 @@ class EngineCore:
     def kv_cache_usage(self) -> float:
         """Fraction of KV blocks in use."""
         return self.block_manager.usage
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache so far (vLLM's ``prefix_cache_queries``)."""
+        return self.block_manager.num_queries_tokens
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens found in the prefix cache so far (vLLM's ``prefix_cache_hits``)."""
+        return self.block_manager.num_hit_tokens
 
     def has_unfinished(self) -> bool:
         """True while any request waits or runs."""
@@ -186,8 +202,7 @@ class EngineCore:
         except Exception as exc:
             logger.exception("engine step failed; failing its %d requests", len(sched.requests))
             message = f"engine step failed: {type(exc).__name__}: {exc}"
-            outputs = scheduler.update(type(sched)(), [])
-            outputs += scheduler.fail_requests(sched.requests, message)
+            outputs = scheduler.fail_step(sched, message)
             for request in sched.requests:
                 self.sampler.forget(request.request_id)
             return outputs

@@ -61,6 +61,8 @@ class RequestOutput:
         stop_reason: (extension, vLLM's name) the EOS / ``stop_token_ids`` token that ended the
             request with "stop"; it is the last entry of ``new_token_ids`` and, per the OpenAI
             semantics of stop tokens, its text is not part of the completion. None otherwise.
+        num_cached_tokens: prompt tokens whose K/V came from the prefix cache when the request was
+            first scheduled (OpenAI's ``usage.prompt_tokens_details.cached_tokens``; 0 before that).
     """
 
     request_id: str
@@ -75,6 +77,7 @@ class RequestOutput:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     stop_reason: int | None = None
+    num_cached_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -91,6 +94,10 @@ class Request:
         status, finish_reason, error: life-cycle state.
         num_preemptions: times the request was preempted (recompute) so far.
         stop_reason: the token id that finished it with "stop", else None.
+        block_hashes: chained prefix-cache hashes of its full blocks (``BlockManager.block_hashes``).
+        num_cached_blocks: leading blocks of ``block_ids`` already offered to the prefix cache.
+        num_cached_tokens: prompt tokens served from the prefix cache at its first scheduling
+            (-1 until then; a preempted request's later hits are not counted, as in vLLM).
     """
 
     request_id: str
@@ -108,6 +115,9 @@ class Request:
     first_token_time: float | None = None
     num_preemptions: int = 0
     stop_reason: int | None = None
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = -1
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -155,4 +165,5 @@ class Request:
             first_scheduled_time=self.first_scheduled_time,
             first_token_time=self.first_token_time,
             stop_reason=self.stop_reason,
+            num_cached_tokens=max(self.num_cached_tokens, 0),
         )

@@ -66,6 +66,13 @@ class Scheduler:
         max_num_batched_tokens: token budget of one step.
         max_model_len: longest prompt + output in tokens.
         eos_token_ids: ids that end a sequence unless ``ignore_eos``.
+        long_prefill_token_threshold: in a step with decodes, the largest prefill chunk of one
+            request (tokens); 0: no cap beyond the step budget.
+        max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks
+            join it (>= 1).
+
+    Raises:
+        ValueError: a count below its minimum.
     """
 
     def __init__(
@@ -75,9 +82,15 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eos_token_ids: Iterable[int],
+        long_prefill_token_threshold: int = 0,
+        max_num_partial_prefills: int = 1_000_000,
     ) -> None:
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_num_partial_prefills < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and max_num_partial_prefills must be >= 1")
+        if long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.max_num_partial_prefills = max_num_partial_prefills
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -171,10 +184,17 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Choose this step's requests and token counts, allocating their KV slots."""
+        """Choose this step's requests and token counts, allocating their KV slots.
+
+        Decodes first, then running requests in the middle of a prefill, then waiting requests
+        FCFS (each starting after its longest cached prefix). When the step carries decodes, the
+        prefill work joining it is bounded (see the module docstring).
+        """
         budget = self.max_num_batched_tokens
         scheduled: dict[Request, int] = {}
         preempted = False
+        num_decodes = 0
+        num_prefills = 0
         bm = self.block_manager
         for decode_pass in (True, False):
             i = 0
@@ -186,7 +206,12 @@ class Scheduler:
                 remaining = request.num_tokens - request.num_computed_tokens
                 if (remaining == 1) is not decode_pass:
                     continue
-                num_new = min(remaining, budget)
+                if decode_pass:
+                    num_new = 1
+                else:
+                    num_new = self._prefill_chunk(remaining, budget, num_decodes, num_prefills)
+                    if num_new == 0:
+                        continue
                 while not bm.allocate_slots(request, num_new):
                     if len(self.running) == 1:
                         # Alone and still out of blocks: the pool cannot hold this sequence.
@@ -197,6 +222,10 @@ class Scheduler:
                     victim = self.running.pop()
                     if victim in scheduled:
                         budget += scheduled.pop(victim)
+                        if victim.num_computed_tokens + 1 == victim.num_tokens:
+                            num_decodes -= 1
+                        else:
+                            num_prefills -= 1
                     self._preempt(victim)
                     preempted = True
                     if victim is request:
@@ -204,24 +233,71 @@ class Scheduler:
                 else:
                     scheduled[request] = num_new
                     budget -= num_new
+                    if decode_pass:
+                        num_decodes += 1
+                    else:
+                        num_prefills += 1
+        # Blocks filled by this step's running requests join the prefix cache only now, once no
+        # more preemption can take back their slots (a preempted victim computes nothing).
+        for request, num_new in scheduled.items():
+            bm.cache_full_blocks(request, request.num_computed_tokens + num_new)
         if not preempted:
-            watermark = self._watermark_blocks
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                request = self.waiting[0]
-                num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-                needed = bm.num_blocks_for(request.num_computed_tokens + num_new) - len(request.block_ids)
-                if self.running and bm.num_free_blocks - needed < watermark:
+            self._admit_waiting(scheduled, budget, num_decodes, num_prefills)
+        return self._build_output(scheduled)
+
+    def _prefill_chunk(self, remaining: int, budget: int, num_decodes: int, num_prefills: int) -> int:
+        """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none)."""
+        num_new = min(remaining, budget)
+        if num_decodes:
+            if num_prefills >= self.max_num_partial_prefills:
+                return 0
+            if self.long_prefill_token_threshold > 0:
+                num_new = min(num_new, self.long_prefill_token_threshold)
+        return num_new
+
+    def _admit_waiting(
+        self, scheduled: dict[Request, int], budget: int, num_decodes: int, num_prefills: int
+    ) -> None:
+        bm = self.block_manager
+        watermark = self._watermark_blocks
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached = bm.find_cached_prefix(request) if not request.block_ids else []
+            num_cached = len(cached) * bm.block_size
+            remaining = request.num_tokens - request.num_computed_tokens - num_cached
+            if remaining == 1:
+                num_new = 1  # only the last token is left (a full cache hit): as cheap as a decode
+            else:
+                num_new = self._prefill_chunk(remaining, budget, num_decodes, num_prefills)
+                if num_new == 0:
                     break
-                if not bm.allocate_slots(request, num_new):
-                    break
-                self.waiting.popleft()
-                request.status = RequestStatus.RUNNING
-                self.running.append(request)
-                scheduled[request] = num_new
-                budget -= num_new
+            total = request.num_computed_tokens + num_cached + num_new
+            needed = bm.num_blocks_for(total) - len(request.block_ids) - len(cached) + bm.num_free_among(cached)
+            if self.running and bm.num_free_blocks - needed < watermark:
+                break
+            if not bm.allocate_slots(request, num_new, cached):
+                break
+            if request.num_cached_tokens < 0:  # first scheduling: count the lookup
+                request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+                if bm.enable_prefix_caching:
+                    bm.record_query(request.num_prompt_tokens, request.num_cached_tokens)
+            bm.cache_full_blocks(request, request.num_computed_tokens + num_new)
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled[request] = num_new
+            budget -= num_new
+            if num_new == 1:
+                num_decodes += 1
+            else:
+                num_prefills += 1
+
+    def _build_output(self, scheduled: dict[Request, int]) -> SchedulerOutput:
         out = SchedulerOutput()
         now = time.monotonic()
-        for index, (request, num_new) in enumerate(scheduled.items()):
+        # decodes (one token, the last of the sequence) first, as the model runner expects
+        order = sorted(scheduled.items(), key=lambda item: item[1] != 1)
+        for index, (request, num_new) in enumerate(order):
             out.requests.append(request)
             out.num_new_tokens.append(num_new)
             if request.num_computed_tokens + num_new == request.num_tokens:
@@ -281,4 +357,17 @@ class Scheduler:
             outputs.append(request.make_output([token], [lp] if lp is not None else None))
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
+        self.block_manager.commit()
         return outputs
+
+    def fail_step(self, scheduler_output: SchedulerOutput, message: str) -> list[RequestOutput]:
+        """The step's forward pass or sampling raised: fail its requests (``finish_reason="error"``).
+
+        The blocks this step registered in the prefix cache may be half-written: they are
+        unregistered before anything else can look them up. Outputs pending from ``schedule`` are
+        returned first.
+        """
+        self.block_manager.uncache_uncommitted()
+        outputs = self._pending_outputs
+        self._pending_outputs = []
+        return outputs + self.fail_requests(scheduler_output.requests, message)

@@ -46,6 +46,19 @@ def assert_greedy_matches(engine_ids: list[int], ref_ids: list[int], gaps: list[
     assert len(engine_ids) == len(ref_ids), f"{label}: length {len(engine_ids)} != {len(ref_ids)}"
 
 
+def assert_blocks_conserved(core: EngineCore) -> None:
+    """Blocks held by live requests (each counted once) + free blocks == the pool, and every held
+    block's reference count equals the number of block tables listing it."""
+    bm = core.block_manager
+    holders: dict[int, int] = {}
+    for request in core.scheduler.requests.values():
+        for block_id in request.block_ids:
+            holders[block_id] = holders.get(block_id, 0) + 1
+    assert len(holders) + core.num_free_blocks == core.num_total_blocks
+    for block_id, count in holders.items():
+        assert bm.ref_count(block_id) == count, (block_id, bm.ref_count(block_id), count)
+
+
 def run_staggered(
     core: EngineCore,
     prompts: Sequence[Sequence[int]],
@@ -55,7 +68,8 @@ def run_staggered(
 ) -> dict[str, list[int]]:
     """Submit prompt i at engine step ``arrival_steps[i]``; run to completion; return ids per request.
 
-    Checks after every step that used + free blocks == total, and at the end that all blocks are free.
+    Checks after every step that held + free blocks == total (a block shared by several requests
+    through the prefix cache counts once), and at the end that all blocks are free.
     """
     results: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     finished: set[str] = set()
@@ -72,8 +86,7 @@ def run_staggered(
                 assert out.finish_reason in ("stop", "length"), out
                 finished.add(out.request_id)
         if check_blocks:
-            used = sum(len(r.block_ids) for r in core.scheduler.requests.values())
-            assert used + core.num_free_blocks == core.num_total_blocks
+            assert_blocks_conserved(core)
         step += 1
         assert step < 10_000, "engine did not finish"
     assert finished == set(results)

@@ -120,8 +120,8 @@ def test_preemption_by_recompute_and_blocks_return() -> None:
     steps = 0
     while sched.has_unfinished():
         fake_step(sched)
-        used = sum(len(r.block_ids) for r in sched.requests.values())
-        assert used + bm.num_free_blocks == bm.num_total_blocks
+        used = {b for r in sched.requests.values() for b in r.block_ids}
+        assert len(used) + bm.num_free_blocks == bm.num_total_blocks
         seen_preempt |= sched.num_preemptions > 0
         steps += 1
         assert steps < 100
@@ -180,3 +180,104 @@ def test_scheduler_and_block_manager_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- prefix caching ---------------------------------------------------------------------------------
+
+
+def test_request_starts_after_its_cached_prefix_and_reports_it() -> None:
+    bm, sched = make(num_blocks=32, block_size=4)
+    sched.add_request(req("a", 10))
+    fake_step(sched)
+    sched.add_request(req("b", 10))  # same prompt: 2 full blocks cached; the last 2 tokens computed
+    out, outs = fake_step(sched)
+    assert [r.request_id for r in out.requests] == ["a", "b"] and out.num_new_tokens == [1, 2]
+    b = sched.requests["b"]
+    assert b.block_ids[:2] == sched.requests["a"].block_ids[:2]
+    assert outs[1].request_id == "b" and outs[1].num_cached_tokens == 8 and outs[0].num_cached_tokens == 0
+    assert (bm.num_queries_tokens, bm.num_hit_tokens) == (20, 8)
+
+
+def test_identical_prompts_in_one_step_share_the_prompt_blocks() -> None:
+    """n > 1: the second choice hits the blocks the first one computes in the same step (the
+    attention layer writes a step's K/V before it reads)."""
+    bm, sched = make(num_blocks=32, block_size=4)
+    sched.add_request(req("c0", 9))
+    sched.add_request(req("c1", 9))
+    out, _ = fake_step(sched)
+    assert out.num_new_tokens == [1, 9] and [r.request_id for r in out.requests] == ["c1", "c0"]
+    assert out.num_decodes == 1 and sorted(out.sample_indices) == [0, 1]
+    c0, c1 = sched.requests["c0"], sched.requests["c1"]
+    assert c0.block_ids[:2] == c1.block_ids[:2] and c0.block_ids[2] != c1.block_ids[2]
+    assert bm.num_free_blocks == 32 - 4
+
+
+def test_preempted_request_recomputes_only_what_the_cache_lost() -> None:
+    bm, sched = make(num_blocks=64, block_size=2)
+    r = req("a", 7, SamplingParams(max_tokens=20, temperature=0.0))
+    sched.add_request(r)
+    for _ in range(3):
+        fake_step(sched)
+    assert r.num_computed_tokens == 9 and r.num_tokens == 10
+    sched.running.remove(r)
+    sched._preempt(r)
+    out, outs = fake_step(sched)
+    assert out.num_new_tokens == [2]  # 4 full blocks (8 tokens) cached, 2 recomputed
+    assert outs[0].num_cached_tokens == 0  # counted at the first scheduling only
+    assert bm.num_hit_tokens == 0
+
+
+def test_failed_step_unregisters_its_blocks() -> None:
+    bm, sched = make(num_blocks=32, block_size=4)
+    sched.add_request(req("a", 10))
+    out = sched.schedule()
+    assert bm.num_cached_blocks == 2
+    sched.fail_step(out, "boom")
+    assert bm.num_cached_blocks == 0 and bm.num_free_blocks == 32
+    sched.add_request(req("b", 10))
+    out, outs = fake_step(sched)
+    assert out.num_new_tokens == [10] and outs[0].num_cached_tokens == 0
+
+
+def test_prefix_caching_off_computes_every_token() -> None:
+    bm = BlockManager(32, 4, enable_prefix_caching=False)
+    sched = Scheduler(bm, 8, 64, 64, (2,))
+    sched.add_request(req("a", 10))
+    fake_step(sched)
+    sched.add_request(req("b", 10))
+    out, _ = fake_step(sched)
+    assert out.num_new_tokens == [1, 10]
+    assert (bm.num_queries_tokens, bm.num_hit_tokens) == (0, 0)
+
+
+# ---- prefill work joining decode steps ---------------------------------------------------------------
+
+
+def test_prefill_joining_decodes_is_bounded() -> None:
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, 8, 64, 256, (2,), long_prefill_token_threshold=5, max_num_partial_prefills=1)
+    params = SamplingParams(max_tokens=50, temperature=0.0)
+    sched.add_request(Request("d", list(range(3, 9)), params))
+    out, _ = fake_step(sched)
+    assert out.num_new_tokens == [6]  # no decode running: the whole prompt at once
+    sched.add_request(Request("p", list(range(20, 32)), params))
+    sched.add_request(Request("q", list(range(40, 44)), params))
+    out, _ = fake_step(sched)
+    # one decode + one prefill chunk of at most 5 tokens; q waits (one partial prefill at a time)
+    assert [r.request_id for r in out.requests] == ["d", "p"] and out.num_new_tokens == [1, 5]
+    out, _ = fake_step(sched)
+    assert [r.request_id for r in out.requests] == ["d", "p"] and out.num_new_tokens == [1, 5]
+    out, _ = fake_step(sched)
+    assert [r.request_id for r in out.requests] == ["d", "p"] and out.num_new_tokens == [1, 2]
+    out, _ = fake_step(sched)
+    assert [r.request_id for r in out.requests] == ["d", "p", "q"] and out.num_new_tokens == [1, 1, 4]
+
+
+def test_without_threshold_the_budget_alone_bounds_prefill() -> None:
+    _, sched = make(num_blocks=64, budget=8)
+    params = SamplingParams(max_tokens=50, temperature=0.0)
+    sched.add_request(req("d", 2, params))
+    fake_step(sched)
+    sched.add_request(Request("p", list(range(40, 60)), params))
+    out, _ = fake_step(sched)
+    assert out.num_new_tokens == [1, 7]
