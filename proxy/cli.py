@@ -2,7 +2,8 @@
 
 Every :class:`~proxy.settings.Settings` field is an option ``--field-name`` and an environment
 variable ``STREAMPROXY_FIELD_NAME``; the command line wins over the environment, which wins over
-the default. List settings (``--api-key``, ``--allowed-origins``) repeat on the command line and
+the default. A boolean setting is a pair ``--field-name`` / ``--no-field-name`` (environment:
+``1``/``true``/``yes``/``on`` or anything else for false). List settings (``--api-key``, ``--allowed-origins``) repeat on the command line and
 are comma-separated in the environment (``STREAMPROXY_API_KEYS``, ``STREAMPROXY_ALLOWED_ORIGINS``).
 
 Shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections; :class:`DrainingServer` first
@@ -98,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = f"{help_text.replace('%', '%%')} (env {env}; default {field.default!r})"
         if kind == "list":
             serve.add_argument(_option(field), dest=field.name, action="append", default=None, help=help_text)
+        elif kind == "bool":  # --flag / --no-flag (vLLM's spelling, e.g. --no-enable-prefix-caching)
+            serve.add_argument(
+                _option(field), dest=field.name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         else:
             def conv(raw: str, kind: str = kind) -> Any:
                 return _convert(kind, raw)

@@ -38,6 +38,15 @@ def test_environment_and_precedence():
     assert (s.port, s.model, s.api_keys, s.max_model_len) == (8123, "/cli", ("k1", "k2"), 512)
 
 
+def test_boolean_settings_are_flag_pairs():
+    assert parse([]).enable_prefix_caching is True
+    assert parse(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+    assert parse(["--enable-prefix-caching"], {"STREAMPROXY_ENABLE_PREFIX_CACHING": "0"}).enable_prefix_caching
+    assert parse([], {"STREAMPROXY_ENABLE_PREFIX_CACHING": "false"}).enable_prefix_caching is False
+    s = parse(["--long-prefill-token-threshold", "32", "--max-num-partial-prefills", "2"])
+    assert (s.long_prefill_token_threshold, s.max_num_partial_prefills) == (32, 2)
+
+
 def test_bad_environment_value_is_an_error():
     with pytest.raises(ValueError, match="STREAMPROXY_PORT"):
         parse([], {"STREAMPROXY_PORT": "abc"})
