@@ -22,7 +22,21 @@ Datasets:
   ``min_tokens`` (vLLM), or a ``logit_bias`` of -100 on the EOS ids (any server honouring OpenAI's
   ``logit_bias``).
 - ``conversational``: the short chat requests of ``bench/prompts/conversational.jsonl`` (natural
-  output lengths, capped by ``--max-tokens``).
+  output lengths, capped by ``--max-tokens``; a fixed set, the same at every load point).
+- ``multiturn``: chat conversations that grow turn by turn, as chat apps resend them: a shared
+  system prompt of ``--multiturn-system-len`` words, then ``--multiturn-turns`` user messages of
+  ``--multiturn-user-len`` words, each request carrying the whole conversation so far (the earlier
+  replies are the server's own text) and asking for ``--random-output-len`` tokens. A conversation
+  holds one of the ``--max-concurrency`` slots for all its turns; ``--num-prompts`` counts
+  conversations. Reported besides the usual fields: TTFT per turn (``ttft_by_turn``), the mean TTFT
+  of turn 1 and of the later turns and their ratio, and the prefix-cache hit rate
+  (``prefix_cache_hit_rate``: cached / prompt tokens, from ``usage.prompt_tokens_details
+  .cached_tokens`` or llama-server's ``timings.cache_n``; None when the server reports neither).
+
+Fresh prompts: every load point (and its warm-up) gets prompts of its own (the seed is varied per
+point), so a server's prefix or prompt cache cannot answer a point from an earlier one; pass
+``--reuse-prompts`` to send the same prompts at every point (the old behaviour, which measures a
+warm prompt cache).
 
 Metrics (all from client-side ``time.perf_counter()`` timestamps, definitions as in vLLM):
 - TTFT: request sent -> first chunk carrying non-empty content (not the role-only chunk);
@@ -92,8 +106,10 @@ class RequestResult:
     """Client-side measurements of one streamed request. Times in seconds (``time.perf_counter``).
 
     ``ttft`` is 0.0 and ``itl`` empty when no content arrived; ``prompt_tokens``/``output_tokens`` are
-    the server's ``usage`` (None when it sent none); ``num_content_chunks`` counts SSE chunks with
-    non-empty content.
+    the server's ``usage`` (None when it sent none); ``cached_tokens`` the prompt tokens the server
+    says it served from its prefix cache (``usage.prompt_tokens_details.cached_tokens`` or
+    llama-server's ``timings.cache_n``; None when not reported); ``num_content_chunks`` counts SSE
+    chunks with non-empty content; ``turn`` is the 1-based turn of a multi-turn request (0 otherwise).
     """
 
     success: bool = False
@@ -108,6 +124,8 @@ class RequestResult:
     output_tokens: int | None = None
     finish_reason: str | None = None
     local_prompt_len: int | None = None
+    cached_tokens: int | None = None
+    turn: int = 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,6 +237,45 @@ def calculate_metrics(
     return metrics
 
 
+def prefix_cache_hit_rate(results: Sequence[RequestResult]) -> float | None:
+    """Cached / prompt tokens over the successful requests that report both; None when none does."""
+    reported = [r for r in results if r.success and r.cached_tokens is not None and r.prompt_tokens]
+    if not reported:
+        return None
+    return sum(int(r.cached_tokens or 0) for r in reported) / sum(int(r.prompt_tokens or 0) for r in reported)
+
+
+def turn_metrics(results: Sequence[RequestResult], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+    """TTFT per conversation turn of a multi-turn run (successful requests with ``turn >= 1``).
+
+    Returns:
+        ``ttft_by_turn``: ``{turn: {mean_ttft_ms, median_ttft_ms, p*_ttft_ms, count}}``;
+        ``mean_ttft_turn1_ms``, ``mean_ttft_later_turns_ms`` (turns >= 2) and
+        ``ttft_later_over_turn1`` (their ratio; None without both). Empty when no request has a turn.
+    """
+    by_turn: dict[int, list[float]] = {}
+    for r in results:
+        if r.success and r.turn >= 1:
+            by_turn.setdefault(r.turn, []).append(r.ttft)
+    if not by_turn:
+        return {}
+    table: dict[int, dict[str, float]] = {}
+    for turn in sorted(by_turn):
+        stats = _stats("ttft", by_turn[turn], percentiles)
+        stats.pop("std_ttft_ms")
+        table[turn] = {**stats, "count": len(by_turn[turn])}
+    first = by_turn.get(1, [])
+    later = [t for turn, v in by_turn.items() if turn >= 2 for t in v]
+    mean1 = float(np.mean(first)) * 1000 if first else None
+    mean2 = float(np.mean(later)) * 1000 if later else None
+    return {
+        "ttft_by_turn": table,
+        "mean_ttft_turn1_ms": mean1,
+        "mean_ttft_later_turns_ms": mean2,
+        "ttft_later_over_turn1": (mean2 / mean1) if mean1 and mean2 is not None else None,
+    }
+
+
 def peak_concurrency(results: Sequence[RequestResult]) -> int:
     """Most successful requests in flight at once, over half-open intervals [start, start+latency)."""
     events: list[tuple[float, int]] = []
@@ -300,6 +357,34 @@ def conversational_requests(
             plen = len(tokenizer.encode(" ".join(m["content"] for m in msgs), add_special_tokens=False))
         reqs.append(SampleRequest(messages=msgs, max_tokens=max_tokens, prompt_len=plen))
     return reqs
+
+
+@dataclass
+class Conversation:
+    """One multi-turn chat: a system prompt and the user messages of its turns (replies come from
+    the server as the conversation runs)."""
+
+    system: str
+    user_turns: list[str]
+    max_tokens: int
+    fixed_output: bool = True
+
+
+def multiturn_conversations(
+    num: int, turns: int, system_len: int, user_len: int, output_len: int, seed: int, fixed_output: bool = True
+) -> list[Conversation]:
+    """``num`` conversations sharing one system prompt of ``system_len`` common English words (about
+    one token each; an agent's or a chat app's fixed preamble), each with ``turns`` user messages of
+    ``user_len`` words. Everything is drawn from ``seed``, so another seed gives another system
+    prompt (fresh prompts per load point)."""
+    rng = random.Random(seed)
+    system = f"[{seed}] You are a helpful assistant. " + " ".join(rng.choice(_WORDS) for _ in range(system_len))
+    convs = []
+    for c in range(num):
+        msgs = [f"({c}.{t}) " + " ".join(rng.choice(_WORDS) for _ in range(max(user_len - 2, 1)))
+                for t in range(1, turns + 1)]
+        convs.append(Conversation(system, msgs, output_len, fixed_output))
+    return convs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,6 +480,12 @@ async def send_request(client: httpx.AsyncClient, cfg: ClientConfig, req: Sample
                 if usage:
                     res.prompt_tokens = usage.get("prompt_tokens")
                     res.output_tokens = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    if details.get("cached_tokens") is not None:
+                        res.cached_tokens = int(details["cached_tokens"])
+                timings = chunk.get("timings")
+                if isinstance(timings, dict) and timings.get("cache_n") is not None and res.cached_tokens is None:
+                    res.cached_tokens = int(timings["cache_n"])
         res.latency = time.perf_counter() - st
         res.generated_text = "".join(parts)
         if not res.error:
@@ -464,6 +555,55 @@ async def run_load_point(
     return results, duration
 
 
+async def run_conversations(
+    cfg: ClientConfig,
+    conversations: Sequence[Conversation],
+    max_concurrency: int | None,
+    show_progress: bool = True,
+    desc: str = "",
+) -> tuple[list[RequestResult], float]:
+    """Run multi-turn conversations, at most ``max_concurrency`` at once, each turn after the last.
+
+    Each turn's request carries the system prompt, every earlier user message and the server's own
+    earlier replies, then the new user message. A failed turn ends its conversation. Returns (the
+    results of every request sent, turn order within each conversation; duration in seconds).
+    """
+    limit = max_concurrency or max(len(conversations), 1)
+    sem = asyncio.Semaphore(limit)
+    pbar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        total = sum(len(c.user_turns) for c in conversations)
+        pbar = tqdm(total=total, desc=desc or "turns", leave=False, file=sys.stderr)
+    limits = httpx.Limits(max_connections=limit + 4, max_keepalive_connections=limit + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.timeout_s) as client:
+
+        async def one(conv: Conversation) -> list[RequestResult]:
+            out: list[RequestResult] = []
+            messages = [{"role": "system", "content": conv.system}]
+            async with sem:
+                for turn, text in enumerate(conv.user_turns, start=1):
+                    messages.append({"role": "user", "content": text})
+                    req = SampleRequest([dict(m) for m in messages], conv.max_tokens, None, conv.fixed_output)
+                    r = await send_request(client, cfg, req)
+                    r.turn = turn
+                    out.append(r)
+                    if pbar is not None:
+                        pbar.update(1)
+                    if not r.success:
+                        break
+                    messages.append({"role": "assistant", "content": r.generated_text})
+            return out
+
+        start = time.perf_counter()
+        per_conv = await asyncio.gather(*(one(c) for c in conversations))
+        duration = time.perf_counter() - start
+    if pbar is not None:
+        pbar.close()
+    return [r for rs in per_conv for r in rs], duration
+
+
 async def fetch_model_id(base_url: str) -> str:
     """The first model id of ``GET /v1/models``."""
     async with httpx.AsyncClient(timeout=30) as client:
@@ -479,12 +619,19 @@ async def fetch_model_id(base_url: str) -> str:
 def summary_line(m: dict[str, Any]) -> str:
     """One human line per load point."""
     load = f"c={m['max_concurrency']}" if math.isinf(m["request_rate"]) else f"rate={m['request_rate']}"
-    return (
+    line = (
         f"{load:>8}  ok={m['completed']:>4} fail={m['failed']:>3}  out tok/s={m['output_throughput']:8.1f}  "
         f"req/s={m['request_throughput']:6.2f}  TTFT mean/p99={m['mean_ttft_ms']:7.1f}/{m['p99_ttft_ms']:7.1f} ms  "
         f"TPOT={m['mean_tpot_ms']:6.1f} ms  ITL p99={m['p99_itl_ms']:6.1f} ms  "
         f"E2E p90={m['p90_e2el_ms']:8.1f} ms  mean out len={m['total_output_tokens'] / max(m['completed'], 1):.1f}"
     )
+    if m.get("ttft_by_turn"):
+        turns = " ".join(f"{t}:{v['mean_ttft_ms']:.0f}" for t, v in m["ttft_by_turn"].items())
+        ratio = m.get("ttft_later_over_turn1")
+        line += f"\n          TTFT by turn (mean ms) {turns}  turns 2+/turn 1={ratio:.2f}" if ratio is not None else ""
+    if m.get("prefix_cache_hit_rate") is not None:
+        line += f"\n          prefix cache hit rate {100 * m['prefix_cache_hit_rate']:.1f}%"
+    return line
 
 
 def plot_runs(summaries: Sequence[dict[str, Any]], out: Path) -> None:
@@ -593,12 +740,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", default="/v1/chat/completions", choices=["/v1/chat/completions", "/v1/completions"])
     p.add_argument("--model", default=None, help="model id to send (default: first of GET /v1/models)")
     p.add_argument("--label", default="server", help="name of this run in file names and tables")
-    p.add_argument("--dataset", default="random", choices=["random", "conversational"])
+    p.add_argument("--dataset", default="random", choices=["random", "conversational", "multiturn"])
     p.add_argument("--random-input-len", type=int, default=128)
     p.add_argument("--random-output-len", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of conversational requests")
+    p.add_argument("--multiturn-turns", type=int, default=6, help="turns per multiturn conversation")
+    p.add_argument("--multiturn-system-len", type=int, default=500, help="words of the shared system prompt")
+    p.add_argument("--multiturn-user-len", type=int, default=40, help="words per user message")
+    p.add_argument("--reuse-prompts", action="store_true",
+                   help="send the same prompts at every load point and in the warm-up (default: fresh ones)")
     p.add_argument("--tokenizer", default=None, help="LOCAL tokenizer folder for prompt lengths (never a hub id)")
-    p.add_argument("--num-prompts", type=int, default=0, help="requests per load point (0: 4 x concurrency, >= 8)")
+    p.add_argument("--num-prompts", type=int, default=0,
+                   help="requests per load point (0: 4 x concurrency, >= 8); multiturn: conversations (0: 2 x concurrency)")
     p.add_argument("--max-concurrency", type=_ints, default=[1, 4, 8, 16, 32], help="e.g. 1,4,8,16,32 (a sweep)")
     p.add_argument("--request-rate", type=_floats, default=[math.inf], help="req/s, e.g. 2,4 (Poisson); inf = closed loop")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1.0 = Poisson")
@@ -649,23 +802,40 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(args.result_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
-    for max_conc, rate in _load_points(args):
-        n = args.num_prompts or max(8, 4 * (max_conc or 4))
-        if args.dataset == "random":
-            reqs = random_requests(
-                n, args.random_input_len, args.random_output_len, args.seed, tokenizer,
-                fixed_output=args.eos_strategy != "none",
+    for point, (max_conc, rate) in enumerate(_load_points(args)):
+        # fresh prompts per point (and for its warm-up) unless --reuse-prompts
+        seed = args.seed if args.reuse_prompts else args.seed + 1009 * (point + 1)
+        warm_seed = seed if args.reuse_prompts else seed + 1
+        tag = f"c{max_conc}" if math.isinf(rate) else f"r{rate:g}"
+        if args.dataset == "multiturn":
+            n = args.num_prompts or 2 * (max_conc or 4)
+            convs = multiturn_conversations(
+                n, args.multiturn_turns, args.multiturn_system_len, args.multiturn_user_len,
+                args.random_output_len, seed, fixed_output=args.eos_strategy != "none",
+            )
+            if args.num_warmups:
+                warm_convs = multiturn_conversations(
+                    args.num_warmups, 1, args.multiturn_system_len, args.multiturn_user_len, 16, warm_seed, False
+                )
+                await run_conversations(cfg, warm_convs, max_conc, show_progress=False)
+            results, duration = await run_conversations(
+                cfg, convs, max_conc, not args.no_progress, f"{args.label} {tag}"
             )
         else:
-            reqs = conversational_requests(n, args.max_tokens, tokenizer)
-        if args.num_warmups:
-            warm = [SampleRequest(r.messages, min(r.max_tokens, 16), r.prompt_len) for r in reqs[: args.num_warmups]]
-            await run_load_point(cfg, warm, max_conc, show_progress=False)
-        tag = f"c{max_conc}" if math.isinf(rate) else f"r{rate:g}"
-        results, duration = await run_load_point(
-            cfg, reqs, max_conc, rate, args.burstiness, args.seed, not args.no_progress, f"{args.label} {tag}"
-        )
+            n = args.num_prompts or max(8, 4 * (max_conc or 4))
+            reqs = _dataset(args, n, seed, tokenizer)
+            if args.num_warmups:
+                source = reqs if args.reuse_prompts else _dataset(args, args.num_warmups, warm_seed, tokenizer)
+                warm = [SampleRequest(r.messages, min(r.max_tokens, 16), r.prompt_len) for r in source[: args.num_warmups]]
+                await run_load_point(cfg, warm, max_conc, show_progress=False)
+            results, duration = await run_load_point(
+                cfg, reqs, max_conc, rate, args.burstiness, args.seed, not args.no_progress, f"{args.label} {tag}"
+            )
         m = calculate_metrics(results, duration, args.percentiles, count_tokens)
+        m.update(turn_metrics(results, args.percentiles))
+        m["prefix_cache_hit_rate"] = prefix_cache_hit_rate(results)
+        m["cached_tokens"] = [r.cached_tokens for r in results]
+        m["turns"] = [r.turn for r in results]
         m.update(
             {
                 "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -680,6 +850,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 "random_output_len": args.random_output_len if args.dataset == "random" else None,
                 "eos_strategy": args.eos_strategy,
                 "num_prompts": n,
+                "reuse_prompts": args.reuse_prompts,
+                "prompt_seed": seed,
                 "request_rate": rate,
                 "burstiness": args.burstiness,
                 "max_concurrency": max_conc,
@@ -696,6 +868,14 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_plot:
         plot_runs([summary], out_dir / f"{args.label}.png")
     return summary
+
+
+def _dataset(args: argparse.Namespace, n: int, seed: int, tokenizer: Any) -> list[SampleRequest]:
+    if args.dataset == "random":
+        return random_requests(
+            n, args.random_input_len, args.random_output_len, seed, tokenizer, fixed_output=args.eos_strategy != "none"
+        )
+    return conversational_requests(n, args.max_tokens, tokenizer)
 
 
 def _tokens_source(results: Sequence[RequestResult], has_tokenizer: bool) -> str:

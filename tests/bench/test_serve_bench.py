@@ -40,6 +40,7 @@ sb = _load_module()
 ROLE_DELAY_S = 0.12  # role chunk at once, first content this much later
 GAP_S = 0.02  # between content chunks
 PROMPT_TOKENS = 11
+CACHED_LATER_TURNS = 7  # the fake reports this many cached prompt tokens on a conversation's later turns
 
 
 # --------------------------------------------------------------------------------------------------
@@ -174,7 +175,8 @@ def _make_app(received: list[dict[str, Any]]) -> Any:
                 yield frame({"content": f"t{i} "})
             yield frame({}, "length")
             if usage:
-                u = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n, "total_tokens": PROMPT_TOKENS + n}
+                u = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n, "total_tokens": PROMPT_TOKENS + n,
+                     "prompt_tokens_details": {"cached_tokens": CACHED_LATER_TURNS if len(body["messages"]) > 2 else 0}}
                 yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': u})}\n\n"
             yield "data: [DONE]\n\n"
 
@@ -256,6 +258,67 @@ def test_sweep_against_fake_server(fake_server: tuple[str, list[dict[str, Any]]]
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     loaded = sb.load_summary(tmp_path / "fake.json")
     assert math.isinf(loaded["runs"][0]["request_rate"])
+
+
+def _user_texts(bodies: list[dict[str, Any]]) -> list[str]:
+    return [b["messages"][-1]["content"] for b in bodies]
+
+
+def test_fresh_prompts_per_load_point_unless_reused(fake_server, tmp_path: Path) -> None:
+    base_url, received = fake_server
+    received.clear()
+    asyncio.run(sb.run_benchmark(_args(base_url, tmp_path, "--max-concurrency", "1,2", "--num-prompts", "3",
+                                       "--no-plot")))
+    texts = _user_texts(received)
+    assert len(texts) == 8 and len(set(texts)) == 8  # 2 x (1 warm-up + 3 measured), all different
+    received.clear()
+    asyncio.run(sb.run_benchmark(_args(base_url, tmp_path, "--max-concurrency", "1,2", "--num-prompts", "3",
+                                       "--no-plot", "--reuse-prompts")))
+    texts = _user_texts(received)
+    assert texts[:4] == texts[4:] and texts[0] == texts[1]  # warm-up = the first measured prompt
+
+
+def test_multiturn_conversations_grow_and_report_per_turn(fake_server, tmp_path: Path) -> None:
+    base_url, received = fake_server
+    received.clear()
+    args = _args(base_url, tmp_path, "--dataset", "multiturn", "--max-concurrency", "2", "--num-prompts", "3",
+                 "--multiturn-turns", "3", "--multiturn-system-len", "20", "--multiturn-user-len", "5",
+                 "--num-warmups", "1", "--no-plot")
+    summary = asyncio.run(sb.run_benchmark(args))
+    warm, measured = received[:1], received[1:]
+    assert len(warm[0]["messages"]) == 2 and warm[0]["max_tokens"] == 16
+    assert len(measured) == 9
+    systems = {b["messages"][0]["content"] for b in measured}
+    assert len(systems) == 1 and warm[0]["messages"][0]["content"] not in systems
+    assert len(systems.pop().split()) == 20 + 6  # "[seed] You are a helpful assistant." + 20 words
+    by_len: dict[int, list[dict[str, Any]]] = {}
+    for b in measured:
+        by_len.setdefault(len(b["messages"]), []).append(b)
+    assert sorted(by_len) == [2, 4, 6] and all(len(v) == 3 for v in by_len.values())
+    for b in by_len[6]:  # the earlier replies are the server's own text, in order
+        assert [m["role"] for m in b["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert b["messages"][2]["content"] == "t0 t1 t2 t3 t4 "
+        assert b["messages"][1]["content"].split()[0].endswith(".1)")
+        assert b["messages"][5]["content"].split()[0].endswith(".3)")
+    run = summary["runs"][0]
+    assert run["completed"] == 9 and run["turns"] == [1, 2, 3] * 3
+    assert set(run["ttft_by_turn"]) == {1, 2, 3} and all(v["count"] == 3 for v in run["ttft_by_turn"].values())
+    assert run["mean_ttft_turn1_ms"] > 0 and run["ttft_later_over_turn1"] is not None
+    assert run["prefix_cache_hit_rate"] == pytest.approx(6 * CACHED_LATER_TURNS / (9 * PROMPT_TOKENS))
+    assert run["max_concurrent_requests"] == 2
+
+
+def test_turn_metrics_and_hit_rate_exact() -> None:
+    rs = [_res(0, 1.0, 2.0, [], 1, turn=1, cached_tokens=0), _res(0, 0.2, 1.0, [], 1, turn=2, cached_tokens=8),
+          _res(0, 0.4, 1.0, [], 1, turn=3, cached_tokens=None), _res(0, 3.0, 4.0, [], 1, turn=1, cached_tokens=2)]
+    m = sb.turn_metrics(rs)
+    assert m["mean_ttft_turn1_ms"] == pytest.approx(2000.0)
+    assert m["mean_ttft_later_turns_ms"] == pytest.approx(300.0)
+    assert m["ttft_later_over_turn1"] == pytest.approx(0.15)
+    assert m["ttft_by_turn"][1]["median_ttft_ms"] == pytest.approx(2000.0) and m["ttft_by_turn"][3]["count"] == 1
+    assert sb.prefix_cache_hit_rate(rs) == pytest.approx(10 / 30)  # the turn without a report is left out
+    assert sb.prefix_cache_hit_rate(rs[2:3]) is None
+    assert sb.turn_metrics([_res(0, 1.0, 2.0, [], 1)]) == {}
 
 
 def test_no_usage_poisson_and_failures(fake_server: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
