@@ -217,18 +217,40 @@ def build_llama_cpp_python(scratch: Path, cuda: bool = False) -> Path:
     return py
 
 
+def parent_site_packages() -> list[str]:
+    """The running interpreter's site-packages folders (where torch and transformers are installed:
+    the project's virtual environment when compare.py runs from one, else the system's)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return sorted({paths["purelib"], paths["platlib"]})
+
+
 def transformers_venv(scratch: Path) -> Path:
-    """A venv over the system site-packages (same torch/transformers) plus what ``transformers serve``
-    needs and the project does not install (fastapi, rich); returns its python."""
+    """A venv that sees the running interpreter's packages (same torch/transformers) plus what
+    ``transformers serve`` needs and the project does not install (fastapi, rich); returns its python.
+
+    ``--system-site-packages`` alone is not enough: when compare.py runs from the project's virtual
+    environment, the "system" packages are the base interpreter's, which lack transformers. A ``.pth``
+    file in the new venv adds the running interpreter's site-packages after its own.
+    """
     venv = scratch / "venv-transformers-serve"
     py = venv_python(venv)
+    logf = scratch / "logs" / "transformers-venv.log"
+    if not py.exists():
+        log(f"creating {venv} (fastapi, rich)")
+        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], logf, nice=0)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pth = Path(site) / "streamproxy-parent.pth"
+    wanted = "".join(f"{p}\n" for p in parent_site_packages())
+    if not pth.exists() or pth.read_text() != wanted:
+        pth.write_text(wanted)
     if _imports(py, "fastapi, rich, transformers"):
         return py
-    logf = scratch / "logs" / "transformers-venv.log"
-    log(f"creating {venv} (fastapi, rich)")
-    if not py.exists():
-        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], logf, nice=0)
     _run([str(py), "-m", "pip", "install", "-q", "fastapi", "rich", "pydantic>=2"], logf)
+    if not _imports(py, "fastapi, rich, transformers"):
+        raise PeerUnavailable(f"{py} cannot import fastapi, rich and transformers; see {logf}")
     return py
 
 
@@ -451,6 +473,10 @@ def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, po
                "--seed", str(args.seed), *peer.bench_args]
         if args.no_progress:
             cmd.append("--no-progress")
+        if args.reuse_prompts:
+            cmd.append("--reuse-prompts")
+        if args.dataset == "multiturn":
+            cmd += args.multiturn_args.split()
         rc = subprocess.call(cmd, cwd=REPO, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes the profile on SIGINT
@@ -514,6 +540,25 @@ def comparison_table(summaries: dict[str, dict[str, Any]], skipped: dict[str, st
                 f"{run['mean_tpot_ms']:.1f} | {run['p99_itl_ms']:.1f} | {run['p90_e2el_ms']:.0f} | "
                 f"{out_len:.1f} | {run['failed']} |"
             )
+    turn_rows = []
+    for c in concs:
+        for name, s in summaries.items():
+            run = next((r for r in s["runs"] if r["max_concurrency"] == c), None)
+            if run is None or run.get("mean_ttft_turn1_ms") is None:
+                continue
+            later = run.get("mean_ttft_later_turns_ms")
+            ratio = run.get("ttft_later_over_turn1")
+            hit = run.get("prefix_cache_hit_rate")
+            turns = " / ".join(f"{v['mean_ttft_ms']:.0f}" for v in run["ttft_by_turn"].values())
+            turn_rows.append(
+                f"| {c} | {name} | {run['mean_ttft_turn1_ms']:.0f} | {later:.0f} | "
+                f"{f'{ratio:.2f}' if ratio is not None else '-'} | {turns} | "
+                f"{f'{100 * hit:.1f}%' if hit is not None else '-'} |"
+                if later is not None else f"| {c} | {name} | {run['mean_ttft_turn1_ms']:.0f} | - | - | {turns} | - |"
+            )
+    if turn_rows:
+        lines += ["", "| streams | server | turn 1 mean TTFT ms | turns 2+ mean TTFT ms | ratio | mean TTFT by turn ms "
+                  "| prefix cache hit rate |", "|" + "---|" * 7, *turn_rows]
     for name, why in skipped.items():
         lines.append(f"\nskipped {name}: {why.splitlines()[0] if why else ''}")
     return "\n".join(lines)
@@ -550,7 +595,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=0, help="requests per point (0: 4 x streams, >= 8)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--dataset", choices=["random", "conversational"], default="random")
+    p.add_argument("--dataset", choices=["random", "conversational", "multiturn"], default="random")
+    p.add_argument("--reuse-prompts", action="store_true",
+                   help="serve_bench sends the same prompts at every point (default: fresh prompts per point)")
+    p.add_argument("--multiturn-args", default="",
+                   help="extra serve_bench args for --dataset multiturn, e.g. '--multiturn-turns 6'")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="compute threads of every server")
     p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np")
     p.add_argument("--streamproxy-args", default="", help="extra args of `python -m proxy serve`")

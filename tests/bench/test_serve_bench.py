@@ -408,3 +408,38 @@ def test_poisson_gaps() -> None:
     assert sum(gaps[1:]) / 20000 == pytest.approx(0.25, rel=0.03)  # mean gap 1/rate
     cv = float(np.std(gaps[1:])) / 0.25
     assert cv == pytest.approx(1.0, rel=0.05)  # exponential gaps: std == mean (Poisson process)
+
+
+def test_transformers_venv_sees_the_running_interpreters_packages(tmp_path: Path, monkeypatch) -> None:
+    """compare.py run from the project's venv: the transformers-serve venv must import the same
+    transformers (the base interpreter's --system-site-packages lack it)."""
+    cmp = _load_compare()
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], logfile: Path, **kw: Any) -> None:
+        calls.append(cmd)
+        if cmd[1:3] == ["-m", "venv"]:  # create it for real, without pip (fast); skip installs
+            import subprocess
+
+            subprocess.run([*cmd[:3], "--without-pip", *cmd[3:]], check=True)
+
+    monkeypatch.setattr(cmp, "_run", fake_run)
+    try:
+        py = cmp.transformers_venv(tmp_path)
+    except cmp.PeerUnavailable:  # fastapi/rich are not installed here: only the pip step was skipped
+        py = cmp.venv_python(tmp_path / "venv-transformers-serve")
+    assert any(c[1:3] == ["-m", "venv"] for c in calls)
+    assert cmp._imports(py, "transformers")
+    site = [p for p in cmp.parent_site_packages() if "site-packages" in p]
+    assert site and all(Path(p).is_dir() for p in site)
+
+
+def test_comparison_table_multiturn_rows() -> None:
+    cmp = _load_compare()
+    run = {"max_concurrency": 4, "output_throughput": 10.0, "p99_ttft_ms": 900.0, "mean_tpot_ms": 50.0,
+           "p99_itl_ms": 60.0, "p90_e2el_ms": 900.0, "total_output_tokens": 64, "completed": 2, "failed": 0,
+           "mean_ttft_turn1_ms": 1000.0, "mean_ttft_later_turns_ms": 150.0, "ttft_later_over_turn1": 0.15,
+           "ttft_by_turn": {"1": {"mean_ttft_ms": 1000.0}, "2": {"mean_ttft_ms": 150.0}},
+           "prefix_cache_hit_rate": 0.8123}
+    lines = cmp.comparison_table({"streamproxy": {"runs": [run]}}, {}).splitlines()
+    assert lines[-1] == "| 4 | streamproxy | 1000 | 150 | 0.15 | 1000 / 150 | 81.2% |"
