@@ -18,6 +18,10 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
     streamproxy:request_rejected_total        counter, label reason (queue_full, ...)
     streamproxy:num_preemptions_total         counter, requests preempted (recompute) because the KV cache
                                               ran out; read from the scheduler at scrape time
+    streamproxy:prefix_cache_queries_total    counter, prompt tokens looked up in the prefix cache (vLLM's
+                                              ``vllm:prefix_cache_queries``); read from the engine at scrape time
+    streamproxy:prefix_cache_hits_total       counter, of those, tokens found in the cache (vLLM's
+                                              ``vllm:prefix_cache_hits``); hit rate = hits / queries
     streamproxy:structured_output_requests_total  counter, label kind: constrained requests by what
                                               constrained them (json_schema, json_object, regex, choice,
                                               grammar, tool_required, tool_named); no vLLM equivalent
@@ -54,6 +58,9 @@ class Metrics:
         kv_cache_usage: callable returning the used fraction of KV blocks, in [0, 1].
         num_preemptions: callable returning the engine's preemptions so far (monotonic count), exported
             as the counter ``streamproxy:num_preemptions_total`` (vLLM's ``vllm:num_preemptions``).
+        prefix_cache_queries, prefix_cache_hits: callables returning the engine's prompt tokens looked
+            up in its prefix cache and found there, so far (monotonic token counts), exported as
+            ``streamproxy:prefix_cache_queries_total`` / ``streamproxy:prefix_cache_hits_total``.
     """
 
     def __init__(
@@ -64,6 +71,8 @@ class Metrics:
         num_waiting: Callable[[], float] = lambda: 0,
         kv_cache_usage: Callable[[], float] = lambda: 0.0,
         num_preemptions: Callable[[], float] = lambda: 0,
+        prefix_cache_queries: Callable[[], float] = lambda: 0,
+        prefix_cache_hits: Callable[[], float] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name = model_name
@@ -96,6 +105,10 @@ class Metrics:
                                    labels + ["kind"], registry=reg)
         reg.register(_CallbackCounter(PREFIX + "num_preemptions", "Requests preempted (KV cache full; recomputed).",
                                       model_name, num_preemptions))
+        reg.register(_CallbackCounter(PREFIX + "prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.", model_name, prefix_cache_queries))
+        reg.register(_CallbackCounter(PREFIX + "prefix_cache_hits",
+                                      "Prompt tokens found in the prefix cache.", model_name, prefix_cache_hits))
 
     def observe_first_token(self, ttft_s: float) -> None:
         """Record one request's time to first token, in seconds."""

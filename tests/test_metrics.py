@@ -67,3 +67,16 @@ def test_structured_output_counter_by_kind() -> None:
     text = m.render().decode()
     assert 'streamproxy:structured_output_requests_total{kind="json_schema",model_name="m"} 2.0' in text
     assert 'streamproxy:structured_output_requests_total{kind="tool_required",model_name="m"} 1.0' in text
+
+
+def test_prefix_cache_counters_read_at_scrape_time() -> None:
+    """vLLM's prefix_cache_queries / prefix_cache_hits (tokens), read from the engine when scraped."""
+    state = {"queries": 0, "hits": 0}
+    m = Metrics("m", prefix_cache_queries=lambda: state["queries"], prefix_cache_hits=lambda: state["hits"])
+    lab = (("model_name", "m"),)
+    assert _samples(m)[("streamproxy:prefix_cache_queries_total", lab)] == 0
+    state.update(queries=300, hits=224)
+    samples = _samples(m)
+    assert samples[("streamproxy:prefix_cache_queries_total", lab)] == 300
+    assert samples[("streamproxy:prefix_cache_hits_total", lab)] == 224
+    assert b"# TYPE streamproxy:prefix_cache_hits_total counter" in m.render()
