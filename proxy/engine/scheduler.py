@@ -7,6 +7,18 @@ Policy (vLLM v1's unified scheduler, simplified):
   then waiting requests FCFS, each taking ``min(remaining tokens, budget left)`` tokens. So a long
   prompt is prefilled in chunks and never stalls the decodes of others (chunked prefill, Agrawal et
   al. 2023, "Sarathi").
+- Prefill work joining a step that carries decodes is bounded further: each prompt adds at most
+  ``long_prefill_token_threshold`` tokens (vLLM's knob; 0 = no cap) and at most
+  ``max_num_partial_prefills`` prompts join (vLLM's name for concurrent partial prefills). A step's
+  time grows with its tokens, and every running stream waits for the whole step, so each prefill
+  token in a decode step lengthens every stream's inter-token gap; bounding them keeps p99 ITL near
+  the decode step time. The price is time to first token when many prompts arrive together: they
+  are prefilled one small chunk per step instead of all at once. A step without decodes (nothing is
+  streaming yet) takes prompts up to the full budget. Sarathi-Serve (Agrawal et al. 2024) makes the
+  same trade with a per-step token budget.
+- Prefix caching (``BlockManager``): a waiting request starts after its longest cached prefix of full
+  blocks (at least its last token is computed, its logits are needed); the blocks its step fills
+  join the cache once the step is scheduled, and are dropped again if the step fails.
 - At most ``max_num_seqs`` requests run at once.
 - When the KV pool cannot hold a running request's next tokens, the most recently admitted running
   request is preempted by recompute: its blocks are freed, ``num_computed_tokens`` reset to 0 and it
