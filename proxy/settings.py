@@ -20,7 +20,12 @@ class Settings:
         served_model_name: the id clients send as ``model``; default: derived from ``model``.
         host, port: where uvicorn listens.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
-        dtype: ``"auto"`` (fp32 on CPU, bf16 on CUDA), ``"float32"``, ``"bfloat16"``, ``"float16"``.
+        dtype: ``"auto"`` (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else fp32),
+            ``"float32"``, ``"bfloat16"``, ``"float16"``.
+        quantization: weight-only quantized linears (vLLM's flag name): ``"auto"`` (a GGUF's
+            Q4_0/Q4_1/Q8_0 tensors at their own precision where the packed kernels are fast, else
+            dense), ``"none"`` (dense), ``"int8"`` or ``"int4"`` (quantize the float weights at load).
+        quantization_group_size: input features per scale for ``int4`` / ``int8``.
         max_model_len: context length in tokens (prompt + completion); None: the model's own.
         max_num_seqs: most requests in the running batch.
         max_num_batched_tokens: token budget of one engine step (decode tokens + prefill chunks).
@@ -59,6 +64,8 @@ class Settings:
     port: int = 8000
     device: str = "auto"
     dtype: str = "auto"
+    quantization: str = "auto"
+    quantization_group_size: int = 32
     max_model_len: int | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512

@@ -1,0 +1,96 @@
+"""Swap a loaded model's ``nn.Linear`` modules for :class:`PackedLinear` (the model code is untouched).
+
+Embeddings and norms are never touched (they are not ``nn.Linear``). The lm_head is quantized
+like every other linear; a tied lm_head is untied first (the embedding keeps its dense weight).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from proxy.quant.linear import Int4Plane, PackedLinear, quantize_int4, quantize_int8
+
+logger = logging.getLogger(__name__)
+
+#: ``--quantization`` methods that quantize at load from the float weights.
+FLOAT_METHODS: dict[str, Callable[[torch.Tensor, int], list[Int4Plane]]] = {
+    "int4": quantize_int4,
+    "int8": quantize_int8,
+}
+
+
+def named_linears(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
+    """``(qualified name, module)`` of every ``nn.Linear`` (a snapshot list, safe to replace while iterating)."""
+    return iter([(n, m) for n, m in model.named_modules() if type(m) is nn.Linear])
+
+
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace the submodule at dotted ``name``."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def untie_lm_head(model: nn.Module) -> None:
+    """Give a tied output layer its own module so that swapping it leaves the embedding dense."""
+    get_out = getattr(model, "get_output_embeddings", None)
+    out = get_out() if callable(get_out) else None
+    inp = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if out is not None and inp is not None and out.weight is inp.weight:
+        out.weight = nn.Parameter(inp.weight.detach().clone(), requires_grad=False)
+        if hasattr(model.config, "tie_word_embeddings"):
+            model.config.tie_word_embeddings = False
+
+
+def replace_linear(
+    model: nn.Module,
+    name: str,
+    planes: list[Int4Plane],
+    group_size: int,
+    kernel_dtype: torch.dtype,
+    scheme: str,
+) -> bool:
+    """Replace linear ``name`` by a :class:`PackedLinear` of ``planes``; False (kept dense, logged at
+    debug level) where the kernel cannot take the shape."""
+    old = model.get_submodule(name)
+    device = old.weight.device
+    try:
+        new = PackedLinear(planes, old.bias, group_size, device, kernel_dtype, scheme)
+    except ValueError as exc:
+        logger.debug("%s stays dense: %s", name, exc)
+        return False
+    set_module(model, name, new)
+    return True
+
+
+def quantize_linears(model: nn.Module, method: str, group_size: int, kernel_dtype: torch.dtype) -> Counter[str]:
+    """Quantize every ``nn.Linear`` of ``model`` in place from its float weight.
+
+    Args:
+        method: ``"int4"`` (asymmetric groups) or ``"int8"`` (symmetric groups, two int4 planes).
+        group_size: input features per scale (32 by default).
+    Returns:
+        counts: ``{"int4 g32": n, "dense": m}`` (modules kept dense: shapes the kernel refuses).
+    Raises:
+        ValueError: unknown ``method``.
+    """
+    if method not in FLOAT_METHODS:
+        raise ValueError(f"unknown quantization {method!r}")
+    untie_lm_head(model)
+    counts: Counter[str] = Counter()
+    for name, linear in named_linears(model):
+        planes = FLOAT_METHODS[method](linear.weight, group_size) if linear.in_features % group_size == 0 else None
+        ok = planes is not None and replace_linear(model, name, planes, group_size, kernel_dtype,
+                                                   f"{method} g{group_size}")
+        counts[f"{method} g{group_size}" if ok else "dense"] += 1
+    return counts
+
+
+def describe(counts: Counter[str]) -> str:
+    """``"int4 g32 x210, dense x1"``: what is served, for the log and /v1/models."""
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "dense"

@@ -1,0 +1,273 @@
+"""GGUF linear tensors at their own precision: ``Q4_0`` / ``Q4_1`` / ``Q8_0`` blocks -> int4 planes.
+
+Block layouts (ggml ``ggml-common.h``; 32 weights a block, along the input dimension):
+
+- ``Q4_0``: 18 bytes: ``d`` (fp16), 16 bytes of nibbles; weight ``j`` (0..15) is the low nibble
+  of byte ``j``, weight ``j + 16`` its high nibble; value ``d * (q - 8)``.
+- ``Q4_1``: 20 bytes: ``d``, ``m`` (fp16), 16 bytes of nibbles as above; value ``d * q + m``.
+- ``Q8_0``: 34 bytes: ``d`` (fp16), 32 int8 ``q``; value ``d * q``.
+
+They map onto :mod:`proxy.quant.linear`'s planes with no loss (group size 32). Every other type
+is handled by :func:`load_gguf_linears`' rules: float types (F32/F16/BF16) stay dense, the rest
+(K-quants, IQ types, Q5_x) are re-quantized to int8 groups of 32 from the dequantized weight.
+
+llama.cpp's converter permutes the rows of llama's q/k projections for its RoPE layout;
+transformers undoes it at load. The loader finds the row order by comparing with the dense weight
+transformers loaded (identity, or the inverse permutation with the attention's or the KV heads),
+and keeps any tensor it cannot match exactly dense, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from proxy.quant.apply import named_linears, replace_linear, untie_lm_head
+from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
+
+logger = logging.getLogger(__name__)
+
+GROUP_SIZE = 32
+LOSSLESS_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+DENSE_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> list[Int4Plane]:
+    """Planes holding exactly the values of a ``Q4_0`` / ``Q4_1`` / ``Q8_0`` tensor.
+
+    Args:
+        type_name: the GGML type's name.
+        raw: the tensor's bytes, uint8 ``[N, K / 32 * block_bytes]`` (``GGUFReader``'s ``data``).
+        shape: ``(N, K)``: output rows, input features.
+    Raises:
+        ValueError: another type.
+    """
+    n, k = shape
+    g = k // GROUP_SIZE
+    head = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}.get(type_name)
+    if head is None:
+        raise ValueError(f"{type_name} blocks are not decoded losslessly")
+    body = 16 if type_name != "Q8_0" else 32
+    blocks = np.ascontiguousarray(raw).reshape(n, g, head + body)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    qs = blocks[..., head:]
+    if type_name == "Q8_0":
+        q = torch.from_numpy(qs.copy().view(np.int8).reshape(n, k))
+        return int8_planes(q, d)
+    codes = torch.from_numpy(np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k))
+    if type_name == "Q4_0":
+        return [Int4Plane(codes, d, torch.zeros_like(d))]
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    return [Int4Plane(codes, d, m + 8.0 * d)]
+
+
+def planes_value(planes: list[Int4Plane], rows: slice) -> torch.Tensor:
+    """fp32 values of ``planes`` (summed) for a slice of rows, as the fp32 kernel computes them."""
+    out = None
+    for p in planes:
+        v = Int4Plane(p.codes[rows], p.scale[rows], p.zero[rows]).dequantize(GROUP_SIZE)
+        out = v if out is None else out + v
+    assert out is not None
+    return out
+
+
+def llama_row_order(num_rows: int, num_heads: int) -> torch.Tensor | None:
+    """Rows of a GGUF q/k weight in transformers' order (inverse of llama.cpp's RoPE permute)."""
+    if num_heads <= 0 or num_rows % (2 * num_heads):
+        return None
+    dim = num_rows // num_heads // 2
+    return torch.arange(num_rows).reshape(num_heads, dim, 2).transpose(1, 2).reshape(num_rows)
+
+
+def check_rows(num_rows: int) -> torch.Tensor:
+    """Rows compared against the dense weight: the first 256 (two heads or more, so a wrong RoPE
+    row order shows) and 256 more spread over the rest. Decoding itself is tested exactly on whole
+    tensors (tests/quant); at load a sample keeps the check under a second for the default model."""
+    head = torch.arange(min(num_rows, 256))
+    spread = torch.linspace(0, num_rows - 1, steps=min(num_rows, 256)).long()
+    return torch.unique(torch.cat([head, spread]))
+
+
+def _equal(planes: list[Int4Plane], weight: torch.Tensor, order: torch.Tensor | None) -> bool:
+    rows = check_rows(weight.shape[0])
+    src = rows if order is None else order[rows]
+    v = planes_value([p.select_rows(src) for p in planes], slice(None))
+    return torch.equal(v.to(weight.dtype), weight.detach()[rows])
+
+
+def match_row_order(planes: list[Int4Plane], weight: torch.Tensor, head_counts: list[int]) -> torch.Tensor | None | bool:
+    """The row order under which ``planes`` equal ``weight`` exactly (on :func:`check_rows`):
+    None (as stored), an index tensor, or False (no match)."""
+    if _equal(planes, weight, None):
+        return None
+    for heads in head_counts:
+        order = llama_row_order(weight.shape[0], heads)
+        if order is not None and _equal(planes, weight, order):
+            return order
+    return False
+
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value types
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass
+class GGUFTensor:
+    """One tensor of a GGUF file: ``type_name`` (GGML type), ``shape`` ``(rows, cols)`` as
+    PyTorch orders it (GGUF lists dims innermost first), ``data`` its bytes (memory-mapped)."""
+
+    type_name: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+def gguf_tensors(path: Path) -> tuple[str, dict[str, GGUFTensor]]:
+    """``(architecture, {tensor name: GGUFTensor})`` of a GGUF (v2/v3) file.
+
+    Reads only the header's tensor index: gguf-py's ``GGUFReader`` also materializes every
+    metadata field (the default model's vocabulary: 16 s on this 2-core machine under load), which
+    the loader does not need. Type names and block sizes come from gguf-py's tables.
+
+    Raises:
+        ValueError: not a GGUF v2/v3 file.
+    """
+    import gguf
+
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    buf = memoryview(mm)
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    version, num_tensors, num_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} is not supported")
+    pos = 24
+
+    def read_str() -> str:
+        nonlocal pos
+        (n,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8 + n
+        return bytes(buf[pos - n:pos]).decode("utf-8", "replace")
+
+    def skip_value(vtype: int) -> Any:
+        nonlocal pos
+        if vtype == _STRING:
+            return read_str()
+        if vtype == _ARRAY:
+            (etype, count) = struct.unpack_from("<IQ", buf, pos)
+            pos += 12
+            if etype in _SCALAR_SIZES:
+                pos += count * _SCALAR_SIZES[etype]
+            else:
+                for _ in range(count):
+                    skip_value(etype)
+            return None
+        size = _SCALAR_SIZES[vtype]
+        value = struct.unpack_from({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[size], buf, pos)[0]
+        pos += size
+        return value
+
+    arch, alignment = "", 32
+    for _ in range(num_kv):
+        key = read_str()
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        value = skip_value(vtype)
+        if key == "general.architecture":
+            arch = str(value)
+        elif key == "general.alignment":
+            alignment = int(value)
+    index = []
+    for _ in range(num_tensors):
+        name = read_str()
+        (ndim,) = struct.unpack_from("<I", buf, pos)
+        dims = struct.unpack_from(f"<{ndim}Q", buf, pos + 4)
+        ttype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * ndim)
+        pos += 4 + 8 * ndim + 12
+        index.append((name, dims, ttype, offset))
+    base = (pos + alignment - 1) // alignment * alignment
+    tensors = {}
+    for name, dims, ttype, offset in index:
+        qtype = gguf.GGMLQuantizationType(ttype)
+        block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        shape = tuple(int(d) for d in reversed(dims))
+        row_bytes = shape[-1] // block * block_bytes
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        data = mm[base + offset: base + offset + rows * row_bytes].reshape(rows, row_bytes)
+        tensors[name] = GGUFTensor(qtype.name, shape, data)
+    return arch, tensors
+
+
+def hf_to_gguf_names(arch: str, num_layers: int) -> Any:
+    """gguf-py's ``TensorNameMap`` for ``arch`` (``get_name("model.layers.0.mlp.up_proj")`` ->
+    ``"blk.0.ffn_up"``), or None for an architecture gguf-py does not know."""
+    import gguf
+
+    by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+    if arch not in by_name:
+        return None
+    return gguf.get_tensor_name_map(by_name[arch], num_layers)
+
+
+def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -> Counter[str]:
+    """Replace ``model``'s linears by packed layers built from the GGUF file's own blocks.
+
+    ``model`` must be the dense model transformers converted from this file (its weights are the
+    reference each tensor is matched against). Per linear: ``Q4_0``/``Q4_1`` -> int4 g32 and
+    ``Q8_0`` -> int8 g32, lossless; other quantized types -> int8 g32 re-quantized from the
+    dequantized weight; float types, unknown names and shapes the kernel refuses stay dense.
+    A tied lm_head uses ``token_embd`` (the embedding itself stays dense).
+
+    Returns:
+        counts per outcome, e.g. ``{"Q4_1 -> int4 g32": 210, "Q8_0 -> int8 g32": 1}``.
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    arch, tensors = gguf_tensors(path)
+    names = hf_to_gguf_names(arch, int(getattr(config, "num_hidden_layers", 0)))
+    heads = [h for h in (getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)) if h]
+    untie_lm_head(model)
+    counts: Counter[str] = Counter()
+    for name, linear in named_linears(model):
+        gname = names.get_name(name) if names is not None else None
+        tensor = tensors.get(f"{gname}.weight") if gname else None
+        if tensor is None and gname == "output":
+            tensor = tensors.get("token_embd.weight")  # tied lm_head
+        if tensor is None:
+            logger.warning("%s: no GGUF tensor found, stays dense", name)
+            counts["not found -> dense"] += 1
+            continue
+        type_name = tensor.type_name
+        n, k = linear.out_features, linear.in_features
+        if type_name in DENSE_TYPES:
+            counts[f"{type_name} -> dense"] += 1
+            continue
+        if type_name in LOSSLESS_TYPES and k % GROUP_SIZE == 0:
+            planes = decode_blocks(type_name, tensor.data, (n, k))
+            order = match_row_order(planes, linear.weight, heads)
+            if order is False:
+                logger.warning("%s: %s blocks do not match the dense weight, stays dense", name, type_name)
+                counts[f"{type_name} -> dense (no match)"] += 1
+                continue
+            if order is not None:
+                assert isinstance(order, torch.Tensor)
+                planes = [p.select_rows(order) for p in planes]
+            scheme = "int4 g32" if type_name != "Q8_0" else "int8 g32"
+        elif k % GROUP_SIZE == 0:
+            planes = quantize_int8(linear.weight, GROUP_SIZE)
+            scheme = "int8 g32 (re-quantized)"
+        else:
+            counts[f"{type_name} -> dense"] += 1
+            continue
+        ok = replace_linear(model, name, planes, GROUP_SIZE, kernel_dtype, f"{type_name} as {scheme}")
+        counts[f"{type_name} -> {scheme}" if ok else f"{type_name} -> dense (shape)"] += 1
+    requantized = {k: v for k, v in counts.items() if "re-quantized" in k}
+    if requantized:
+        logger.info("GGUF types without a lossless packed layout were re-quantized to int8 g32: %s", requantized)
+    return counts

@@ -1,0 +1,123 @@
+"""torch's packed weight-only int4 kernels, per device, and the CPU feature check behind dtype "auto".
+
+We call torch's own ops rather than torchao: on the CPU, torchao's int4 weight-only layout
+(``Int4CPULayout``) calls exactly these ops, and torchao 0.18 ships C++ extensions built against
+one torch release (a pin we would have to follow); the GGUF loader also needs to hand the kernel
+given codes, scales and zeros, which torchao's quantize-from-float API does not take.
+
+- CPU: ``torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes int32 [N, K], inner_k_tiles)``
+  -> uint8 ``[N, K / 2]``; ``torch.ops.aten._weight_int4pack_mm_for_cpu(x [M, K], packed,
+  group_size, scales_and_zeros [K / group_size, N, 2])`` -> ``[M, N]``, all of ``x``'s dtype.
+  Needs ``N % 16 == 0``. Measured on this project's 2-core AVX-512/AMX machine (1 thread,
+  [1536 x 576] weight, 1 row): bf16 0.06 ms, fp32 1.8 ms, fp16 2.9 ms -- only bf16 is fast, so
+  the CPU kernel dtype is bf16 where the CPU has BF16 instructions.
+- CUDA: ``torch.ops.aten._convert_weight_to_int4pack(uint8 [N, K / 2], inner_k_tiles)`` (two
+  codes a byte, even index in the high nibble, as torchao packs) and
+  ``torch.ops.aten._weight_int4pack_mm`` (tinygemm), bf16 only; ``N % 8 == 0`` and
+  ``K % (16 * inner_k_tiles) == 0`` with ``inner_k_tiles`` in {8, 4, 2}. Written and guarded, not
+  run on this project's CPU machines.
+
+Both compute, per weight, ``fma(code - 8, scale, zero)`` in fp32 (checked bit for bit on the CPU)
+and round once to the activation dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+#: group sizes the CUDA tinygemm kernel accepts (the CPU one takes any divisor of K).
+CUDA_GROUP_SIZES = (32, 64, 128, 256)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The ``flags`` of the first processor in ``/proc/cpuinfo`` (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_bf16_flags() -> list[str]:
+    """The CPU's BF16 compute features (``avx512_bf16``, ``amx_bf16``) that make bf16 matmuls and
+    the packed int4 kernel fast; empty on CPUs without them (there bf16 was 2-3x slower than fp32)."""
+    flags = cpu_flags()
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
+def kernel_dtype(device: torch.device) -> torch.dtype:
+    """Activation dtype the packed kernel runs in: bf16 on CUDA and on CPUs with BF16 instructions,
+    else fp32 (correct but slow on the CPU; see the module docstring)."""
+    if device.type == "cuda" or cpu_bf16_flags():
+        return torch.bfloat16
+    return torch.float32
+
+
+def is_fast(device: torch.device) -> bool:
+    """Whether the packed kernel is faster than a dense matmul here (bf16 kernels available)."""
+    return kernel_dtype(device) == torch.bfloat16
+
+
+def supports_shape(out_features: int, in_features: int, group_size: int, device: torch.device) -> str | None:
+    """None when a ``[out_features, in_features]`` weight can be packed with ``group_size``;
+    else the reason it cannot (the module then stays dense)."""
+    if in_features % group_size:
+        return f"in_features {in_features} is not a multiple of the group size {group_size}"
+    if device.type == "cuda":
+        if group_size not in CUDA_GROUP_SIZES:
+            return f"group size {group_size} is not one of {CUDA_GROUP_SIZES} (CUDA tinygemm)"
+        if out_features % 8:
+            return f"out_features {out_features} is not a multiple of 8 (CUDA tinygemm)"
+        if _cuda_inner_k_tiles(in_features) is None:
+            return f"in_features {in_features} is not a multiple of 32 (CUDA tinygemm)"
+        return None
+    if out_features % 16:
+        return f"out_features {out_features} is not a multiple of 16 (CPU int4 kernel)"
+    return None
+
+
+def _cuda_inner_k_tiles(in_features: int) -> int | None:
+    for tiles in (8, 4, 2):
+        if in_features % (16 * tiles) == 0:
+            return tiles
+    return None
+
+
+def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Pack int4 codes for the kernel on ``device``.
+
+    Args:
+        codes: integer tensor ``[N, K]`` with values in ``0..15`` (any device).
+    Returns:
+        the opaque packed weight (uint8 on the CPU: ``[N, K / 2]``; int32 tiles on CUDA).
+    """
+    if device.type == "cuda":
+        tiles = _cuda_inner_k_tiles(codes.shape[1])
+        if tiles is None:
+            raise ValueError(f"in_features {codes.shape[1]} cannot be packed for CUDA")
+        c = codes.to(device=device, dtype=torch.int32)
+        as_bytes = ((c[:, ::2] << 4) | c[:, 1::2]).to(torch.uint8)
+        return torch.ops.aten._convert_weight_to_int4pack(as_bytes, tiles)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).cpu().contiguous(), 1)
+
+
+def int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    """``x @ dequant(W).T`` with ``dequant(W)[n, k] = (code - 8) * scale + zero`` of k's group.
+
+    Args:
+        x: ``[M, K]`` activations in the kernel dtype.
+        packed: from :func:`pack_int4` on ``x``'s device.
+        scales_and_zeros: ``[K / group_size, N, 2]`` in ``x``'s dtype.
+    Returns:
+        ``[M, N]`` in ``x``'s dtype.
+    """
+    if x.device.type == "cuda":
+        return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)

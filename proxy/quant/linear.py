@@ -1,0 +1,156 @@
+"""``PackedLinear``: a weight-only quantized replacement for ``nn.Linear``, and float -> int4 / int8.
+
+A weight is one or two *int4 planes* in groups of ``group_size`` consecutive input features:
+
+    plane value [n, k] = (code[n, k] - 8) * scale[n, g] + zero[n, g],   g = k // group_size
+
+- int4 (one plane): asymmetric min/max per group, ``scale = (max - min) / 15``,
+  ``zero = min + 8 * scale`` (the tinygemm convention torchao's int4 weight-only layout uses).
+  GGUF ``Q4_0`` (``d * (q - 8)``) is ``scale = d, zero = 0``; ``Q4_1`` (``d * q + m``) is
+  ``scale = d, zero = m + 8 * d``.
+- int8 (two planes): symmetric int8 codes ``q`` in groups (as GGUF ``Q8_0``: ``d * q``), split
+  into nibbles ``q = 16 * hi + lo`` (``hi`` in -8..7, ``lo`` in 0..15): plane 1 has codes
+  ``hi + 8``, ``scale = 16 d``, ``zero = 0``; plane 2 has codes ``lo``, ``scale = d``,
+  ``zero = 8 d``. Their sum is ``d * q`` exactly. torch's own int8 kernel
+  (``_weight_int8pack_mm``) has one scale per output channel only, so it cannot hold ``Q8_0``'s
+  per-group scales; two int4 passes read the same 1 byte a weight.
+
+Planes are built in fp32 (:class:`Int4Plane`), then packed once for the device. With fp32 kernel
+dtype the layer's weights equal the planes' values bit for bit (the kernel computes
+``fma(code - 8, scale, zero)`` and rounds once); with bf16 the scales and zeros are rounded to bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from proxy.quant import kernels
+
+
+@dataclass
+class Int4Plane:
+    """One int4 plane in fp32, before packing.
+
+    Attributes:
+        codes: uint8 ``[N, K]``, values ``0..15``.
+        scale: fp32 ``[N, K / group_size]``.
+        zero: fp32 ``[N, K / group_size]``.
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    def dequantize(self, group_size: int) -> torch.Tensor:
+        """fp32 ``[N, K]`` values, computed as the kernel does (``fma`` in float64, one rounding)."""
+        n, k = self.codes.shape
+        q = self.codes.reshape(n, k // group_size, group_size).double() - 8.0
+        return torch.addcmul(self.zero.double()[..., None], q, self.scale.double()[..., None]).float().reshape(n, k)
+
+    def select_rows(self, index: torch.Tensor) -> Int4Plane:
+        """The same plane with output rows reordered (``index``: long ``[N]``)."""
+        return Int4Plane(self.codes[index], self.scale[index], self.zero[index])
+
+
+def int8_planes(q: torch.Tensor, d: torch.Tensor) -> list[Int4Plane]:
+    """Two planes whose sum is ``d * q`` exactly.
+
+    Args:
+        q: int8 ``[N, K]`` codes.
+        d: fp32 ``[N, K / group_size]`` per-group scales.
+    """
+    q16 = q.to(torch.int16)
+    hi = torch.div(q16, 16, rounding_mode="floor")  # -8..7
+    lo = q16 - 16 * hi  # 0..15
+    zeros = torch.zeros_like(d)
+    return [
+        Int4Plane((hi + 8).to(torch.uint8), d * 16.0, zeros),
+        Int4Plane(lo.to(torch.uint8), d.clone(), d * 8.0),
+    ]
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> list[Int4Plane]:
+    """Asymmetric min/max int4 in groups of ``group_size`` (``weight``: ``[N, K]``, K divisible)."""
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    lo = w.amin(dim=2)
+    hi = w.amax(dim=2)
+    scale = ((hi - lo) / 15.0).clamp_min(1e-12)
+    codes = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    return [Int4Plane(codes.reshape(n, k), scale, lo + 8.0 * scale)]
+
+
+def quantize_int8(weight: torch.Tensor, group_size: int) -> list[Int4Plane]:
+    """Symmetric int8 in groups of ``group_size`` (``Q8_0``'s scheme: ``d = max|w| / 127``)."""
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group_size, group_size)
+    d = (w.abs().amax(dim=2) / 127.0).clamp_min(1e-12)
+    q = torch.round(w / d[..., None]).clamp(-128, 127).to(torch.int8).reshape(n, k)
+    return int8_planes(q, d)
+
+
+class PackedLinear(nn.Module):
+    """Weight-only quantized ``nn.Linear``: ``y = x @ W.T + b`` with ``W`` the sum of its int4 planes.
+
+    Input ``[..., in_features]`` of any float dtype; computed in ``kernel_dtype`` (bf16 where
+    the kernel is fast, see :mod:`proxy.quant.kernels`); output ``[..., out_features]`` in the
+    input's dtype. ``bias`` stays dense (fp32 kept, added in the kernel dtype's result).
+
+    Raises:
+        ValueError: the shape cannot be packed on ``device`` (:func:`kernels.supports_shape`).
+    """
+
+    def __init__(
+        self,
+        planes: list[Int4Plane],
+        bias: torch.Tensor | None,
+        group_size: int,
+        device: torch.device,
+        kernel_dtype: torch.dtype,
+        scheme: str,
+    ) -> None:
+        super().__init__()
+        n, k = planes[0].codes.shape
+        why = kernels.supports_shape(n, k, group_size, device)
+        if why:
+            raise ValueError(why)
+        self.in_features = k
+        self.out_features = n
+        self.group_size = group_size
+        self.kernel_dtype = kernel_dtype
+        self.scheme = scheme
+        self.num_planes = len(planes)
+        for i, plane in enumerate(planes):
+            sz = torch.stack([plane.scale.t(), plane.zero.t()], dim=-1).contiguous()  # [G, N, 2]
+            self.register_buffer(f"packed{i}", kernels.pack_int4(plane.codes, device), persistent=False)
+            self.register_buffer(f"scales_and_zeros{i}", sz.to(device=device, dtype=kernel_dtype), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(device), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(self.kernel_dtype)
+        if x2.shape[0] == 0:
+            return x.new_empty(*lead, self.out_features)
+        y = kernels.int4_mm(x2, self.packed0, self.group_size, self.scales_and_zeros0)
+        if self.num_planes == 2:  # int8 as two nibble planes; add in fp32, round once
+            y = y.float() + kernels.int4_mm(x2, self.packed1, self.group_size, self.scales_and_zeros1).float()
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight ``[out_features, in_features]`` as the kernel sees it (an identity matmul),
+        in the kernel dtype, with no bias."""
+        eye = torch.eye(self.in_features, dtype=self.kernel_dtype, device=self.packed0.device)
+        bias, self.bias = self.bias, None
+        try:
+            return self.forward(eye).t().contiguous()
+        finally:
+            self.bias = bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}, "
+                f"group_size={self.group_size}, kernel_dtype={self.kernel_dtype}")
