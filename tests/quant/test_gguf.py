@@ -1,0 +1,140 @@
+"""proxy.quant.gguf_blocks: the header index against gguf-py's reader, Q4_0/Q4_1/Q8_0 blocks decoded
+into packed layers whose weights equal gguf-py's dequantization exactly, and a whole (tiny) llama's
+linears loaded from a GGUF written here, RoPE row order included."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize, quantize
+from torch import nn
+
+from proxy.quant.gguf_blocks import decode_blocks, gguf_tensors, load_gguf_linears
+from proxy.quant.linear import PackedLinear
+
+CPU = torch.device("cpu")
+T = gguf.GGMLQuantizationType
+
+
+def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf row permute of q/k (the inverse of what transformers undoes)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_order(w: np.ndarray, n_head: int) -> np.ndarray:
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def _tiny_llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=112, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+# (HF module, GGUF tensor, GGML type, RoPE heads or 0)
+LAYOUT = [
+    ("model.layers.0.self_attn.q_proj", "blk.0.attn_q", T.Q4_1, 4),
+    ("model.layers.0.self_attn.k_proj", "blk.0.attn_k", T.Q4_0, 2),
+    ("model.layers.0.self_attn.v_proj", "blk.0.attn_v", T.Q8_0, 0),
+    ("model.layers.0.self_attn.o_proj", "blk.0.attn_output", T.F32, 0),
+    ("model.layers.0.mlp.gate_proj", "blk.0.ffn_gate", T.Q4_1, 0),
+    ("model.layers.0.mlp.up_proj", "blk.0.ffn_up", T.Q8_0, 0),
+    ("model.layers.0.mlp.down_proj", "blk.0.ffn_down", T.Q5_0, 0),
+    ("lm_head", "output", T.Q8_0, 0),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> tuple[Path, nn.Module, dict[str, np.ndarray]]:
+    """A GGUF of a tiny llama's linears and the dense model transformers would load from it
+    (weights = the GGUF's dequantized values, q/k rows back in HF order)."""
+    model = _tiny_llama()
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    values = {}
+    for hf_name, name, qtype, heads in LAYOUT:
+        w = model.get_submodule(hf_name).weight.detach().numpy() * 3
+        stored = _llama_cpp_permute(w, heads) if heads else w
+        data = stored.astype(np.float32) if qtype == T.F32 else quantize(stored, qtype)
+        writer.add_tensor(f"{name}.weight", data, raw_dtype=qtype)
+        deq = stored if qtype == T.F32 else dequantize(data, qtype).reshape(stored.shape)
+        values[name] = deq
+        with torch.no_grad():
+            model.get_submodule(hf_name).weight.copy_(torch.from_numpy(_hf_order(deq, heads) if heads else deq))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, model, values
+
+
+def test_header_index_matches_gguf_reader(tiny_gguf) -> None:
+    path, _, _ = tiny_gguf
+    arch, tensors = gguf_tensors(path)
+    reader = gguf.GGUFReader(str(path))
+    assert arch == "llama"
+    assert set(tensors) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        mine = tensors[t.name]
+        assert mine.type_name == t.tensor_type.name
+        assert mine.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
+        assert np.array_equal(np.asarray(mine.data).reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1))
+
+
+@pytest.mark.parametrize("name", ["blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v"])
+def test_blocks_decode_to_gguf_values_exactly(tiny_gguf, name) -> None:
+    """Q4_1 / Q4_0 / Q8_0: the fp32 kernel's weights equal gguf-py's dequantization bit for bit."""
+    path, _, values = tiny_gguf
+    _, tensors = gguf_tensors(path)
+    t = tensors[f"{name}.weight"]
+    planes = decode_blocks(t.type_name, t.data, t.shape)
+    layer = PackedLinear(planes, None, 32, CPU, torch.float32, t.type_name)
+    assert torch.equal(layer.dequantize(), torch.from_numpy(values[name]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["blk.3.ffn_down.weight", "token_embd.weight"])
+def test_default_model_blocks_decode_exactly(name) -> None:
+    """The shipped model's own Q4_1 and Q8_0 tensors (first 256 rows: the fp32 kernel is slow)."""
+    from proxy.models import default_gguf_path
+
+    t = gguf_tensors(default_gguf_path())[1][name]
+    rows = t.data[:256]
+    planes = decode_blocks(t.type_name, rows, (256, t.shape[1]))
+    layer = PackedLinear(planes, None, 32, CPU, torch.float32, t.type_name)
+    ref = dequantize(np.asarray(rows), T[t.type_name]).reshape(256, t.shape[1])
+    assert torch.equal(layer.dequantize(), torch.from_numpy(ref))
+
+
+def test_load_gguf_linears_each_type_and_rope_order(tiny_gguf, caplog) -> None:
+    path, dense, _ = tiny_gguf
+    import copy
+
+    model = copy.deepcopy(dense)
+    with caplog.at_level("INFO"):
+        counts = load_gguf_linears(model, path, torch.float32)
+    assert counts == Counter({"Q4_1 -> int4 g32": 2, "Q8_0 -> int8 g32": 3, "Q4_0 -> int4 g32": 1,
+                              "F32 -> dense": 1, "Q5_0 -> int8 g32 (re-quantized)": 1})
+    assert "re-quantized to int8 g32" in caplog.text
+    for hf_name, _, qtype, _ in LAYOUT:
+        layer = model.get_submodule(hf_name)
+        ref = dense.get_submodule(hf_name).weight.detach()
+        if qtype == T.F32:
+            assert type(layer) is nn.Linear
+        elif qtype == T.Q5_0:
+            assert (layer.dequantize() - ref).abs().max() <= ref.abs().max() / 127 * 0.51
+        else:  # lossless, rows in HF order
+            assert torch.equal(layer.dequantize(), ref), hf_name
+    ids = torch.tensor([[1, 5, 9, 20]])
+    with torch.inference_mode():
+        a, b = model(ids).logits, dense(ids).logits
+    assert torch.allclose(a, b, atol=0.05), (a - b).abs().max()
