@@ -48,8 +48,9 @@ def test_load_hf_folder(tmp_path: Path) -> None:
     assert loaded.served_model_name == "tiny-llama"
     assert loaded.max_model_len == 64
     assert loaded.eos_token_ids == frozenset({2, 3})
-    assert loaded.device == torch.device("cpu") and loaded.dtype == torch.float32
-    assert next(loaded.model.parameters()).dtype == torch.float32
+    assert loaded.device == torch.device("cpu") and loaded.dtype == models.auto_dtype(torch.device("cpu"))[0]
+    assert next(loaded.model.parameters()).dtype == loaded.dtype
+    assert loaded.quantization == "none"  # auto: an HF folder is served dense
     assert loaded.model.config._attn_implementation == ATTN_IMPLEMENTATION
     assert not loaded.model.training
     assert loaded.hf_tokenizer.encode("hello world", add_special_tokens=False) == [4, 5]
@@ -83,7 +84,7 @@ def test_device_and_dtype_rules() -> None:
     device, dtype = models.resolve_device_dtype(Settings())
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert device.type == expected
-    assert dtype == (torch.bfloat16 if expected == "cuda" else torch.float32)
+    assert dtype == models.auto_dtype(device)[0]
     assert models.resolve_device_dtype(Settings(device="cpu", dtype="bfloat16")) == (
         torch.device("cpu"), torch.bfloat16
     )
@@ -92,6 +93,66 @@ def test_device_and_dtype_rules() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(models.ModelLoadError, match="CUDA is not available"):
             models.resolve_device_dtype(Settings(device="cuda"))
+
+
+def test_auto_dtype_reads_the_cpu_bf16_flags(monkeypatch, caplog) -> None:
+    from proxy.quant import kernels
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    assert models.auto_dtype(cpu) == (torch.bfloat16, "CPU has avx512_bf16 and amx_bf16")
+    with caplog.at_level("INFO", logger="proxy.models"):
+        assert models.resolve_device_dtype(Settings(device="cpu")) == (cpu, torch.bfloat16)
+    assert "dtype auto: bfloat16 (CPU has avx512_bf16 and amx_bf16)" in caplog.text
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    dtype, why = models.auto_dtype(cpu)
+    assert dtype == torch.float32 and "neither avx512_bf16 nor amx_bf16" in why
+    assert models.auto_dtype(torch.device("cuda")) == (torch.bfloat16, "CUDA")
+
+
+@pytest.mark.parametrize("method", ["int4", "int8"])
+def test_hf_folder_quantized_at_load(tmp_path: Path, method: str) -> None:
+    from proxy.quant import PackedLinear
+
+    folder = _tiny_folder(tmp_path)
+    dense = models.load_model(Settings(model=str(folder), dtype="float32", quantization="none"))
+    loaded = models.load_model(Settings(model=str(folder), dtype="float32", quantization=method))
+    # q/k/v/o/gate/up/down are packable; the lm_head (8 rows) is not (the CPU kernel needs N % 16 == 0)
+    assert loaded.quantization == f"{method}: {method} g32 x7, dense x1"
+    layer = loaded.model.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, PackedLinear) and isinstance(layer.self_attn.q_proj, PackedLinear)
+    assert type(loaded.model.model.embed_tokens) is torch.nn.Embedding
+    ids = torch.tensor([[1, 4, 5, 6]])
+    loaded.model.set_attn_implementation("sdpa")
+    dense.model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        a, b = loaded.model(ids).logits, dense.model(ids).logits
+    assert torch.allclose(a, b, atol=0.1) and not torch.equal(a, b)
+
+
+def test_quantization_settings_are_checked(tmp_path: Path) -> None:
+    folder = _tiny_folder(tmp_path)
+    with pytest.raises(models.ModelLoadError, match="unknown quantization 'fp4'"):
+        models.load_model(Settings(model=str(folder), quantization="fp4"))
+    with pytest.raises(models.ModelLoadError, match="quantization_group_size 0"):
+        models.load_model(Settings(model=str(folder), quantization="int4", quantization_group_size=0))
+
+
+@pytest.mark.slow
+def test_default_model_served_at_its_gguf_precision() -> None:
+    """Auto: the shipped Q4_1 GGUF's linears packed as they are (the tied lm_head from the Q8_0
+    embedding); none: dense. Needs BF16 instructions (else auto serves dense)."""
+    from proxy.quant import PackedLinear, is_fast
+
+    loaded = models.load_model(Settings())
+    if not is_fast(loaded.device):
+        assert loaded.quantization == "none"
+        return
+    assert loaded.quantization == "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
+    assert isinstance(loaded.model.lm_head, PackedLinear) and loaded.model.lm_head.num_planes == 2
+    assert type(loaded.model.model.embed_tokens) is torch.nn.Embedding
+    dense = models.load_model(Settings(quantization="none"))
+    assert dense.quantization == "none" and type(dense.model.lm_head) is torch.nn.Linear
 
 
 def test_default_gguf_is_located_without_importing_the_package() -> None:
