@@ -69,8 +69,8 @@ class Settings:
     max_model_len: int | None = None
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
-    long_prefill_token_threshold: int = 64
-    max_num_partial_prefills: int = 1
+    long_prefill_token_threshold: int = 128
+    max_num_partial_prefills: int = 2
     enable_prefix_caching: bool = True
     block_size: int = 16
     num_kv_blocks: int | None = None

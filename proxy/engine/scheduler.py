@@ -15,7 +15,12 @@ Policy (vLLM v1's unified scheduler, simplified):
   the decode step time. The price is time to first token when many prompts arrive together: they
   are prefilled one small chunk per step instead of all at once. A step without decodes (nothing is
   streaming yet) takes prompts up to the full budget. Sarathi-Serve (Agrawal et al. 2024) makes the
-  same trade with a per-step token budget.
+  same trade with a per-step token budget. The server's defaults (``Settings``: 128 tokens, 2
+  prompts) cap a decode step's prefill at 256 tokens, half the 512-token budget; on the shared
+  2-core CPU (SmolLM2-135M bf16, 8 streams, 128 in / 64 out, three servers side by side) they gave
+  p99 ITL / mean TPOT 1.70 against 1.64 unbounded and 2.09 for 64 tokens / 1 prompt, whose p99
+  TTFT was 2.6x the unbounded one: per-step overhead dominates there, so small chunks cost more
+  time to first token than they save in inter-token gaps.
 - Prefix caching (``BlockManager``): a waiting request starts after its longest cached prefix of full
   blocks (at least its last token is computed, its logits are needed); the blocks its step fills
   join the cache once the step is scheduled, and are dropped again if the step fails.
