@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from proxy import hotpath
@@ -286,21 +286,51 @@ class RedecodeDetokenizer:
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
 
+def find_eos_token_ids(hf_tokenizer: Any, generation_eos_ids: Iterable[int] = ()) -> frozenset[int]:
+    """The ids that end a generation: THE end-of-sequence rule (everything else reads its result).
+
+    The union of (1) ``generation_eos_ids``, the model's generation config / config
+    ``eos_token_id`` (int or list); (2) the tokenizer's ``eos_token_id``; (3) the end-of-turn
+    tokens of chat templates (``<|im_end|>``, ``<|eot_id|>``, ``<|end|>``, ``<end_of_turn>``,
+    ``<|endoftext|>``) that this tokenizer has as special tokens. (3) matters because many chat
+    models name only ``<|endoftext|>`` in their config while their template ends each turn with
+    ``<|im_end|>``; vLLM and transformers' ``generate`` read the generation config the same way.
+    """
+    hf = hf_tokenizer
+    ids: set[int] = {int(i) for i in generation_eos_ids}
+    eos = getattr(hf, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(i) for i in eos)
+    vocab = hf.get_vocab()
+    special = set(getattr(hf, "all_special_ids", []) or [])
+    backend = getattr(hf, "_tokenizer", None)
+    if backend is not None:
+        special.update(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
+    for token in _END_OF_TURN_TOKENS:
+        i = vocab.get(token)
+        if i is not None and i in special:
+            ids.add(i)
+    return frozenset(ids)
+
+
 class Tokenizer:
     """The model's tokenizer as the server uses it.
 
     Args:
         hf_tokenizer: a transformers tokenizer (fast tokenizers get the table path).
         verify: verify the decode table at build time (default True; the fallback is used on a mismatch).
+        generation_eos_ids: the model's own EOS ids (generation config / config ``eos_token_id``).
 
     Attributes:
         decode_table: the verified :class:`proxy.hotpath.DecodeTable`, or None on the fallback path.
         decode_path: ``"table: <kind>"`` or ``"fallback: <reason>"`` (also logged at construction).
-        eos_token_ids: the tokenizer's EOS id plus end-of-turn special tokens it has (``<|im_end|>``,
-            ``<|eot_id|>``, ``<|end|>``, ``<end_of_turn>``, ``<|endoftext|>``).
+        eos_token_ids: the ids that end a generation, :func:`find_eos_token_ids` (the engine uses
+            exactly these).
     """
 
-    def __init__(self, hf_tokenizer: Any, *, verify: bool = True) -> None:
+    def __init__(self, hf_tokenizer: Any, *, verify: bool = True, generation_eos_ids: Iterable[int] = ()) -> None:
         self.hf_tokenizer = hf_tokenizer
         table, description = build_decode_table(hf_tokenizer)
         if table is not None and verify:
@@ -317,26 +347,7 @@ class Tokenizer:
         else:
             self.decode_path = f"fallback: {description}"
             logger.warning("detokenizer path: %s (exact re-decode, slower)", self.decode_path)
-        self.eos_token_ids = self._find_eos_ids()
-
-    def _find_eos_ids(self) -> frozenset[int]:
-        hf = self.hf_tokenizer
-        ids: set[int] = set()
-        eos = getattr(hf, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(i) for i in eos)
-        vocab = hf.get_vocab()
-        special = set(getattr(hf, "all_special_ids", []) or [])
-        backend = getattr(hf, "_tokenizer", None)
-        if backend is not None:
-            special.update(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
-        for token in _END_OF_TURN_TOKENS:
-            i = vocab.get(token)
-            if i is not None and i in special:
-                ids.add(i)
-        return frozenset(ids)
+        self.eos_token_ids = find_eos_token_ids(hf_tokenizer, generation_eos_ids)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (BOS etc. added per the tokenizer when ``add_special_tokens``)."""
