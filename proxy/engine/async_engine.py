@@ -238,4 +238,4 @@ class AsyncEngine:
                 for rid in list(self._live)
                 if rid not in {o.request_id for o in outputs}
             ]
-            self._hand_off(outputs + failed, 0)
+            self._hand_off(outputs + failed)

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from proxy.engine.generation import Generation
 from proxy.engine.mailbox import ChoiceDelta, Mailbox
@@ -74,6 +74,7 @@ class ModelInfo:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
+@runtime_checkable
 class EngineCoreClient(Protocol):
     """The seam to the engine core (schedule, forward, sample): messages in, step outputs out.
 
@@ -99,6 +100,7 @@ class EngineCoreClient(Protocol):
     def stats(self) -> EngineStats: ...
 
 
+@runtime_checkable
 class EngineClient(Protocol):
     """What the API uses of the engine, and nothing else."""
 

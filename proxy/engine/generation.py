@@ -40,7 +40,6 @@ class Generation:
         self.request_ids = list(request_ids)
         self.num_prompt_tokens = num_prompt_tokens
         self._abort: Callable[[list[str]], None] | None = abort
-        self._error_raised = False
 
     @property
     def num_choices(self) -> int:
@@ -77,15 +76,15 @@ class Generation:
         """Everything pending (waits for it); cancel-safe: a cancelled wait loses nothing.
 
         Raises:
-            StopAsyncIteration: every choice finished (or the error was already raised).
+            StopAsyncIteration: every choice finished, the generation was closed, or the error
+                was already raised.
             EngineError, ServiceUnavailableError: the generation failed (raised once).
         """
         mailbox = self._mailbox
         while True:
+            if self._abort is None:
+                raise StopAsyncIteration  # closed (also after the error was raised)
             if mailbox.error is not None:
-                if self._error_raised:
-                    raise StopAsyncIteration
-                self._error_raised = True
                 self.abort()
                 raise mailbox.error
             deltas = mailbox.take()
@@ -109,5 +108,5 @@ class Generation:
         if getattr(self, "_abort", None) is not None:
             try:
                 self.abort()
-            except Exception:  # noqa: BLE001 - never raise from a finalizer
+            except Exception:
                 logger.exception("aborting an unclosed generation failed")

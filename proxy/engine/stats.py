@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
 from proxy.engine.request import RequestOutput
 from proxy.metrics import Metrics
 
