@@ -47,6 +47,7 @@ class EngineStats:
         kv_cache_usage: fraction of KV blocks in use, in [0, 1].
         num_free_blocks, num_total_blocks: KV blocks (None: the core does not say).
         num_tracked_outputs: engine requests whose outputs output processing still expects.
+        num_preemptions: preemptions (recompute) since start.
     """
 
     num_running: int
@@ -55,6 +56,7 @@ class EngineStats:
     num_free_blocks: int | None = None
     num_total_blocks: int | None = None
     num_tracked_outputs: int = 0
+    num_preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ class AsyncEngineClient:
             num_running=lambda: self.core.stats().num_running,
             num_waiting=lambda: self.core.stats().num_waiting,
             kv_cache_usage=lambda: self.core.stats().kv_cache_usage,
+            num_preemptions=lambda: self.core.stats().num_preemptions,
         )
         self._processor = OutputProcessor(tokenizer, MetricsRecorder(self.metrics))
 

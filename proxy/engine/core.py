@@ -16,6 +16,7 @@ from proxy.engine.model_runner import ModelRunner
 from proxy.engine.request import Request, RequestOutput
 from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler
+from proxy.errors import InvalidRequestError
 from proxy.protocol import resolve_max_tokens
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
