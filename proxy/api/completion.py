@@ -45,14 +45,14 @@ async def unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
     task = asyncio.ensure_future(awaitable)
     watcher = asyncio.ensure_future(_until_disconnected(request))
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
-    if task.cancelled():
-        raise ClientDisconnect()
-    return task.result()
+    if task in done:
+        return task.result()
+    raise ClientDisconnect()
 
 
 async def _collect(generation: Generation, wants_logprobs: bool) -> list[ChoiceResult]:
