@@ -48,6 +48,8 @@ class EngineStats:
         num_free_blocks, num_total_blocks: KV blocks (None: the core does not say).
         num_tracked_outputs: engine requests whose outputs output processing still expects.
         num_preemptions: preemptions (recompute) since start.
+        prefix_cache_queries, prefix_cache_hits: prompt tokens looked up in the prefix cache and
+            found there, since start.
     """
 
     num_running: int
@@ -57,6 +59,8 @@ class EngineStats:
     num_total_blocks: int | None = None
     num_tracked_outputs: int = 0
     num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,8 @@ class AsyncEngineClient:
             num_waiting=lambda: self.core.stats().num_waiting,
             kv_cache_usage=lambda: self.core.stats().kv_cache_usage,
             num_preemptions=lambda: self.core.stats().num_preemptions,
+            prefix_cache_queries=lambda: self.core.stats().prefix_cache_queries,
+            prefix_cache_hits=lambda: self.core.stats().prefix_cache_hits,
         )
         self._processor = OutputProcessor(tokenizer, MetricsRecorder(self.metrics))
 

@@ -88,6 +88,7 @@ def test_real_engine_end_to_end(model_dir: Path):
         state.client.fault_injector = None
         out["after"] = (await client.post("/v1/chat/completions", json=body(max_tokens=3))).json()
         out["health"] = await client.get("/health")
+        out["metrics"] = (await client.get("/metrics")).text
         return out
 
     out = asyncio.run(with_app(model_dir, scenario))
@@ -111,6 +112,12 @@ def test_real_engine_end_to_end(model_dir: Path):
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
     assert out["after"]["usage"]["completion_tokens"] == 3
     assert out["health"].status_code == 200
+    # engine counters read at scrape time through EngineStats: the same prompt repeated hits the prefix cache
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {s.name: s.value for f in text_string_to_metric_families(out["metrics"]) for s in f.samples}
+    assert values["streamproxy:prefix_cache_hits_total"] > 0
+    assert values["streamproxy:prefix_cache_queries_total"] > values["streamproxy:prefix_cache_hits_total"]
 
 
 def test_context_is_lowered_to_what_the_kv_pool_holds(model_dir: Path):
