@@ -52,8 +52,9 @@ class SamplingParams:
         ignore_eos: keep generating past EOS (benchmarks).
         logprobs: return the chosen token's log-probability for every generated token.
         top_logprobs: also return this many most likely alternatives per position (0..20).
-        min_tokens: do not stop on EOS / stop ids before this many tokens (not applied to a
-            constrained request: its grammar decides when the output may end).
+        min_tokens: generate at least this many tokens before an EOS / ``stop_token_ids`` token
+            may end the sequence (vLLM's ``min_tokens``; not applied to a constrained request: its
+            grammar decides when the output may end); see :meth:`is_stop_allowed`.
         structured_outputs: constrain the output to a grammar (``response_format``, tool calls);
             None: unconstrained.
     """
@@ -80,3 +81,13 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when sampling reduces to argmax: temperature 0, or top_p 0 (only the most likely token)."""
         return self.temperature <= 0.0 or self.top_p <= 0.0
+
+    def is_stop_allowed(self, num_tokens_before: int) -> bool:
+        """Whether an EOS or ``stop_token_ids`` token may be generated (and end the sequence) after
+        ``num_tokens_before`` output tokens: the one ``min_tokens`` rule. The sampler masks those
+        tokens while it is False; the scheduler and the test engine finish only when it is True.
+        Like vLLM's ``MinTokensLogitsProcessor``: ``min_tokens=2`` means two ordinary tokens, then
+        the stop token may come as the third. A constrained request (``structured_outputs``) may
+        always stop: its grammar decides when the output may end (banning EOS could leave no token).
+        """
+        return self.structured_outputs is not None or num_tokens_before >= self.min_tokens

@@ -1,8 +1,9 @@
 """Layering rules of ../shared/DESIGN.md, checked by walking every import in proxy/ (AST, incl. lazy ones).
 
 Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer -> engine ->
-api -> cli. Nothing imports api or cli; scheduler and block manager never import torch; only
-api/app.py imports starlette and only cli.py imports uvicorn.
+api -> cli. Nothing imports api or cli; scheduler and block manager never import torch; only the
+proxy.api package imports starlette and only cli.py imports uvicorn; the api layer reaches the engine only
+through proxy.engine.client (the EngineClient seam).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("proxy.hotpath", 0),
     ("proxy", 0),
     ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
-    ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2),
+    ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2), ("proxy.decode_table", 2),
     ("proxy.engine", 3), ("proxy.models", 3),
     ("proxy.api", 4),
     ("proxy.cli", 5),
@@ -97,10 +98,16 @@ def test_hot_path_is_stdlib_only(mod):
             f"{mod} imports {dep}"
 
 
-@pytest.mark.parametrize(("library", "allowed"), [("starlette", "proxy.api.app"), ("uvicorn", "proxy.cli")])
-def test_only_one_module_imports_the_web_stack(library, allowed):
+@pytest.mark.parametrize(("library", "allowed"), [("starlette", "proxy.api"), ("uvicorn", "proxy.cli")])
+def test_only_one_place_imports_the_web_stack(library, allowed):
     users = {m for m, deps in MODULES.items() if any(d == library or d.startswith(library + ".") for d in deps)}
-    assert users <= {allowed}, users
+    assert users and all(m == allowed or m.startswith(allowed + ".") for m in users), users
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("proxy.api")))
+def test_api_sees_the_engine_only_through_the_engine_client(mod):
+    engine = {d for d in proxy_imports(mod) if d.startswith("proxy.engine")}
+    assert engine <= {"proxy.engine.client", "proxy.engine.factory"}, f"{mod} imports {engine}"
 
 
 def test_scheduler_and_block_manager_never_import_torch():

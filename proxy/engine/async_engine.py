@@ -1,14 +1,17 @@
 """AsyncEngine: one engine thread stepping an ``EngineCore``, driven from an asyncio event loop.
 
-- ``submit`` / ``abort`` run on the event loop; they only enqueue a command and set a
+The in-process :class:`~proxy.engine.client.EngineCoreClient`: its calls are messages.
+
+- ``add_request`` / ``abort_requests`` run on the event loop; they only enqueue a command and set a
   ``threading.Event``. The engine thread blocks on that event while it has no work (no spinning)
-  and applies the queued commands before each step.
-- All outputs of one step reach the event loop with one ``loop.call_soon_threadsafe``; there each
-  request's ``on_output(RequestOutput)`` is called.
+  and applies the queued commands before each step. Only the engine thread touches the core
+  after ``start()`` (the counters read plain attributes).
+- All outputs of one step reach the event loop with one ``loop.call_soon_threadsafe``; there the
+  ``on_outputs`` handler given to ``start`` gets them as one list.
 - A step that raises finishes that step's requests with ``finish_reason="error"`` (``EngineCore``),
   and the engine keeps serving. If the engine loop itself dies, every live request gets an error
-  output, ``is_healthy`` turns False and ``submit`` raises ``EngineDeadError``.
-- After ``abort(request_id)`` returns, ``on_output`` is never called again for that request; its
+  output, ``is_healthy`` turns False and ``add_request`` raises ``EngineDeadError``.
+- After ``abort_requests([request_id])`` returns, no output of that request is handed over; its
   blocks are freed by the engine thread before its next step.
 """
 
@@ -19,7 +22,9 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from proxy.engine.client import EngineStats, OutputsHandler
 from proxy.engine.core import EngineCore
 from proxy.engine.request import RequestOutput
 from proxy.errors import EngineDeadError, RateLimitError
@@ -27,7 +32,17 @@ from proxy.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-OutputCallback = Callable[[RequestOutput], None]
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
 
 
 class AsyncEngine:
@@ -36,16 +51,22 @@ class AsyncEngine:
     Args:
         core: the engine core; from ``start()`` on only the engine thread touches it.
         max_waiting: most requests submitted that cannot start at the next step (beyond the free
-            places of the running batch); past it ``submit`` raises ``RateLimitError`` (HTTP 429).
+            places of the running batch); past it ``add_request`` raises ``RateLimitError`` (HTTP 429).
     """
 
     def __init__(self, core: EngineCore, max_waiting: int) -> None:
         self.core = core
         self.max_waiting = max_waiting
-        self._commands: deque[tuple[str, str, Sequence[int] | None, SamplingParams | None]] = deque()
+        self.max_num_seqs = core.settings.max_num_seqs
+        self._commands: deque[_Add | _Abort] = deque()
         self._wake = threading.Event()
-        self._callbacks: dict[str, OutputCallback] = {}
-        self._num_queued = 0  # submitted, not yet handed to the core (event-loop side count)
+        self._live: set[str] = set()  # added and not finished or aborted (event-loop side)
+        self._on_outputs: OutputsHandler | None = None
+        # added, not yet handed to the core; decremented by the engine thread just before it hands a
+        # request to the core, so num_waiting never counts a request twice (a 429 for a request that
+        # fits); under _count_lock because both threads write it
+        self._num_queued = 0
+        self._count_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -53,16 +74,20 @@ class AsyncEngine:
 
     # ---- life cycle -------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the engine thread; call from the running event loop that will receive outputs."""
+    def start(self, on_outputs: OutputsHandler) -> None:
+        """Start the engine thread; call from the running event loop that will receive outputs.
+
+        ``on_outputs`` gets the outputs of each step (one list per step) on that loop.
+        """
         if self._thread is not None:
             return
+        self._on_outputs = on_outputs
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="streamproxy-engine", daemon=True)
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread; live requests get a final error output; later submits raise."""
+        """Stop the engine thread; live requests get a final error output; later adds raise."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -86,6 +111,13 @@ class AsyncEngine:
 
     # ---- counts (read from any thread; approximate while the engine runs) ------------------------
 
+    def stats(self) -> EngineStats:
+        """Counters of the core (``/health``, ``/metrics``)."""
+        core = self.core
+        return EngineStats(self.num_running, self.num_waiting, core.kv_cache_usage, core.num_free_blocks,
+                           core.num_total_blocks, num_preemptions=core.scheduler.num_preemptions,
+                           prefix_cache_queries=core.prefix_cache_queries, prefix_cache_hits=core.prefix_cache_hits)
+
     @property
     def num_running(self) -> int:
         """Requests in the running batch."""
@@ -93,7 +125,7 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        """Requests submitted but not running yet."""
+        """Requests added but not running yet."""
         return self.core.num_waiting + self._num_queued
 
     @property
@@ -103,83 +135,78 @@ class AsyncEngine:
 
     # ---- event-loop API ---------------------------------------------------------------------------
 
-    def submit(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        on_output: OutputCallback,
-    ) -> None:
-        """Queue a request; ``on_output`` gets its outputs on the event loop thread.
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Queue a request; its outputs go to the ``on_outputs`` handler given to ``start``.
+
+        The context check happens in ``EngineCore.add_request`` on the engine thread (a refused
+        request finishes with ``finish_reason="error"``); the API checks it before, with the same
+        function (``proxy.protocol.resolve_max_tokens``).
 
         Raises:
             EngineDeadError: the engine died or shut down.
             RateLimitError: the waiting queue is full.
-            ContextLengthExceededError, InvalidRequestError: the prompt cannot run (see
-                ``EngineCore.check_prompt``).
             ValueError: ``request_id`` is already live.
         """
         if not self.is_healthy:
             raise EngineDeadError(f"the engine is not running{': ' + self._dead if self._dead else ''}")
         # Requests that will start at the next step (free places in the running batch) are not
         # "waiting": a burst into an idle server is admitted whole, up to max_num_seqs + max_waiting.
-        free_slots = max(0, self.core.settings.max_num_seqs - self.num_running)
+        free_slots = max(0, self.max_num_seqs - self.num_running)
         if self.num_waiting - free_slots >= self.max_waiting:
             raise RateLimitError(
                 f"too many requests waiting ({self.max_waiting}); retry later"
             )
-        self.core.check_prompt(len(prompt_token_ids))
-        if request_id in self._callbacks:
+        if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
-        self._callbacks[request_id] = on_output
-        self._num_queued += 1
-        self._commands.append(("add", request_id, list(prompt_token_ids), params))
+        self._live.add(request_id)
+        with self._count_lock:
+            self._num_queued += 1
+        self._commands.append(_Add(request_id, list(prompt_token_ids), params))
         self._wake.set()
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request (idempotent; unknown or finished ids are ignored). No output follows."""
-        if self._callbacks.pop(request_id, None) is None:
-            return
-        self._commands.append(("abort", request_id, None, None))
+    def abort_requests(self, request_ids: Sequence[str]) -> None:
+        """Abort requests (idempotent; unknown or finished ids are ignored). No output follows."""
+        for request_id in request_ids:
+            if request_id in self._live:
+                self._live.discard(request_id)
+                self._commands.append(_Abort(request_id))
         self._wake.set()
 
-    def _dispatch(self, outputs: list[RequestOutput], num_added: int) -> None:
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Event-loop side of one step's hand-off."""
-        self._num_queued -= num_added
-        callbacks = self._callbacks
-        for out in outputs:
-            callback = callbacks.pop(out.request_id, None) if out.finished else callbacks.get(out.request_id)
-            if callback is None:
-                continue
+        live = self._live
+        delivered = [o for o in outputs if o.request_id in live]
+        for out in delivered:
+            if out.finished:
+                live.discard(out.request_id)
+        if delivered and self._on_outputs is not None:
             try:
-                callback(out)
+                self._on_outputs(delivered)
             except Exception:
-                logger.exception("on_output callback failed for request %s", out.request_id)
+                logger.exception("output processing failed for a step of %d outputs", len(delivered))
 
     # ---- engine thread ----------------------------------------------------------------------------
 
-    def _apply_commands(self, outputs: list[RequestOutput]) -> int:
+    def _apply_commands(self, outputs: list[RequestOutput]) -> None:
         core = self.core
-        num_added = 0
         commands = self._commands
         while commands:
-            kind, request_id, prompt, params = commands.popleft()
-            if kind == "add":
-                num_added += 1
+            command = commands.popleft()
+            if isinstance(command, _Add):
+                with self._count_lock:
+                    self._num_queued -= 1
                 try:
-                    core.add_request(request_id, prompt, params)  # type: ignore[arg-type]
+                    core.add_request(command.request_id, command.prompt_token_ids, command.params)
                 except Exception as exc:  # noqa: BLE001 - reported to that request only
-                    outputs.append(
-                        RequestOutput(request_id, [], None, True, "error", len(prompt or ()), 0, error=str(exc))
-                    )
+                    outputs.append(RequestOutput(command.request_id, [], None, True, "error",
+                                                 len(command.prompt_token_ids), 0, error=str(exc)))
             else:
-                core.abort_request(request_id)
-        return num_added
+                core.abort_request(command.request_id)
 
-    def _hand_off(self, outputs: list[RequestOutput], num_added: int) -> None:
-        if (outputs or num_added) and self._loop is not None:
+    def _hand_off(self, outputs: list[RequestOutput]) -> None:
+        if outputs and self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(self._dispatch, outputs, num_added)
+                self._loop.call_soon_threadsafe(self._dispatch, outputs)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 self._stopping = True
 
@@ -188,14 +215,14 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 outputs: list[RequestOutput] = []
-                num_added = self._apply_commands(outputs)
+                self._apply_commands(outputs)
                 if not core.has_unfinished():
-                    self._hand_off(outputs, num_added)
+                    self._hand_off(outputs)
                     self._wake.wait()
                     self._wake.clear()
                     continue
                 outputs.extend(core.step())
-                self._hand_off(outputs, num_added)
+                self._hand_off(outputs)
         except BaseException as exc:
             logger.exception("engine thread died")
             self._dead = f"{type(exc).__name__}: {exc}"
@@ -209,7 +236,7 @@ class AsyncEngine:
         if self._loop is not None:
             failed = [
                 RequestOutput(rid, [], None, True, "error", 0, 0, error=message)
-                for rid in list(self._callbacks)
+                for rid in list(self._live)
                 if rid not in {o.request_id for o in outputs}
             ]
-            self._hand_off(outputs + failed, 0)
+            self._hand_off(outputs + failed)

@@ -16,7 +16,8 @@ from proxy.engine.model_runner import ModelRunner
 from proxy.engine.request import Request, RequestOutput
 from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler
-from proxy.errors import ContextLengthExceededError, InvalidRequestError
+from proxy.errors import InvalidRequestError
+from proxy.protocol import resolve_max_tokens
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -127,27 +128,14 @@ class EngineCore:
     # ---- requests ---------------------------------------------------------------------------------
 
     def check_prompt(self, num_prompt_tokens: int) -> None:
-        """Validate a prompt length against the context and the KV pool (thread-safe: constants only).
+        """Validate a prompt length against the context (``proxy.protocol.resolve_max_tokens``, the
+        one context check; ``max_model_len`` is never above the KV pool's capacity).
 
         Raises:
             InvalidRequestError: empty prompt.
-            ContextLengthExceededError: ``num_prompt_tokens >= max_model_len`` (no room for one
-                output token) or the prompt needs more KV blocks than the whole pool.
+            ContextLengthExceededError: ``num_prompt_tokens >= max_model_len`` (no room for output).
         """
-        if num_prompt_tokens < 1:
-            raise InvalidRequestError("the prompt must contain at least one token", param="messages")
-        if num_prompt_tokens >= self.max_model_len:
-            raise ContextLengthExceededError(
-                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                f"{num_prompt_tokens} tokens and leaves no room for output.",
-                param="messages",
-            )
-        capacity = self.block_manager.num_total_blocks * self.block_manager.block_size
-        if num_prompt_tokens + 1 > capacity:
-            raise ContextLengthExceededError(
-                f"The prompt has {num_prompt_tokens} tokens; the KV cache holds at most {capacity}.",
-                param="messages",
-            )
+        resolve_max_tokens(None, num_prompt_tokens, self.max_model_len, prompt_name="prompt")
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Queue a request.

@@ -136,8 +136,7 @@ class Sampler:
         vocab = logits.shape[-1]
         for i, request in enumerate(requests):
             p = request.params
-            # A grammar decides when a constrained output may end: banning EOS there could leave no token.
-            below_min = len(request.output_token_ids) < p.min_tokens and p.structured_outputs is None
+            below_min = not p.is_stop_allowed(len(request.output_token_ids))
             if not (
                 p.logit_bias or below_min or p.repetition_penalty != 1.0
                 or p.frequency_penalty or p.presence_penalty

@@ -360,7 +360,7 @@ class Scheduler:
             params = request.params
             num_out = len(request.output_token_ids)
             reason: FinishReason | None = None
-            if num_out >= params.min_tokens and (
+            if params.is_stop_allowed(num_out - 1) and (
                 (token in eos and not params.ignore_eos) or token in params.stop_token_ids
             ):
                 reason = "stop"

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 
 from proxy.api.app import create_app
-from proxy.api.routes import ServingModel
+from proxy.engine.client import EngineClient
 from proxy.settings import Settings
 
-from .fakes import FakeEngine, make_hf_tokenizer, make_tokenizer
+from .fakes import FakeEngine, fake_client, make_hf_tokenizer, make_tokenizer
 
 MODEL = "test-model"
 MAX_MODEL_LEN = 128
@@ -40,15 +40,13 @@ async def serve(engine: FakeEngine | None = None, *, max_model_len: int = MAX_MO
                 **settings: Any) -> AsyncIterator[Served]:
     """Run the app's lifespan around an httpx client on ASGITransport; waits until it is ready."""
     tokenizer = make_tokenizer()
-    eos = make_hf_tokenizer().convert_tokens_to_ids("<|im_end|>")
     if engine is None:
         engine = FakeEngine(reply_ids=reply_ids(tokenizer))
-    engine.eos_token_ids = frozenset({eos})
     settings.setdefault("served_model_name", MODEL)
     cfg = Settings(**settings)
 
-    def factory(_: Settings) -> ServingModel:
-        return ServingModel(engine, tokenizer, MODEL, max_model_len, vocab_size=len(make_hf_tokenizer()))
+    def factory(_: Settings) -> EngineClient:
+        return fake_client(engine, MODEL, max_model_len, vocab_size=len(make_hf_tokenizer()))
 
     app = create_app(cfg, factory)
     async with app.router.lifespan_context(app):

@@ -1,8 +1,11 @@
-"""Test doubles for the API layer: a tiny real tokenizer and a scripted engine.
+"""Test doubles for the API layer: a tiny real tokenizer and a scripted engine core.
 
-``FakeEngine`` implements the ``AsyncEngine`` contract of docs/internals.md (``start``,
-``shutdown``, ``submit``, ``abort``, ``is_healthy``, counters, ``fault_injector``) and emits one
+``FakeEngine`` implements :class:`proxy.engine.client.EngineCoreClient` (``start``, ``shutdown``,
+``add_request``, ``abort_requests``, ``is_healthy``, ``stats``, ``fault_injector``) and emits one
 scripted token per step on the event loop, so the API can be tested without torch.
+:func:`fake_client` puts the real :class:`~proxy.engine.client.AsyncEngineClient` (output
+processing, mailboxes, metrics) over it: the API tests drive the same ``EngineClient`` the server
+uses, with only the engine core replaced.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.engine.client import AsyncEngineClient, EngineStats, ModelInfo, OutputsHandler
 from proxy.engine.request import RequestOutput, TokenLogprob
 from proxy.errors import EngineDeadError, RateLimitError
 from proxy.sampling import SamplingParams
@@ -56,17 +60,23 @@ def make_hf_tokenizer() -> Any:
     return hf
 
 
-def make_tiny_model(folder: Any, max_positions: int = 256) -> Any:
+def make_tiny_model(folder: Any, max_positions: int = 256, eos_token: str = "<|im_end|>") -> Any:
     """A randomly initialised 2-layer Llama (hidden 32) over :func:`make_hf_tokenizer` with
-    ``max_positions`` positions, saved as a Hugging Face folder; returns ``folder``."""
+    ``max_positions`` positions, saved as a Hugging Face folder; returns ``folder``. ``eos_token``
+    is the EOS of the config and of the saved tokenizer."""
+    import copy
+
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = make_hf_tokenizer()
+    if eos_token != tok.eos_token:
+        tok = copy.deepcopy(tok)
+        tok.eos_token = eos_token
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                         eos_token_id=tok.convert_tokens_to_ids(eos_token),
                          bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
     LlamaForCausalLM(config).save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -91,7 +101,6 @@ class _Running:
     request_id: str
     prompt: list[int]
     params: SamplingParams
-    on_output: Callable[[Any], None]
     script: list[int]
     task: asyncio.Task[None] | None = None
     num_out: int = 0
@@ -99,14 +108,15 @@ class _Running:
 
 @dataclass
 class FakeEngine:
-    """Scripted ``AsyncEngine``: each request generates ``script(prompt_ids, params)``, one token per step.
+    """Scripted engine core: each request generates ``script(prompt_ids, params)``, one token per step.
 
     Attributes:
         script: token ids to generate for a request (default: :attr:`reply_ids`).
         eos_token_ids: finish ``"stop"`` on these (unless ``ignore_eos``); EOS counts as a token.
+            :func:`fake_client` sets them from the tokenizer (``Tokenizer.eos_token_ids``).
         step_s: seconds per step (0: next loop iteration).
         fail_after: when set, a request fails (``finish_reason="error"``) after this many tokens.
-        max_waiting: ``submit`` raises RateLimitError past this many live requests.
+        max_waiting: ``add_request`` raises RateLimitError past this many live requests.
     """
 
     reply_ids: list[int] = field(default_factory=list)
@@ -122,8 +132,11 @@ class FakeEngine:
     submitted: list[tuple[str, list[int], SamplingParams]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
 
-    def start(self) -> None:
+    on_outputs: OutputsHandler | None = None
+
+    def start(self, on_outputs: OutputsHandler) -> None:
         asyncio.get_running_loop()
+        self.on_outputs = on_outputs
         self.started = True
 
     def shutdown(self) -> None:
@@ -132,36 +145,31 @@ class FakeEngine:
                 r.task.cancel()
         self.running.clear()
 
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self.running), num_waiting=0, kv_cache_usage=0.0)
 
-    @property
-    def num_waiting(self) -> int:
-        return 0
-
-    @property
-    def kv_cache_usage(self) -> float:
-        return 0.0
-
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-               on_output: Callable[[Any], None]) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not self.is_healthy:
             raise EngineDeadError("The engine is not running.")
         if len(self.running) >= self.max_waiting:
             raise RateLimitError("Too many requests are waiting; retry later.")
         self.submitted.append((request_id, list(prompt_token_ids), params))
         script = self.script(list(prompt_token_ids), params) if self.script else list(self.reply_ids)
-        r = _Running(request_id, list(prompt_token_ids), params, on_output, script)
+        r = _Running(request_id, list(prompt_token_ids), params, script)
         self.running[request_id] = r
         r.task = asyncio.get_running_loop().create_task(self._run(r))
 
-    def abort(self, request_id: str) -> None:
-        r = self.running.pop(request_id, None)
-        if r is not None:
-            self.aborted.append(request_id)
-            if r.task is not None:
-                r.task.cancel()
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            r = self.running.pop(request_id, None)
+            if r is not None:
+                self.aborted.append(request_id)
+                if r.task is not None:
+                    r.task.cancel()
+
+    def _emit(self, out: RequestOutput) -> None:
+        assert self.on_outputs is not None
+        self.on_outputs([out])
 
     def _out(self, r: _Running, ids: list[int], finished: bool, reason: str | None,
              error: str | None = None, stop_reason: int | None = None) -> RequestOutput:
@@ -180,22 +188,30 @@ class FakeEngine:
                     self.fault_injector()
                 except Exception as exc:  # noqa: BLE001 - the step fails: this request finishes with an error
                     self.running.pop(r.request_id, None)
-                    r.on_output(self._out(r, [], True, "error", f"engine step failed: {exc}"))
+                    self._emit(self._out(r, [], True, "error", f"engine step failed: {exc}"))
                     return
             if self.fail_after is not None and i >= self.fail_after:
                 self.running.pop(r.request_id, None)
-                r.on_output(self._out(r, [], True, "error", "injected failure"))
+                self._emit(self._out(r, [], True, "error", "injected failure"))
                 return
             token = r.script[i] if i < len(r.script) else (r.script[-1] if r.script else 0)
             r.num_out += 1
-            is_eos = token in self.eos_token_ids and not p.ignore_eos and r.num_out > p.min_tokens
+            is_eos = token in self.eos_token_ids and not p.ignore_eos and p.is_stop_allowed(r.num_out - 1)
             is_last = is_eos or r.num_out >= p.max_tokens
             reason = "stop" if is_eos else ("length" if is_last else None)
             if is_last:
                 self.running.pop(r.request_id, None)
-            r.on_output(self._out(r, [token], is_last, reason, stop_reason=token if is_eos else None))
+            self._emit(self._out(r, [token], is_last, reason, stop_reason=token if is_eos else None))
             if is_last:
                 return
+
+
+def fake_client(engine: FakeEngine, model: str = "test-model", max_model_len: int = 4096,
+                vocab_size: int | None = None) -> AsyncEngineClient:
+    """The real engine client over ``engine`` and :func:`make_tokenizer` (EOS ids from the tokenizer)."""
+    tok = make_tokenizer()
+    engine.eos_token_ids = tok.eos_token_ids
+    return AsyncEngineClient(engine, tok, ModelInfo(model, max_model_len, vocab_size))
 
 
 @contextlib.contextmanager
@@ -204,13 +220,10 @@ def thread_server(engine: FakeEngine, model: str = "test-model", **settings: Any
     import uvicorn
 
     from proxy.api.app import create_app
-    from proxy.api.routes import ServingModel
     from proxy.settings import Settings
 
-    tok = make_tokenizer()
-    engine.eos_token_ids = frozenset({make_hf_tokenizer().convert_tokens_to_ids("<|im_end|>")})
     settings.setdefault("served_model_name", model)
-    app = create_app(Settings(**settings), lambda _: ServingModel(engine, tok, model, 4096))
+    app = create_app(Settings(**settings), lambda _: fake_client(engine, model))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from proxy.api.routes import SSE_HEADERS
+from proxy.api.responses import SSE_HEADERS
 
 from .conftest import MODEL, REPLY, chat_body, run, serve, sse_events, sse_json
 from .fakes import FakeEngine

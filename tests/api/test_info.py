@@ -8,11 +8,11 @@ import threading
 import httpx
 
 from proxy.api.app import create_app
-from proxy.api.routes import ServingModel
+from proxy.engine.client import EngineClient
 from proxy.settings import Settings
 
 from .conftest import MODEL, chat_body, run, serve
-from .fakes import FakeEngine, make_tokenizer
+from .fakes import FakeEngine, fake_client
 
 
 def test_models_list_and_get():
@@ -32,11 +32,10 @@ def test_models_list_and_get():
 def test_health_503_while_loading_then_200_then_503_when_engine_dies():
     release = threading.Event()
     engine = FakeEngine()
-    tok = make_tokenizer()
 
-    def factory(_: Settings) -> ServingModel:
+    def factory(_: Settings) -> EngineClient:
         release.wait(10)
-        return ServingModel(engine, tok, MODEL, 128)
+        return fake_client(engine, MODEL, 128)
 
     async def main():
         app = create_app(Settings(), factory)
@@ -65,7 +64,7 @@ def test_health_503_while_loading_then_200_then_503_when_engine_dies():
 
 
 def test_failed_load_is_503_with_reason():
-    def factory(_: Settings) -> ServingModel:
+    def factory(_: Settings) -> EngineClient:
         raise FileNotFoundError("no such model")
 
     async def main():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.engine.output import Mailbox, OutputProcessor
+from proxy.engine.mailbox import Mailbox
+from proxy.engine.output import OutputProcessor
 from proxy.engine.request import RequestOutput, TokenLogprob
 from proxy.sampling import SamplingParams
 
@@ -15,14 +16,31 @@ def out(rid, ids, finished=False, reason=None, lps=None, stop_reason=None, error
     return RequestOutput(rid, list(ids), lps, finished, reason, 3, 0, error, stop_reason=stop_reason)
 
 
+class Proc:
+    """One output at a time through ``OutputProcessor.process_outputs``, collecting the ids to abort."""
+
+    def __init__(self, inner: OutputProcessor, aborted: list[str]) -> None:
+        self.inner, self.aborted = inner, aborted
+
+    def process(self, output: RequestOutput) -> None:
+        self.aborted.extend(self.inner.process_outputs([output]))
+
+    @property
+    def num_tracked(self) -> int:
+        return self.inner.num_tracked
+
+    def remove(self, request_id: str) -> None:
+        self.inner.abort(request_id)
+
+
 def setup(params=None, n=1):
     params = params or SamplingParams()
     tok = make_tokenizer()
     aborted: list[str] = []
-    proc = OutputProcessor(tok, aborted.append)
+    proc = Proc(OutputProcessor(tok), aborted)
     box = Mailbox(n)
     for i in range(n):
-        proc.add(f"r-{i}", box, i, params)
+        proc.inner.add(f"r-{i}", box, i, params)
     return tok, proc, box, aborted
 
 
@@ -111,7 +129,8 @@ def test_engine_error_and_abort_fail_the_mailbox():
         return box
 
     box = asyncio.run(main())
-    assert box.error == "boom" and box.is_finished
+    assert box.error is not None and box.error.message == "boom" and box.error.code == "engine_error"
+    assert box.is_finished
 
 
 def test_outputs_after_remove_are_dropped():

@@ -18,7 +18,7 @@ from proxy.api.app import create_app
 from proxy.settings import Settings
 
 from .conftest import sse_events, sse_json
-from .fakes import make_tiny_model
+from .fakes import make_hf_tokenizer, make_tiny_model
 
 NAME = "tiny"
 
@@ -83,11 +83,12 @@ def test_real_engine_end_to_end(model_dir: Path):
             if calls["n"] > 4:
                 raise RuntimeError("injected fault")
 
-        state.model.engine.fault_injector = fault
+        state.client.fault_injector = fault
         out["faulted"] = (await client.post("/v1/chat/completions", json=body(stream=True))).content
-        state.model.engine.fault_injector = None
+        state.client.fault_injector = None
         out["after"] = (await client.post("/v1/chat/completions", json=body(max_tokens=3))).json()
         out["health"] = await client.get("/health")
+        out["metrics"] = (await client.get("/metrics")).text
         return out
 
     out = asyncio.run(with_app(model_dir, scenario))
@@ -111,17 +112,50 @@ def test_real_engine_end_to_end(model_dir: Path):
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
     assert out["after"]["usage"]["completion_tokens"] == 3
     assert out["health"].status_code == 200
+    # engine counters read at scrape time through EngineStats: the same prompt repeated hits the prefix cache
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {s.name: s.value for f in text_string_to_metric_families(out["metrics"]) for s in f.samples}
+    assert values["streamproxy:prefix_cache_hits_total"] > 0
+    assert values["streamproxy:prefix_cache_queries_total"] > values["streamproxy:prefix_cache_hits_total"]
 
 
 def test_context_is_lowered_to_what_the_kv_pool_holds(model_dir: Path):
     """A pool smaller than max_model_len must not cut requests short with "length": the served
     context shrinks to the pool (4 blocks x 16 = 64 tokens) and longer requests get a 400."""
-    from proxy.api.serving import build_serving_model
+    from proxy.engine.factory import build_engine_client
+    from proxy.protocol import resolve_max_tokens
 
     settings = Settings(model=str(model_dir), served_model_name=NAME, max_model_len=256, num_kv_blocks=4,
                         block_size=16, num_threads=1, device="cpu", dtype="float32")
-    served = build_serving_model(settings)
-    assert served.max_model_len == 64
-    from proxy.protocol import resolve_max_tokens
+    client = build_engine_client(settings)
+    assert client.model.max_model_len == 64
+    assert resolve_max_tokens(None, 10, client.model.max_model_len) == 54
 
-    assert resolve_max_tokens(None, 10, served.max_model_len) == 54
+
+def test_end_of_turn_token_stops_a_model_whose_config_names_only_endoftext(tmp_path: Path):
+    """One EOS rule (``find_eos_token_ids``): config and tokenizer say ``<|endoftext|>``, the chat
+    template ends turns with ``<|im_end|>``; the engine must stop at either."""
+    from proxy.engine.factory import build_engine_client
+
+    folder = make_tiny_model(tmp_path / "tiny-eot", eos_token="<|endoftext|>")
+    config = json.loads((folder / "config.json").read_text())
+    hf = make_hf_tokenizer()
+    im_end, endoftext = hf.convert_tokens_to_ids("<|im_end|>"), hf.convert_tokens_to_ids("<|endoftext|>")
+    assert config["eos_token_id"] == endoftext
+    settings = Settings(model=str(folder), served_model_name=NAME, max_model_len=256, num_kv_blocks=64,
+                        block_size=16, num_threads=1, device="cpu", dtype="float32")
+    client = build_engine_client(settings)
+    assert client.tokenizer.eos_token_ids == frozenset({im_end, endoftext})
+    assert client.core.core.eos_token_ids == client.tokenizer.eos_token_ids  # what the engine stops on
+
+    async def scenario(http: httpx.AsyncClient, state):
+        forced = {"logit_bias": {str(im_end): 100}, "max_tokens": 5, "ignore_eos": False}
+        return ((await http.post("/v1/chat/completions", json=body(**forced))).json(),
+                (await http.post("/v1/chat/completions", json=body(**forced, min_tokens=2))).json())
+
+    plain, with_min = asyncio.run(with_app(folder, scenario))
+    assert plain["choices"][0]["finish_reason"] == "stop" and plain["choices"][0]["message"]["content"] == ""
+    assert plain["usage"]["completion_tokens"] == 1  # the <|im_end|> token itself
+    # min_tokens=2: two other tokens first (the sampler masks EOS), then <|im_end|> ends it as the third
+    assert with_min["choices"][0]["finish_reason"] == "stop" and with_min["usage"]["completion_tokens"] == 3

@@ -57,7 +57,7 @@ def test_keepalive_comment_while_idle():
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_client_disconnect_aborts_engine_request(stream):
+def test_client_disconnect_aborts_engine_request(stream, caplog):
     engine = FakeEngine(step_s=0.02)
     with thread_server(engine) as (port, app):
         engine.reply_ids = reply_ids(make_tokenizer())[:3]  # never reaches EOS: repeats forever
@@ -73,6 +73,8 @@ def test_client_disconnect_aborts_engine_request(stream):
         elapsed = wait_until(lambda: not engine.running, 1.0)
         assert elapsed < 1.0
         assert len(engine.aborted) == 1
-        wait_until(lambda: app.state.server.processor.num_tracked == 0, 1.0)
-        metrics = app.state.server.metrics.render().decode()
+        client = app.state.server.client
+        wait_until(lambda: client.stats().num_tracked_outputs == 0, 1.0)
+        metrics = client.metrics.render().decode()
         assert 'streamproxy:request_success_total{finished_reason="abort",model_name="test-model"} 1.0' in metrics
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]  # a disconnect is no error

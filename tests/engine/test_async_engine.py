@@ -1,4 +1,5 @@
-"""AsyncEngine with a tiny model: hand-off per step, abort, 429, fault injection, death, idle wait."""
+"""AsyncEngine (the in-process engine core client) with a tiny model: hand-off per step, abort, 429,
+fault injection, death, idle wait."""
 
 from __future__ import annotations
 
@@ -30,8 +31,39 @@ def prompt(i: int) -> list[int]:
     return [(7 * i + k) % 90 + 3 for k in range(5 + i)]
 
 
+class Router:
+    """The ``on_outputs`` handler given to ``AsyncEngine.start``: checks the thread, records the size
+    of each step's hand-off and routes each output to its request's collector."""
+
+    def __init__(self) -> None:
+        self.collectors: dict[str, Collector] = {}
+        self.batches: list[int] = []
+
+    def __call__(self, outputs: list[RequestOutput]) -> None:
+        self.batches.append(len(outputs))
+        for out in outputs:
+            self.collectors[out.request_id](out)
+
+
+ROUTERS: dict[AsyncEngine, Router] = {}
+
+
+def router_of(engine: AsyncEngine) -> Router:
+    return ROUTERS.setdefault(engine, Router())
+
+
+def start(engine: AsyncEngine) -> None:
+    engine.start(router_of(engine))
+
+
+def submit(engine: AsyncEngine, request_id: str, prompt_ids: list[int], params: SamplingParams,
+           collector: Collector) -> None:
+    router_of(engine).collectors[request_id] = collector
+    engine.add_request(request_id, prompt_ids, params)
+
+
 class Collector:
-    """on_output target: collects outputs, checks the thread, resolves a future when finished."""
+    """Collects one request's outputs, checks the thread, resolves a future when finished."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.outputs: list[RequestOutput] = []
@@ -52,19 +84,12 @@ class Collector:
 def test_submit_runs_requests_with_one_hand_off_per_step(model) -> None:
     async def main() -> None:
         engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=8)
-        batches: list[int] = []
-        original = engine._dispatch
-
-        def spy(outputs, num_added):
-            batches.append(len(outputs))
-            original(outputs, num_added)
-
-        engine._dispatch = spy  # type: ignore[method-assign]
-        engine.start()
+        batches = router_of(engine).batches
+        start(engine)
         loop = asyncio.get_running_loop()
         collectors = {str(i): Collector(loop) for i in range(3)}
         for rid, c in collectors.items():
-            engine.submit(rid, prompt(int(rid)), SHORT, c)
+            submit(engine, rid, prompt(int(rid)), SHORT, c)
         finals = await asyncio.wait_for(asyncio.gather(*(c.done for c in collectors.values())), 60)
         assert [f.finish_reason for f in finals] == ["length"] * 3
         assert all(len(c.tokens) == 6 for c in collectors.values())
@@ -75,7 +100,7 @@ def test_submit_runs_requests_with_one_hand_off_per_step(model) -> None:
         engine.shutdown()
         assert not engine.is_healthy
         with pytest.raises(EngineDeadError):
-            engine.submit("late", prompt(1), SHORT, collectors["0"])
+            submit(engine, "late", prompt(1), SHORT, collectors["0"])
 
     asyncio.run(main())
 
@@ -84,7 +109,7 @@ def test_abort_stops_outputs_and_frees_blocks(model) -> None:
     async def main() -> None:
         core = EngineCore(model, SETTINGS, [EOS], 256)
         engine = AsyncEngine(core, max_waiting=8)
-        engine.start()
+        start(engine)
         loop = asyncio.get_running_loop()
         first = loop.create_future()
         seen: list[RequestOutput] = []
@@ -94,11 +119,11 @@ def test_abort_stops_outputs_and_frees_blocks(model) -> None:
             if not first.done():
                 first.set_result(None)
 
-        engine.submit("a", prompt(3), LONG, on_output)
+        submit(engine, "a", prompt(3), LONG, on_output)  # type: ignore[arg-type]
         await asyncio.wait_for(first, 30)
-        engine.abort("a")
-        engine.abort("a")  # idempotent
-        engine.abort("never-submitted")
+        engine.abort_requests(["a"])
+        engine.abort_requests(["a"])  # idempotent
+        engine.abort_requests(["never-submitted"])
         n = len(seen)
         for _ in range(100):
             await asyncio.sleep(0.02)
@@ -119,14 +144,14 @@ def test_waiting_queue_full_raises_rate_limit(model) -> None:
         loop = asyncio.get_running_loop()
         collectors = [Collector(loop) for _ in range(4)]
         for i in range(3):  # not started yet: all stay waiting
-            engine.submit(str(i), prompt(i), SHORT, collectors[i])
+            submit(engine, str(i), prompt(i), SHORT, collectors[i])
         assert engine.num_waiting == 3
         with pytest.raises(RateLimitError):
-            engine.submit("3", prompt(3), SHORT, collectors[3])
-        engine.start()
+            submit(engine, "3", prompt(3), SHORT, collectors[3])
+        start(engine)
         await asyncio.wait_for(asyncio.gather(*(c.done for c in collectors[:3])), 60)
         assert engine.num_waiting == 0
-        engine.submit("3", prompt(3), SHORT, collectors[3])
+        submit(engine, "3", prompt(3), SHORT, collectors[3])
         assert (await asyncio.wait_for(collectors[3].done, 60)).finish_reason == "length"
         engine.shutdown()
 
@@ -146,15 +171,15 @@ def test_fault_injection_fails_that_step_and_engine_keeps_serving(model) -> None
 
         engine.fault_injector = injector
         assert core.fault_injector is injector
-        engine.start()
+        start(engine)
         loop = asyncio.get_running_loop()
         bad = Collector(loop)
-        engine.submit("bad", prompt(1), SHORT, bad)
+        submit(engine, "bad", prompt(1), SHORT, bad)
         final = await asyncio.wait_for(bad.done, 30)
         assert final.finish_reason == "error" and "simulated OOM" in (final.error or "")
         assert engine.is_healthy and core.num_free_blocks == core.num_total_blocks
         good = Collector(loop)
-        engine.submit("good", prompt(2), SHORT, good)
+        submit(engine, "good", prompt(2), SHORT, good)
         assert (await asyncio.wait_for(good.done, 30)).finish_reason == "length"
         assert len(good.tokens) == 6
         engine.shutdown()
@@ -171,14 +196,14 @@ def test_engine_death_fails_requests_and_reports_unhealthy(model) -> None:
             raise RuntimeError("scheduler bug")
 
         core.scheduler.schedule = broken_schedule  # type: ignore[method-assign]
-        engine.start()
+        start(engine)
         c = Collector(asyncio.get_running_loop())
-        engine.submit("a", prompt(1), SHORT, c)
+        submit(engine, "a", prompt(1), SHORT, c)
         final = await asyncio.wait_for(c.done, 30)
         assert final.finish_reason == "error" and "scheduler bug" in (final.error or "")
         assert not engine.is_healthy
         with pytest.raises(EngineDeadError):
-            engine.submit("b", prompt(1), SHORT, c)
+            submit(engine, "b", prompt(1), SHORT, c)
         engine.shutdown()
 
     asyncio.run(main())
@@ -195,9 +220,9 @@ def test_idle_engine_blocks_instead_of_spinning(model) -> None:
     async def main() -> None:
         engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=8)
         engine._wake = CountingEvent()
-        engine.start()
+        start(engine)
         c = Collector(asyncio.get_running_loop())
-        engine.submit("a", prompt(1), SHORT, c)
+        submit(engine, "a", prompt(1), SHORT, c)
         await asyncio.wait_for(c.done, 30)
         previous = -1
         for _ in range(25):  # let the thread reach its idle wait (a spinning loop never settles)
@@ -211,7 +236,7 @@ def test_idle_engine_blocks_instead_of_spinning(model) -> None:
         assert CountingEvent.waits - before == 0  # still inside one blocking wait
         assert engine.core.num_steps == steps
         c2 = Collector(asyncio.get_running_loop())
-        engine.submit("b", prompt(2), SHORT, c2)  # wakes it
+        submit(engine, "b", prompt(2), SHORT, c2)  # wakes it
         assert (await asyncio.wait_for(c2.done, 30)).finish_reason == "length"
         engine.shutdown()
 
@@ -221,9 +246,9 @@ def test_idle_engine_blocks_instead_of_spinning(model) -> None:
 def test_shutdown_fails_live_requests(model) -> None:
     async def main() -> None:
         engine = AsyncEngine(EngineCore(model, SETTINGS, [EOS], 256), max_waiting=8)
-        engine.start()
+        start(engine)
         c = Collector(asyncio.get_running_loop())
-        engine.submit("a", prompt(1), SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True), c)
+        submit(engine, "a", prompt(1), SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True), c)
         await asyncio.sleep(0.05)
         await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
         final = await asyncio.wait_for(c.done, 10)

@@ -74,7 +74,7 @@ def test_queue_full_is_429_and_admitted_requests_finish_exactly(model_dir: Path)
         assert r.json()["error"]["type"] == "rate_limit_error"
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
     for i, (r, ref) in enumerate(zip(done, refs)):
-        assert r.status_code == 200
+        assert r.status_code == 200, (i, r.text[:300])
         text = stream_text(chunks_and_done(r.content), chat=False) if i % 2 == 0 else r.json()["choices"][0]["text"]
         assert text == ref
     assert sample(metrics, "streamproxy:request_rejected_total", reason="queue_full") == 24

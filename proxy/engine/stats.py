@@ -1,7 +1,7 @@
 """Per-request Prometheus observations (TTFT, ITL, latency, finish reasons) from engine outputs.
 
-Feeds :class:`proxy.metrics.Metrics` from the :class:`~proxy.engine.output.OutputProcessor`'s
-observer hook. Times are ``time.monotonic()`` seconds, the clock of ``RequestOutput`` timestamps.
+Feeds :class:`proxy.metrics.Metrics` from the :class:`~proxy.engine.output.OutputProcessor`, which
+owns one recorder and calls it for every engine output it routes (and for client aborts). Times are ``time.monotonic()`` seconds, the clock of ``RequestOutput`` timestamps.
 TTFT is the engine's ``first_token_time - arrival_time``; inter-token latency is measured where
 the outputs reach the event loop (what a client can see at best), as vLLM's frontend does.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from proxy.engine.request import RequestOutput
 from proxy.metrics import Metrics
 
 
@@ -30,8 +30,8 @@ class MetricsRecorder:
         self.metrics = metrics
         self._seen: dict[str, _Seen] = {}
 
-    def on_output(self, output: Any, finish_reason: str | None) -> None:
-        """Observer for ``OutputProcessor``: one engine output and the finish reason decided for it."""
+    def on_output(self, output: RequestOutput, finish_reason: str | None) -> None:
+        """One engine output and the finish reason output processing decided for it (None: running)."""
         now = time.monotonic()
         seen = self._seen.get(output.request_id)
         if seen is None:

@@ -1,0 +1,107 @@
+"""One completion request, after validation: generate, then answer as SSE or as one JSON body.
+
+``respond`` holds the one ``try/finally`` around a generation: whatever ends the request (the
+last token, a client disconnect, an engine error, the shutdown grace period) ends in
+``generation.aclose()``, which aborts what still runs. A stream hands the generation to its body
+(:func:`proxy.api.streaming.sse_body`), whose own ``finally`` closes it.
+
+A streaming request first waits for its first output, up to ``keepalive_interval_s``, so that an
+early engine failure is still a plain JSON error with its HTTP status; if nothing came by then
+(the request waits in the queue or in a long prefill) the headers and a keep-alive comment go
+out, and from then on errors travel in-band (SSE error event + ``[DONE]``). Until the response
+starts, and for a non-stream request throughout, :func:`unless_disconnected` watches for the
+client leaving; once a stream runs, Starlette's ``StreamingResponse`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.engine.client import ChoiceDelta, EngineClient, Generation
+from proxy.protocol import ChoiceResult, CompletionFormat, LogprobEntry, StreamOptions
+from proxy.sampling import SamplingParams
+
+from .responses import SSE_HEADERS, SSE_MEDIA_TYPE, json_response
+from .streaming import sse_body
+
+T = TypeVar("T")
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
+    """The result of ``awaitable``, or ``ClientDisconnect`` as soon as the client goes away
+    (then ``awaitable`` is cancelled). Call only after the body was read."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
+    raise ClientDisconnect()
+
+
+async def _collect(generation: Generation, wants_logprobs: bool) -> list[ChoiceResult]:
+    n = generation.num_choices
+    texts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list[LogprobEntry]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    async for deltas in generation:
+        for d in deltas:
+            texts[d.index].append(d.text)
+            logprobs[d.index].extend(d.logprobs)
+            if d.finish_reason is not None:
+                finish[d.index] = d.finish_reason
+    return [ChoiceResult(i, "".join(texts[i]), logprobs[i] if wants_logprobs else None, finish[i])
+            for i in range(n)]
+
+
+async def _first_deltas(generation: Generation, timeout_s: float | None) -> list[ChoiceDelta] | None:
+    """The first deltas, or None when nothing came within ``timeout_s`` seconds."""
+    if not await generation.wait(timeout_s):
+        return None
+    return await generation.__anext__()
+
+
+async def respond(request: Request, client: EngineClient, fmt: CompletionFormat, prompt_ids: list[int],
+                  params: SamplingParams, n: int, stream: StreamOptions, keepalive_s: float | None) -> Response:
+    """Generate ``n`` choices for ``prompt_ids`` and answer in ``fmt``.
+
+    Raises (before any byte is sent, so the client gets a JSON error with its status):
+        RateLimitError, EngineDeadError, ContextLengthExceededError: from ``generate``.
+        EngineError, ServiceUnavailableError: the generation failed before its first output
+            (stream) or at any point (non-stream).
+        ClientDisconnect: the client left first (answered 499, which nobody reads).
+    """
+    response_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = client.model.served_model_name
+    generation = client.generate(prompt_ids, params, n, request_id=response_id)
+    handed_to_body = False
+    try:
+        if not stream.stream:
+            results = await unless_disconnected(request, _collect(generation, params.logprobs))
+            return json_response(fmt.body(response_id, created, model, results, generation.usage))
+        first = await unless_disconnected(request, _first_deltas(generation, keepalive_s))
+        body = sse_body(generation, fmt, fmt.framer(response_id, created, model, stream.include_usage),
+                        keepalive_s=keepalive_s, include_usage=stream.include_usage, first=first)
+        handed_to_body = True
+        return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
+    finally:
+        if not handed_to_body:
+            await generation.aclose()
+

@@ -1,0 +1,109 @@
+"""ServerState: the server's life cycle (``loading`` -> ``ready`` | ``failed`` -> ``draining`` -> ``stopped``).
+
+Shutdown (``begin_drain``, called when uvicorn starts its graceful shutdown): new requests get
+503, running ones may finish within ``shutdown_grace_s``; then every open response is ended with
+an error (``code: "server_shutdown"``) and its engine requests are aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from proxy.engine.client import EngineClient
+from proxy.errors import ServiceUnavailableError
+from proxy.settings import Settings
+
+from .faults import FaultInjector
+
+log = logging.getLogger("proxy.api")
+
+SHUTDOWN_MESSAGE = "The server is shutting down; the response was cut short. Retry the request."
+
+
+class ServerState:
+    """What the routes share: settings, the engine client once loaded, the drain state.
+
+    Attributes:
+        status: ``"loading"``, ``"ready"``, ``"failed"`` or ``"stopped"`` (draining is
+            :attr:`is_draining`).
+        client: the :class:`~proxy.engine.client.EngineClient` once loaded (started).
+        load_error: why loading failed, for ``/health``.
+        fault_injector: the test-only fault hook, when enabled.
+    """
+
+    def __init__(self, settings: Settings, fault_injector: FaultInjector | None = None) -> None:
+        self.settings = settings
+        self.status = "loading"
+        self.client: EngineClient | None = None
+        self.load_error: str | None = None
+        self.is_draining = False
+        self.fault_injector = fault_injector
+        self._grace_timer: asyncio.TimerHandle | None = None
+
+    def set_ready(self, client: EngineClient) -> None:
+        self.client, self.status = client, "ready"
+
+    def set_failed(self, message: str) -> None:
+        self.status, self.load_error = "failed", message
+
+    @property
+    def is_healthy(self) -> bool:
+        """Ready, not draining, and the engine runs (``/health`` 200)."""
+        return (self.status == "ready" and not self.is_draining and self.client is not None
+                and self.client.is_healthy)
+
+    @property
+    def max_n(self) -> int:
+        """Most choices (``n``) per request."""
+        return max(1, min(self.settings.max_num_seqs, 128))
+
+    def require_ready(self) -> EngineClient:
+        """The engine client, or 503 while loading / draining / after a failed load.
+
+        (A dead engine is reported by ``EngineClient.generate``: ``EngineDeadError``, 503.)
+
+        Raises:
+            ServiceUnavailableError: ``server_shutdown`` while draining, ``service_unavailable``
+                while loading or after a failed load.
+        """
+        if self.is_draining:
+            raise ServiceUnavailableError("The server is shutting down; send the request to another replica.",
+                                          code="server_shutdown")
+        if self.status == "loading":
+            raise ServiceUnavailableError("The model is still loading; retry shortly.")
+        if self.client is None or self.status != "ready":
+            raise ServiceUnavailableError("The model failed to load; see the server log.")
+        return self.client
+
+    # ---- shutdown ---------------------------------------------------------------------------------
+
+    def begin_drain(self, grace_s: float | None = None) -> None:
+        """Start the graceful shutdown (idempotent; call on the event loop).
+
+        From now on new completions get 503 and ``/health`` says ``draining`` (503), so a load
+        balancer takes this replica out. Responses already running may finish for ``grace_s``
+        seconds (default ``settings.shutdown_grace_s``); then :meth:`end_streams` cuts the rest.
+        """
+        if self.is_draining:
+            return
+        self.is_draining = True
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        log.info("shutting down: no new requests; open responses get %.1f s to finish", grace)
+        self._grace_timer = asyncio.get_running_loop().call_later(max(0.0, grace), self.end_streams)
+
+    def end_streams(self) -> int:
+        """End every open response now: SSE error event (``server_shutdown``) + ``[DONE]``, or a
+        503 JSON error for a non-stream request; their engine requests are aborted. Returns how
+        many engine requests were ended."""
+        if self.client is None:
+            return 0
+        n = self.client.abort_all(SHUTDOWN_MESSAGE, "server_shutdown")
+        if n:
+            log.warning("shutdown grace period over: ended %d running request(s)", n)
+        return n
+
+    def cancel_drain_timer(self) -> None:
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None

@@ -1,0 +1,32 @@
+"""The engine factory: ``Settings`` -> loaded model -> ``EngineCore`` -> ``AsyncEngine`` -> ``EngineClient``.
+
+The one place where a served engine is assembled (load-time checks of the model belong here).
+Runs in a worker thread at startup (``proxy.api.app.create_app``); imports torch through the engine.
+"""
+
+from __future__ import annotations
+
+from proxy.engine.client import AsyncEngineClient, ModelInfo
+from proxy.settings import Settings
+
+
+def build_engine_client(settings: Settings) -> AsyncEngineClient:
+    """Load ``settings.model`` (HF folder, GGUF file or the default model) behind an engine client.
+
+    The end-of-sequence ids are :func:`proxy.tokenizer.find_eos_token_ids` of the tokenizer and the
+    model's generation config; ``max_model_len`` is the engine's (lowered to the KV pool's capacity
+    when that is smaller). The client is not started: ``start()`` must run on the event loop.
+
+    Raises:
+        proxy.models.ModelLoadError: the model cannot be resolved or loaded.
+    """
+    from proxy.engine.async_engine import AsyncEngine
+    from proxy.engine.core import EngineCore
+    from proxy.models import load_model
+    from proxy.tokenizer import Tokenizer
+
+    loaded = load_model(settings)
+    tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
+    core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len)
+    model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer))
+    return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), tokenizer, model)

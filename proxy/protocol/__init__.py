@@ -1,0 +1,39 @@
+"""The OpenAI wire format: request schemas and validation (``requests``, ``fields``) and the
+response bodies and logprob formatting (``responses``). Import names from here."""
+
+from __future__ import annotations
+
+from .fields import StreamOptions, parse_json_body
+from .requests import (
+    CHAT_ROLES,
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    MAX_TOP_LOGPROBS,
+    UNSUPPORTED_CHAT_FIELDS,
+    UNSUPPORTED_COMPLETION_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    choice_params,
+    parse_chat_request,
+    parse_completion_request,
+    resolve_max_tokens,
+)
+from .responses import (
+    CHAT,
+    COMPLETION,
+    LOGPROB_FLOOR,
+    ChoiceResult,
+    CompletionFormat,
+    LogprobEntry,
+    Usage,
+    chat_logprobs,
+    completion_logprobs,
+    model_card,
+)
+
+__all__ = [
+    "CHAT", "CHAT_ROLES", "COMPLETION", "COMPLETIONS_DEFAULT_MAX_TOKENS", "LOGPROB_FLOOR", "MAX_TOP_LOGPROBS",
+    "UNSUPPORTED_CHAT_FIELDS", "UNSUPPORTED_COMPLETION_FIELDS", "ChatCompletionRequest", "ChoiceResult",
+    "CompletionFormat", "CompletionRequest", "LogprobEntry", "StreamOptions", "Usage", "chat_logprobs",
+    "choice_params", "completion_logprobs", "model_card", "parse_chat_request", "parse_completion_request",
+    "parse_json_body", "resolve_max_tokens",
+]
