@@ -46,12 +46,39 @@ def test_content_parts_are_joined_and_developer_is_system():
     r = protocol.parse_chat_request({"model": "m", "messages": [
         {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": "c", "name": "bot"}]}, max_n=1)
-    assert r.messages == ({"role": "system", "content": "ab"}, {"role": "assistant", "content": "c"})
+    assert r.messages == ({"role": "system", "content": "a\nb"}, {"role": "assistant", "content": "c"})
+
+
+def test_text_parts_joined_with_a_newline():
+    """Issue 12 item 9: vLLM's separator (README policy), never gluing the parts' words together."""
+    parts = [{"type": "text", "text": "Translate:"}, {"type": "text", "text": "Bonjour"}, {"type": "text", "text": ""}]
+    r = chat(messages=[{"role": "user", "content": parts}])
+    assert r.messages == ({"role": "user", "content": "Translate:\nBonjour\n"},)
+
+
+def test_top_p_zero_is_accepted_as_greedy():
+    """Issue 12 item 5: OpenAI's range for top_p is [0, 1]; 0 means the most likely token only."""
+    p = chat(top_p=0).params
+    assert p.top_p == 0.0 and p.is_greedy
+    assert chat(top_p=1).params.top_p == 1.0 and not chat(top_p=1).params.is_greedy
+
+
+def test_seed_is_a_signed_64_bit_integer():
+    """Issue 12 item 8: the whole signed 64-bit range is accepted, anything past it is a 400."""
+    assert chat(seed=-(2**63)).params.seed == -(2**63)
+    assert chat(seed=2**63 - 1).params.seed == 2**63 - 1
+    assert chat(seed=2**32 + 1).params.seed == 2**32 + 1
+    for bad, message in [(2**63, f"'seed' must be at most {2**63 - 1}, got {2**63}."),
+                         (-(2**63) - 1, f"'seed' must be at least {-(2**63)}, got {-(2**63) - 1}."),
+                         (2**64, f"'seed' must be at most {2**63 - 1}, got {2**64}.")]:
+        with pytest.raises(InvalidRequestError) as info:
+            chat(seed=bad)
+        assert info.value.param == "seed" and info.value.message == message and info.value.status == 400
 
 
 @pytest.mark.parametrize(("kw", "param", "message"), [
     ({"temperature": -3}, "temperature", "'temperature' must be in [0, 2], got -3."),
-    ({"top_p": 0}, "top_p", "'top_p' must be in (0, 1], got 0."),
+    ({"top_p": -0.1}, "top_p", "'top_p' must be in [0, 1], got -0.1."),
     ({"n": 9}, "n", "'n' must be at most 8, got 9."),
     ({"max_tokens": -1}, "max_tokens", "'max_tokens' must be at least 1, got -1."),
     ({"max_tokens": True}, "max_tokens", "'max_tokens' must be an integer, not a boolean."),

@@ -262,10 +262,12 @@ def _sampling(body: dict[str, Any], vocab_size: int | None, max_tokens: int | No
     return SamplingParams(
         max_tokens=1,
         temperature=_opt_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_opt_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        # OpenAI documents top_p in [0, 1]; 0 keeps only the most likely token (greedy, issue 12).
+        top_p=_opt_number(body, "top_p", 1.0, 0.0, 1.0),
         top_k=0 if top_k in (None, -1) else top_k,
         min_p=_opt_number(body, "min_p", 0.0, 0.0, 1.0),
-        seed=_opt_int(body, "seed", None, lo=-(2**63), hi=2**64 - 1),
+        # A signed 64-bit integer, as vLLM bounds it (torch.long); each value has its own stream.
+        seed=_opt_int(body, "seed", None, lo=-(2**63), hi=2**63 - 1),
         presence_penalty=_opt_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_opt_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=_opt_number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True),

@@ -11,6 +11,8 @@ Policies (documented in the README):
   :data:`UNSUPPORTED_COMPLETION_FIELDS`, which get a 400 naming the field.
 - ``stream_options`` with ``stream: false`` is a 400 (as vLLM does; OpenAI defines it for streaming
   only).
+- Text content parts of one message are joined with a newline, as vLLM joins them (OpenAI does not
+  document a separator; joining with nothing glued words of consecutive parts together).
 - Chat without ``max_tokens``/``max_completion_tokens``: the rest of the context
   (``max_model_len - prompt_tokens``, like vLLM). Completions without ``max_tokens``: 16 (OpenAI's
   documented default).
@@ -117,7 +119,7 @@ def _content(value: Any, param: str, role: str) -> str:
         if not isinstance(text, str):
             raise _bad(f"{p}.text", f"'{p}.text' must be a string, not {_type_name(text)}.")
         texts.append(text)
-    return "".join(texts)
+    return "\n".join(texts)
 
 
 def _messages(body: dict[str, Any]) -> tuple[dict[str, str], ...]:
