@@ -9,17 +9,26 @@ from starlette.requests import Request
 from proxy.errors import PayloadTooLargeError
 from proxy.protocol import parse_json_body
 
+from .content_encoding import content_coding, decoded_body
+
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or 413 as soon as it is known to exceed ``limit`` bytes.
+    """The whole body, decompressed when sent with ``Content-Encoding: gzip`` or ``deflate``, or 413 as
+    soon as it is known to exceed ``limit`` bytes (for a compressed body: once decompressed, see
+    :mod:`proxy.api.content_encoding`).
 
     Raises:
-        PayloadTooLargeError: from ``Content-Length`` before reading, or while reading.
+        UnsupportedMediaTypeError: any other ``Content-Encoding`` (415), before reading.
+        PayloadTooLargeError: from ``Content-Length`` before reading, or while reading / inflating.
+        InvalidRequestError: a compressed body that is not valid in its coding (400).
         starlette.requests.ClientDisconnect: the client left while sending.
     """
+    coding = content_coding(request.headers.get("content-encoding"))
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise PayloadTooLargeError(f"The request body is {length} bytes; the limit is {limit} bytes.")
+    if coding is not None:
+        return await decoded_body(request.stream(), coding, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

@@ -22,9 +22,14 @@ from proxy.sampling import SamplingParams
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """Decode a request body: strict UTF-8, then JSON, which must be an object.
 
+    A leading UTF-8 byte-order mark (EF BB BF, sent by some PowerShell, .NET and Java clients) is
+    skipped, as RFC 8259 section 8.1 allows a parser to do.
+
     Raises:
         InvalidRequestError: not UTF-8, not JSON, or not a JSON object (HTTP 400).
     """
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
