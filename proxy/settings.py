@@ -46,6 +46,10 @@ class Settings:
         api_keys: accepted bearer keys; empty: no auth.
         allowed_origins: CORS origins; empty: CORS off.
         keepalive_interval_s: seconds between SSE comment lines while a stream has no output.
+        stream_headers_timeout_s: an admitted streaming request that has no output yet gets its HTTP
+            headers (200) and a keep-alive comment after at most this many seconds, so clients and
+            gateways with short header timeouts (httpx: 5 s) do not give up while it waits in the
+            queue; later failures are in-band (SSE error event).
         max_body_bytes: largest accepted request body in bytes (413 above).
         shutdown_grace_s: seconds running streams get to finish after SIGTERM.
         cache_dir: where the default model's converted Hugging Face folder is cached.
@@ -81,6 +85,7 @@ class Settings:
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     keepalive_interval_s: float = 15.0
+    stream_headers_timeout_s: float = 1.0
     max_body_bytes: int = 8 * 1024 * 1024
     shutdown_grace_s: float = 30.0
     cache_dir: str | None = None

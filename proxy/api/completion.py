@@ -5,10 +5,11 @@ last token, a client disconnect, an engine error, the shutdown grace period) end
 ``generation.aclose()``, which aborts what still runs. A stream hands the generation to its body
 (:func:`proxy.api.streaming.sse_body`), whose own ``finally`` closes it.
 
-A streaming request first waits for its first output, up to ``keepalive_interval_s``, so that an
-early engine failure is still a plain JSON error with its HTTP status; if nothing came by then
-(the request waits in the queue or in a long prefill) the headers and a keep-alive comment go
-out, and from then on errors travel in-band (SSE error event + ``[DONE]``). Until the response
+A streaming request first waits for its first output, up to ``stream_headers_timeout_s`` (1 s; at
+most ``keepalive_interval_s``), so that an early engine failure is still a plain JSON error with its
+HTTP status; if nothing came by then (the request waits in the queue or in a long prefill) the
+headers and a keep-alive comment go out, and from then on errors travel in-band (SSE error event +
+``[DONE]``). Statuses decided before admission (400, 413, 429, 503) stay statuses. Until the response
 starts, and for a non-stream request throughout, :func:`unless_disconnected` watches for the
 client leaving; once a stream runs, Starlette's ``StreamingResponse`` does.
 """
@@ -78,8 +79,12 @@ async def _first_deltas(generation: Generation, timeout_s: float | None) -> list
 
 
 async def respond(request: Request, client: EngineClient, fmt: CompletionFormat, prompt_ids: list[int],
-                  params: SamplingParams, n: int, stream: StreamOptions, keepalive_s: float | None) -> Response:
+                  params: SamplingParams, n: int, stream: StreamOptions, keepalive_s: float | None,
+                  headers_timeout_s: float | None = None) -> Response:
     """Generate ``n`` choices for ``prompt_ids`` and answer in ``fmt``.
+
+    ``keepalive_s``: seconds of silence between SSE comments (None: never). ``headers_timeout_s``: the
+    longest a stream waits for its first output before its headers go out (None: ``keepalive_s``).
 
     Raises (before any byte is sent, so the client gets a JSON error with its status):
         RateLimitError, EngineDeadError, ContextLengthExceededError: from ``generate``.
@@ -96,7 +101,8 @@ async def respond(request: Request, client: EngineClient, fmt: CompletionFormat,
         if not stream.stream:
             results = await unless_disconnected(request, _collect(generation, params.logprobs))
             return json_response(fmt.body(response_id, created, model, results, generation.usage))
-        first = await unless_disconnected(request, _first_deltas(generation, keepalive_s))
+        waits = [t for t in (keepalive_s, headers_timeout_s) if t is not None]
+        first = await unless_disconnected(request, _first_deltas(generation, min(waits) if waits else None))
         body = sse_body(generation, fmt, fmt.framer(response_id, created, model, stream.include_usage),
                         keepalive_s=keepalive_s, include_usage=stream.include_usage, first=first)
         handed_to_body = True

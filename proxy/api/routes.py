@@ -117,7 +117,8 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len)
     params = replace(chat.params, max_tokens=max_tokens)
     return await respond(request, client, protocol.CHAT, prompt_ids, params, chat.n, chat.stream,
-                         state.settings.keepalive_interval_s or None)
+                         state.settings.keepalive_interval_s or None,
+                         state.settings.stream_headers_timeout_s or None)
 
 
 async def completions(request: Request) -> Response:
@@ -136,7 +137,8 @@ async def completions(request: Request) -> Response:
                                              prompt_name="prompt")
     params = replace(cmpl.params, max_tokens=max_tokens)
     return await respond(request, client, protocol.COMPLETION, prompt_ids, params, cmpl.n, cmpl.stream,
-                         state.settings.keepalive_interval_s or None)
+                         state.settings.keepalive_interval_s or None,
+                         state.settings.stream_headers_timeout_s or None)
 
 
 # ----------------------------------------------------------------------------- test-only

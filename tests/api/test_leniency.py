@@ -4,13 +4,19 @@ gzip/deflate request bodies with the limit on the decompressed size and 415 for 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
+import threading
 import zlib
+from dataclasses import dataclass, field
 
 import pytest
 
-from .conftest import REPLY, chat_body, run, serve, sse_json
+from proxy.settings import Settings
+
+from .conftest import MODEL, REPLY, chat_body, reply_ids, run, serve, sse_json
+from .fakes import FakeEngine, dechunk, make_tokenizer, post_stream, thread_server
 
 
 def _post_all(bodies: list[tuple[bytes, dict[str, str]]], **settings) -> list:
@@ -90,3 +96,59 @@ def test_corrupt_gzip_is_a_400_not_a_utf8_complaint():
     (r,) = _post_all([(b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"})])
     assert r.status_code == 400
     assert "gzip" in r.json()["error"]["message"] and "UTF-8" not in r.json()["error"]["message"]
+
+
+@dataclass
+class _NeverStartsEngine(FakeEngine):
+    """The scripted engine, but no request produces output until ``release`` is set (a request queued
+    behind long prompts)."""
+
+    release: threading.Event = field(default_factory=threading.Event)
+
+    async def _run(self, r) -> None:  # type: ignore[no-untyped-def]
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        await super()._run(r)
+
+
+def test_admitted_stream_gets_headers_and_role_chunk_within_the_header_timeout():
+    """Item 4: with the default 15 s keep-alive interval, a stream whose request waits for the engine
+    still gets 200, its headers, a comment and the role chunk after stream_headers_timeout_s (default
+    1 s), long before any token or keep-alive comment; the text follows once the engine runs."""
+    assert Settings().stream_headers_timeout_s == 1.0 and Settings().keepalive_interval_s == 15.0
+    engine = _NeverStartsEngine(reply_ids=reply_ids(make_tokenizer()))
+    with thread_server(engine) as (port, _):
+        sock = post_stream(port, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+        sock.settimeout(10)  # without the header timeout nothing arrives for 15 s
+        raw = b""
+        while b'"role":"assistant"' not in raw:
+            chunk = sock.recv(65536)
+            assert chunk, raw
+            raw += chunk
+        (running,) = engine.running.values()
+        assert running.num_out == 0  # nothing generated yet
+        assert raw.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"content-type: text/event-stream; charset=utf-8" in raw.lower()
+        engine.release.set()
+        while not raw.endswith(b"\r\n0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, raw[-200:]
+            raw += chunk
+        sock.close()
+    body = dechunk(raw.partition(b"\r\n\r\n")[2])
+    assert body.startswith(b": keepalive\n\n")
+    chunks = sse_json(body)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:] if c["choices"]) == REPLY
+
+
+def test_early_failure_within_the_header_timeout_is_still_a_status():
+    """Before the headers go out an engine failure is a plain JSON 500 (not an SSE stream)."""
+    engine = FakeEngine(reply_ids=reply_ids(make_tokenizer()), fail_after=0)
+
+    async def main():
+        async with serve(engine) as s:
+            return await s.client.post("/v1/chat/completions", json=chat_body("Hi", stream=True))
+
+    r = run(main())
+    assert r.status_code == 500 and r.headers["content-type"].startswith("application/json")
