@@ -226,5 +226,5 @@ def test_content_parts_and_developer_role_reach_template():
     r, engine, tok = run(main())
     assert r.status_code == 200
     expected = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
-                                        {"role": "user", "content": "Hello"}])
+                                        {"role": "user", "content": "Hel\nlo"}])  # parts joined by "\n"
     assert engine.submitted[0][1] == list(expected)
