@@ -47,7 +47,8 @@ class EngineStats:
         kv_cache_usage: fraction of KV blocks in use, in [0, 1].
         num_free_blocks, num_total_blocks: KV blocks (None: the core does not say).
         num_tracked_outputs: engine requests whose outputs output processing still expects.
-        num_preemptions: preemptions (recompute) since start.
+        num_preemptions: requests preempted (recomputed) so far because the KV cache ran out; a
+            growing count means the cache is too small for the load (vLLM's ``num_preemptions``).
         prefix_cache_queries, prefix_cache_hits: prompt tokens looked up in the prefix cache and
             found there, since start.
     """
