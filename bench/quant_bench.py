@@ -13,6 +13,9 @@ bf16. Each configuration runs in its own process (peak RSS is per process) and r
 - ``rss_load_mb``: peak resident memory after loading; ``rss_mb``: at the end (the perplexity
   forward's fp32 logits over the whole text take about 0.3 GB of it).
 
+``--interleaved ROUNDS`` instead loads the listed configurations into one process and alternates
+their batch-1 runs (best of ROUNDS each), the steadier ratios on a shared machine.
+
 Every ratio is against ``none``/fp32 measured in the same run; the machine may be shared, so the
 printed CPU seconds (``cpu_s``) are the steadier figure. Usage: ``python bench/quant_bench.py
 [--configs none:float32,gguf:bfloat16] [--max-new-tokens 64] [--threads 2] [--json out.json]``.
@@ -95,6 +98,33 @@ def run_one(config: str, max_new: int, threads: int) -> dict[str, float | str]:
     }
 
 
+def interleaved_tpot(configs: list[str], max_new: int, threads: int, rounds: int) -> None:
+    """Batch-1 TPOT of several configurations loaded in one process, runs alternated, best of
+    ``rounds`` each: on a shared machine the ratios of this mode are the steadier ones."""
+    import torch
+
+    from bench.engine_bench import build_prompts, in_thread, run_ours
+    from proxy.models import load_model
+    from proxy.settings import Settings
+
+    torch.set_num_threads(threads)
+    models = {}
+    for config in configs:
+        quant, dtype = config.split(":")
+        models[config] = load_model(Settings(dtype=dtype, quantization="auto" if quant == "gguf" else quant,
+                                             num_threads=threads))
+    prompt = build_prompts(models[configs[0]].hf_tokenizer, 1)
+    best = {c: float("inf") for c in configs}
+    for _ in range(rounds):
+        for config, loaded in models.items():
+            one = in_thread(run_ours, loaded.model, loaded, prompt, max_new)
+            best[config] = min(best[config], 1000 * (one["wall_s"] - one["ttft_s"]) / (max_new - 1))
+    base = best[configs[0]]
+    for config in configs:
+        print(f"{config:<20} TPOT {best[config]:7.1f} ms  x{base / best[config]:5.2f}  ({models[config].quantization})")
+    print(f"(best of {rounds} alternated runs, {max_new} tokens, threads={threads}; x = speed-up over {configs[0]})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
@@ -102,8 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child process: one config
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--interleaved", type=int, default=0, metavar="ROUNDS",
+                        help="only batch-1 TPOT, all --configs in one process, alternated ROUNDS times")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.interleaved:
+        interleaved_tpot(args.configs.split(","), args.max_new_tokens, args.threads, args.interleaved)
+        return 0
     if args.one:
         print("RESULT " + json.dumps(run_one(args.one, args.max_new_tokens, args.threads)), flush=True)
         return 0
