@@ -73,11 +73,12 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(StreamproxyError("Internal server error."))
 
 
-def ready_message(settings: Settings, model_name: str) -> str:
-    """The one "ready" log line: URL and a curl example."""
+def ready_message(settings: Settings, model_name: str, served_as: str = "") -> str:
+    """The one "ready" log line: what is served (``served_as``: dtype and quantization), URL and a curl example."""
     base = f"http://{settings.host}:{settings.port}"
     body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}], "stream": True})
-    return (f"streamproxy ready: serving '{model_name}' at {base}/v1 -- try: curl -N {base}/v1/chat/completions "
+    what = f" ({served_as})" if served_as else ""
+    return (f"streamproxy ready: serving '{model_name}'{what} at {base}/v1 -- try: curl -N {base}/v1/chat/completions "
             f"-H 'Content-Type: application/json' -d '{body}'")
 
 
@@ -116,7 +117,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
             state.set_failed(f"Loading the model failed: {type(exc).__name__}: {exc}")
             return
         state.set_ready(client)
-        log.info("%s", ready_message(settings, client.model.served_model_name))
+        info = client.model
+        served_as = ", ".join(f"{k} {v}" for k, v in (("dtype", info.dtype), ("quantization", info.quantization)) if v)
+        log.info("%s", ready_message(settings, info.served_model_name, served_as))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

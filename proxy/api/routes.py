@@ -79,7 +79,8 @@ async def metrics(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     """``GET /v1/models`` (OpenAI "List models")."""
     model = _state(request).require_ready().model
-    card = protocol.model_card(model.served_model_name, model.created, model.max_model_len)
+    card = protocol.model_card(model.served_model_name, model.created, model.max_model_len, dtype=model.dtype,
+                                quantization=model.quantization)
     return json_response({"object": "list", "data": [card]})
 
 
@@ -89,7 +90,8 @@ async def get_model(request: Request) -> Response:
     model_id = request.path_params.get("model_id", "")
     if model_id != model.served_model_name:
         raise ModelNotFoundError(f"The model '{model_id}' does not exist.", param="model")
-    return json_response(protocol.model_card(model.served_model_name, model.created, model.max_model_len))
+    return json_response(protocol.model_card(model.served_model_name, model.created, model.max_model_len,
+                                             dtype=model.dtype, quantization=model.quantization))
 
 
 # ----------------------------------------------------------------------------- completions

@@ -73,12 +73,17 @@ class ModelInfo:
         max_model_len: context window in tokens (prompt + output), as the engine enforces it.
         vocab_size: token ids accepted in prompts, ``logit_bias`` and ``stop_token_ids``; None: unchecked.
         created: Unix seconds, for ``/v1/models``.
+        dtype: activation dtype served (``"bfloat16"``); None: not reported.
+        quantization: what the weights are served as (``proxy.models.LoadedModel.quantization``,
+            e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"`` or ``"none"``); None: not reported.
     """
 
     served_model_name: str
     max_model_len: int
     vocab_size: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    dtype: str | None = None
+    quantization: str | None = None
 
 
 @runtime_checkable

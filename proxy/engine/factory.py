@@ -28,5 +28,6 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     loaded = load_model(settings)
     tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
     core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len)
-    model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer))
+    model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
+                      dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
     return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), tokenizer, model)

@@ -97,11 +97,17 @@ def completion_logprobs(entries: Sequence[LogprobEntry], text_offset: int) -> di
     }
 
 
-def model_card(model_id: str, created: int, max_model_len: int | None = None) -> dict[str, Any]:
-    """One entry of ``GET /v1/models`` (OpenAI "Model object", plus vLLM's ``max_model_len``)."""
+def model_card(model_id: str, created: int, max_model_len: int | None = None, *, dtype: str | None = None,
+               quantization: str | None = None) -> dict[str, Any]:
+    """One entry of ``GET /v1/models`` (OpenAI "Model object", plus vLLM's ``max_model_len``, and our
+    ``dtype`` and ``quantization``: what is served, when known)."""
     card: dict[str, Any] = {"id": model_id, "object": "model", "created": created, "owned_by": "streamproxy"}
     if max_model_len is not None:
         card["max_model_len"] = max_model_len
+    if dtype is not None:
+        card["dtype"] = dtype
+    if quantization is not None:
+        card["quantization"] = quantization
     return card
 
 

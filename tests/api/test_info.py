@@ -110,3 +110,17 @@ def test_metrics_endpoint_records_requests():
     assert m[("streamproxy:time_to_first_token_seconds_count", lab)] == 2
     assert m[("streamproxy:inter_token_latency_seconds_count", lab)] == 2 + num_stop - 1
     assert m[("streamproxy:num_requests_running", lab)] == 0
+
+
+def test_model_card_and_ready_line_say_what_is_served():
+    from proxy.api.app import ready_message
+    from proxy.protocol.responses import model_card
+
+    served = "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
+    card = model_card("m", 7, 128, dtype="bfloat16", quantization=served)
+    assert card == {"id": "m", "object": "model", "created": 7, "owned_by": "streamproxy", "max_model_len": 128,
+                    "dtype": "bfloat16", "quantization": served}
+    assert "dtype" not in model_card("m", 7, 128)
+    line = ready_message(Settings(), "m", f"dtype bfloat16, quantization {served}")
+    assert line.startswith(f"streamproxy ready: serving 'm' (dtype bfloat16, quantization {served}) at http://")
+    assert ready_message(Settings(), "m").startswith("streamproxy ready: serving 'm' at http://")
