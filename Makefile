@@ -51,6 +51,13 @@ $(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx)
 		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q nginx-light >/dev/null 2>&1) || \
 		 apt-get install -y -q nginx >/dev/null 2>&1) || echo "note: installing nginx failed; the nginx tests will be skipped"; \
 	else echo "note: nginx is not installed (needs root + apt-get); the nginx tests will be skipped"; fi
+	@# Chromium + chromedriver for tests/ui (the chat page in a real browser; skipped with a reason when absent)
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1)) || \
+		echo "note: installing chromium failed; the browser tests (tests/ui) will be skipped"; \
+	else echo "note: chromium/chromedriver are not installed (needs root + apt-get); the browser tests will be skipped"; fi
 	@touch $(STAMP)
 
 serve: setup

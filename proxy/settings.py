@@ -60,6 +60,7 @@ class Settings:
             (``proxy.engine.selfcheck``; seconds on a CPU for small models; off for very large ones).
         tool_call_parser: how ``tool_choice: "auto"`` output is parsed into tool calls: ``hermes``,
             ``llama3_json`` or ``mistral`` (vLLM's names); "": detected from the chat template.
+        ui: serve the built-in chat page at ``/`` (``--no-ui`` turns it off).
     """
 
     model: str | None = None
@@ -93,3 +94,4 @@ class Settings:
     seed: int | None = None
     self_check: bool = True
     tool_call_parser: str = ""
+    ui: bool = True

@@ -40,6 +40,8 @@ from .auth import ApiKeyMiddleware
 from .faults import FaultInjector
 from .responses import error_response
 from .state import ServerState
+from .ui import INDEX as UI_INDEX
+from .ui import asset as ui_asset
 
 log = logging.getLogger("proxy.api")
 
@@ -87,6 +89,14 @@ def default_engine_factory(settings: Settings) -> EngineClient:
     from proxy.engine.factory import build_engine_client
 
     return build_engine_client(settings)
+
+
+async def _ui_page(request: Request) -> Response:
+    """``GET /`` (the chat page) and ``GET /ui/{name}`` (its stylesheet and script); see ``proxy.api.ui``."""
+    found = ui_asset(request.path_params.get("name", UI_INDEX))
+    if found is None:
+        raise HTTPException(404)
+    return Response(found.body, media_type=found.media_type, headers=found.headers)
 
 
 def create_app(settings: Settings, engine_factory: EngineFactory | None = None, *,
@@ -143,6 +153,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
     ]
+    if settings.ui:
+        table += [Route("/", _ui_page, methods=["GET"]), Route("/ui/{name}", _ui_page, methods=["GET"])]
     if enable_test_faults:
         log.warning("TEST-ONLY fault injection is enabled (POST /_test/fault); never use this in production")
         table.append(Route("/_test/fault", routes.arm_fault, methods=["POST"]))

@@ -189,7 +189,7 @@ def run_self_check(
     chunk = max(8, -(-long // 3))
     fail = f"self-check failed for model type '{model_type}'"
     advice = ("the engine would serve different text than transformers; this model is refused "
-              "(--self-check false skips the check at your own risk)")
+              "(--no-self-check skips the check at your own risk)")
     try:
         engine_ids = _engine_run(model, settings, prompts, max_model_len, chunk)
     except SelfCheckError as exc:

@@ -1,0 +1,148 @@
+"""Fixtures of the chat-page tests: live servers on 127.0.0.1 and one headless Chromium per module.
+
+- :func:`live_app`: any ASGI app (ours) in uvicorn on a thread, on a free port, until it is ready.
+- :func:`fake_app`: the real app over a scripted :class:`~api.fakes.FakeEngine` whose reply depends on
+  the last user message (:func:`reply_for`), so each test picks its reply by what it types.
+- :class:`DroppingApp`: wraps the app; when armed, it cuts the connection of the next streamed
+  response after a few body messages (a dropped connection, as a crashed proxy would cause).
+- ``browser``: Debian's ``chromium`` driven by ``chromedriver`` through selenium, started with the
+  flags below and a fresh ``--user-data-dir``; skipped with a reason where either is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api.fakes import FakeEngine, make_hf_tokenizer, make_tokenizer
+
+from proxy.api.app import create_app
+from proxy.api.routes import ServingModel
+from proxy.settings import Settings
+
+MODEL = "test-model"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1100,760"]
+
+HELLO = "Hello world! This is a test of the streaming server."
+CJK = "你好，世界。我很感动。🤗 emoji and café, naïve façade 👩‍💻 end"
+INJECTION = ('Look: <img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+             '<b id="injected">bold</b> &amp; done')
+LONG = " ".join(["alpha beta gamma delta"] * 40)
+
+
+def reply_for(last_user_message: str) -> str:
+    """The fake engine's reply, chosen by a keyword in the last user message."""
+    if "inject" in last_user_message:
+        return INJECTION
+    if "cjk" in last_user_message:
+        return CJK
+    if "long" in last_user_message:
+        return LONG
+    return HELLO
+
+
+def _last_user_message(prompt_text: str) -> str:
+    return prompt_text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+
+
+def fake_app(engine: FakeEngine, **settings: Any) -> Any:
+    """The real app over ``engine`` (scripted by :func:`reply_for`), serving :data:`MODEL`."""
+    hf = make_hf_tokenizer()
+    tok = make_tokenizer()
+    eos = hf.convert_tokens_to_ids("<|im_end|>")
+    engine.eos_token_ids = frozenset({eos})
+
+    def script(prompt_ids: list[int], params: Any) -> list[int]:
+        text = reply_for(_last_user_message(hf.decode(prompt_ids)))
+        return list(tok.encode(text)) + [eos]
+
+    engine.script = script
+    settings.setdefault("served_model_name", MODEL)
+    return create_app(Settings(**settings), lambda _: ServingModel(engine, tok, MODEL, 4096, vocab_size=len(hf)))
+
+
+class DroppingApp:
+    """ASGI wrapper: after :meth:`arm`, the next chat completion's connection is cut after
+    ``after_messages`` body messages (an exception once the response started: uvicorn closes the
+    socket without the last chunk)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.state = app.state
+        self.after_messages: int | None = None
+
+    def arm(self, after_messages: int) -> None:
+        self.after_messages = after_messages
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        after = self.after_messages
+        if after is None or scope.get("path") != "/v1/chat/completions":
+            await self.app(scope, receive, send)
+            return
+        self.after_messages = None
+        sent = 0
+
+        async def cutting_send(message: dict) -> None:
+            nonlocal sent
+            if message["type"] == "http.response.body":
+                sent += 1
+                if sent > after:
+                    raise ConnectionAbortedError("test: connection dropped on purpose")
+            await send(message)
+
+        await self.app(scope, receive, cutting_send)
+
+
+@contextlib.contextmanager
+def live_app(app: Any, ready_timeout_s: float = 60.0) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a thread at a free 127.0.0.1 port; yields the base URL once the
+    model is loaded (``app.state.server.status == "ready"``)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            if server.started and app.state.server.status != "loading":
+                break
+            time.sleep(0.02)
+        assert server.started and app.state.server.status == "ready", app.state.server.load_error
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A headless Chromium (selenium + chromedriver), shared by the tests of a module."""
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("Chromium and chromedriver are not installed (apt-get install chromium chromium-driver; "
+                    "make setup does it when run as root)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_script_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
