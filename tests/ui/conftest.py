@@ -3,14 +3,15 @@
 - :func:`live_app`: any ASGI app (ours) in uvicorn on a thread, on a free port, until it is ready.
 - :func:`fake_app`: the real app over a scripted :class:`~api.fakes.FakeEngine` whose reply depends on
   the last user message (:func:`reply_for`), so each test picks its reply by what it types.
-- :class:`DroppingApp`: wraps the app; when armed, it cuts the connection of the next streamed
-  response after a few body messages (a dropped connection, as a crashed proxy would cause).
+- :class:`WireApp`: wraps the app; on request it cuts the next streamed response's connection, or
+  sends each of its multibyte frames in two pieces split inside a UTF-8 character.
 - ``browser``: Debian's ``chromium`` driven by ``chromedriver`` through selenium, started with the
   flags below and a fresh ``--user-data-dir``; skipped with a reason where either is missing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import threading
@@ -55,6 +56,24 @@ def _last_user_message(prompt_text: str) -> str:
     return prompt_text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
 
 
+class BurstEngine(FakeEngine):
+    """:class:`~api.fakes.FakeEngine` that, with ``burst`` set, emits a whole reply in one engine step
+    (so it reaches the page as one content delta)."""
+
+    burst: bool = False
+
+    async def _run(self, r: Any) -> None:
+        if not self.burst:
+            await super()._run(r)
+            return
+        await asyncio.sleep(self.step_s)
+        ids = r.script[: r.params.max_tokens]
+        r.num_out = len(ids)
+        self.running.pop(r.request_id, None)
+        eos = ids[-1] if ids and ids[-1] in self.eos_token_ids else None
+        r.on_output(self._out(r, ids, True, "stop" if eos is not None else "length", stop_reason=eos))
+
+
 def fake_app(engine: FakeEngine, **settings: Any) -> Any:
     """The real app over ``engine`` (scripted by :func:`reply_for`), serving :data:`MODEL`."""
     hf = make_hf_tokenizer()
@@ -71,36 +90,56 @@ def fake_app(engine: FakeEngine, **settings: Any) -> Any:
     return create_app(Settings(**settings), lambda _: ServingModel(engine, tok, MODEL, 4096, vocab_size=len(hf)))
 
 
-class DroppingApp:
-    """ASGI wrapper: after :meth:`arm`, the next chat completion's connection is cut after
-    ``after_messages`` body messages (an exception once the response started: uvicorn closes the
-    socket without the last chunk)."""
+class WireApp:
+    """ASGI wrapper that changes how the next streamed chat completion travels on the wire.
+
+    - :meth:`drop_after`: the connection is cut after ``n`` body messages (an exception once the
+      response started: uvicorn closes the socket without the last chunk), as a crashed proxy would.
+    - :meth:`split_characters`: every body message holding non-ASCII text is sent in two pieces, cut
+      right after its first non-ASCII byte (inside a UTF-8 character), a few ms apart, so the
+      browser reads a character in two halves.
+    """
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.state = app.state
-        self.after_messages: int | None = None
+        self.drop_after_messages: int | None = None
+        self.split_next = False
 
-    def arm(self, after_messages: int) -> None:
-        self.after_messages = after_messages
+    def reset(self) -> None:
+        self.drop_after_messages, self.split_next = None, False
+
+    def drop_after(self, n: int) -> None:
+        self.drop_after_messages = n
+
+    def split_characters(self) -> None:
+        self.split_next = True
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        after = self.after_messages
-        if after is None or scope.get("path") != "/v1/chat/completions":
+        drop, split = self.drop_after_messages, self.split_next
+        if (drop is None and not split) or scope.get("path") != "/v1/chat/completions":
             await self.app(scope, receive, send)
             return
-        self.after_messages = None
+        self.reset()
         sent = 0
 
-        async def cutting_send(message: dict) -> None:
+        async def wire_send(message: dict) -> None:
             nonlocal sent
-            if message["type"] == "http.response.body":
-                sent += 1
-                if sent > after:
-                    raise ConnectionAbortedError("test: connection dropped on purpose")
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            sent += 1
+            if drop is not None and sent > drop:
+                raise ConnectionAbortedError("test: connection dropped on purpose")
+            body: bytes = message.get("body", b"")
+            cut = next((i + 1 for i, b in enumerate(body) if b >= 0x80), None)
+            if split and cut is not None:
+                await send({"type": "http.response.body", "body": body[:cut], "more_body": True})
+                await asyncio.sleep(0.005)
+                message = {**message, "body": body[cut:]}
             await send(message)
 
-        await self.app(scope, receive, cutting_send)
+        await self.app(scope, receive, wire_send)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from api.fakes import make_tiny_model as _make_tiny_model
 from proxy.api.app import create_app
 from proxy.settings import Settings
 
-from .conftest import CJK, HELLO, INJECTION, MODEL, DroppingApp, fake_app, live_app
+from .conftest import CJK, HELLO, INJECTION, LONG, MODEL, BurstEngine, WireApp, fake_app, live_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -111,14 +111,14 @@ def prompt_text(engine: FakeEngine, which: int = -1) -> str:
 
 
 class FakeServer:
-    def __init__(self, base: str, engine: FakeEngine, app: DroppingApp) -> None:
+    def __init__(self, base: str, engine: BurstEngine, app: WireApp) -> None:
         self.base, self.engine, self.app = base, engine, app
 
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[FakeServer]:
-    engine = FakeEngine(step_s=0.03)
-    app = DroppingApp(fake_app(engine))
+    engine = BurstEngine(step_s=0.03)
+    app = WireApp(fake_app(engine))
     with live_app(app) as base:
         yield FakeServer(base, engine, app)
 
@@ -128,7 +128,8 @@ def page(browser: Any, fake_server: FakeServer) -> Iterator[Any]:
     """The page loaded from the fake server; the engine's failure knobs reset; console drained."""
     fake_server.engine.max_waiting = 1000
     fake_server.engine.fail_after = None
-    fake_server.app.after_messages = None
+    fake_server.engine.burst = False
+    fake_server.app.reset()
     open_page(browser, fake_server.base)
     browser.get_log("browser")
     yield browser
@@ -166,13 +167,15 @@ def test_reply_streams_in_incrementally(page: Any, fake_server: FakeServer) -> N
     assert console_errors(page) == []
 
 
-def test_cjk_and_emoji_arrive_intact(page: Any) -> None:
+def test_cjk_and_emoji_arrive_intact_when_characters_are_split_on_the_wire(page: Any, fake_server: FakeServer) -> None:
+    fake_server.app.split_characters()
     send(page, "cjk please")
     assert wait_reply(page)["text"] == CJK
     assert console_errors(page) == []
 
 
-def test_html_in_a_reply_is_shown_as_text_and_never_runs(page: Any) -> None:
+def test_html_injection_in_a_reply_is_shown_as_text_and_never_runs(page: Any, fake_server: FakeServer) -> None:
+    fake_server.engine.burst = True  # the whole reply in one delta: whole tags, were they parsed as HTML
     send(page, "inject something")
     assert wait_reply(page)["text"] == INJECTION
     time.sleep(0.3)  # an onerror handler would have run by now
@@ -270,7 +273,7 @@ def test_error_event_in_the_stream_is_shown_and_the_partial_reply_kept(page: Any
 
 
 def test_dropped_connection_is_shown(page: Any, fake_server: FakeServer) -> None:
-    fake_server.app.arm(after_messages=3)
+    fake_server.app.drop_after(3)
     send(page, "long text please")
     wait_for(page, "return document.querySelectorAll('#log .message.error').length === 1")
     shown = errors_shown(page)
@@ -361,19 +364,20 @@ def test_stop_ends_the_stream_and_frees_the_kv_blocks(browser: Any, engine_serve
 
 
 def test_screenshot(browser: Any, fake_server: FakeServer, tmp_path: Path) -> None:
-    """A screenshot of a short conversation. Written to docs/img/chat-ui.png (for the README) when
+    """A screenshot of a short conversation, the second reply still streaming. Written to docs/img/chat-ui.png (for the README) when
     ``STREAMPROXY_UPDATE_SCREENSHOT=1``, else to a temp folder, so a test run leaves the tree clean."""
     open_page(browser, fake_server.base)
     browser.find_element("id", "settings-toggle").click()
     browser.find_element("id", "system").send_keys("You are a friendly assistant.")
     send(browser, "hello")
     wait_reply(browser)
-    send(browser, "cjk, please")
-    wait_reply(browser)
-    browser.find_element("id", "prompt").send_keys("What else can you do?")
+    send(browser, "a long reply, please")
+    wait_for(browser, "const m = [...document.querySelectorAll('#log .message.assistant')].pop();"
+                      "return m.dataset.state === 'streaming' && m.querySelector('.text').textContent.length > 150")
     path = SCREENSHOT if os.environ.get(UPDATE_SCREENSHOT_ENV) == "1" else tmp_path / "chat-ui.png"
     assert browser.save_screenshot(str(path))
     png = path.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
     assert (width, height) == tuple(browser.execute_script("return [window.innerWidth, window.innerHeight]"))
+    assert wait_reply(browser)["text"] == LONG
