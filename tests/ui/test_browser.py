@@ -27,7 +27,7 @@ from proxy.settings import Settings
 
 from .conftest import CJK, HELLO, INJECTION, LONG, MODEL, BurstEngine, WireApp, fake_app, live_app
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "docs" / "img" / "chat-ui.png"
@@ -204,11 +204,17 @@ def test_history_system_prompt_settings_and_clear(page: Any, fake_server: FakeSe
     assert (params.temperature, params.max_tokens) == (0.2, 40)
     assert page.execute_script("return document.querySelectorAll('#log .message').length") == 4
 
+    send(page, "long reply")  # Clear while it streams: the request is aborted, its turn forgotten
+    wait_for(page, "const m = [...document.querySelectorAll('#log .message.assistant')].pop();"
+                   "return m.dataset.state === 'streaming' && m.querySelector('.text').textContent.length > 20")
+    long_id = engine.submitted[-1][0]
     page.find_element("id", "clear").click()
     assert page.execute_script("return document.querySelectorAll('#log .message').length") == 0
     send(page, "hello three")
     wait_reply(page)
-    assert "hello one" not in prompt_text(engine) and "hello three" in prompt_text(engine)
+    prompt = prompt_text(engine)
+    assert "hello one" not in prompt and "long reply" not in prompt and "hello three" in prompt
+    assert long_id in engine.aborted
     assert console_errors(page) == []
 
 

@@ -162,7 +162,9 @@
 
   // ------------------------------------------------------------------------- the page
 
-  const state = { history: [], controller: null };
+  // history: the turns sent with the next request; epoch: bumped by "Clear chat", so a reply that
+  // ends after a clear does not bring its turn back
+  const state = { history: [], controller: null, epoch: 0 };
 
   function addMessage(role, text) {
     const el = document.createElement("article");
@@ -286,6 +288,10 @@
     const reply = addMessage("assistant", "");
     reply.setState("streaming");
     const controller = new AbortController();
+    const epoch = state.epoch;
+    const remember = (reply) => {
+      if (state.epoch === epoch) state.history.push({ role: "user", content: text }, { role: "assistant", content: reply });
+    };
     setBusy(controller);
     showNotice("");
     const t0 = performance.now();
@@ -314,12 +320,12 @@
         setStats(`TTFT ${ttft} · – tok/s`);
         reply.setInfo(result.finishReason || "");
       }
-      state.history.push({ role: "user", content: text }, { role: "assistant", content: reply.text });
+      remember(reply.text);
     } catch (err) {
       if (err.name === "AbortError") {
         reply.setState("stopped");
         reply.setInfo("stopped");
-        if (reply.text) state.history.push({ role: "user", content: text }, { role: "assistant", content: reply.text });
+        if (reply.text) remember(reply.text);
       } else {
         reply.setState("failed");
         if (!reply.text) reply.el.remove();
@@ -390,6 +396,7 @@
     });
     $("clear").addEventListener("click", () => {
       if (state.controller) state.controller.abort();
+      state.epoch += 1;
       state.history = [];
       $("log").replaceChildren();
       showNotice("");
