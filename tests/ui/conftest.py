@@ -16,7 +16,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +74,9 @@ class BurstEngine(FakeEngine):
         r.on_output(self._out(r, ids, True, "stop" if eos is not None else "length", stop_reason=eos))
 
 
-def fake_app(engine: FakeEngine, **settings: Any) -> Any:
-    """The real app over ``engine`` (scripted by :func:`reply_for`), serving :data:`MODEL`."""
+def fake_app(engine: FakeEngine, before_load: Callable[[], Any] | None = None, **settings: Any) -> Any:
+    """The real app over ``engine`` (scripted by :func:`reply_for`), serving :data:`MODEL`.
+    ``before_load`` runs in the loading thread first (a test holds the server in "loading" with it)."""
     hf = make_hf_tokenizer()
     tok = make_tokenizer()
     eos = hf.convert_tokens_to_ids("<|im_end|>")
@@ -87,7 +88,12 @@ def fake_app(engine: FakeEngine, **settings: Any) -> Any:
 
     engine.script = script
     settings.setdefault("served_model_name", MODEL)
-    return create_app(Settings(**settings), lambda _: ServingModel(engine, tok, MODEL, 4096, vocab_size=len(hf)))
+    def factory(_: Settings) -> Any:
+        if before_load is not None:
+            before_load()
+        return ServingModel(engine, tok, MODEL, 4096, vocab_size=len(hf))
+
+    return create_app(Settings(**settings), factory)
 
 
 class WireApp:
@@ -143,9 +149,9 @@ class WireApp:
 
 
 @contextlib.contextmanager
-def live_app(app: Any, ready_timeout_s: float = 60.0) -> Iterator[str]:
+def live_app(app: Any, ready_timeout_s: float = 60.0, wait_ready: bool = True) -> Iterator[str]:
     """Serve ``app`` with uvicorn on a thread at a free 127.0.0.1 port; yields the base URL once the
-    model is loaded (``app.state.server.status == "ready"``)."""
+    model is loaded (``app.state.server.status == "ready"``), or once it listens (``wait_ready=False``)."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -154,10 +160,11 @@ def live_app(app: Any, ready_timeout_s: float = 60.0) -> Iterator[str]:
     try:
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
-            if server.started and app.state.server.status != "loading":
+            if server.started and (not wait_ready or app.state.server.status != "loading"):
                 break
             time.sleep(0.02)
-        assert server.started and app.state.server.status == "ready", app.state.server.load_error
+        assert server.started
+        assert not wait_ready or app.state.server.status == "ready", app.state.server.load_error
         port = server.servers[0].sockets[0].getsockname()[1]
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -321,6 +322,28 @@ def test_api_key_is_asked_for_kept_in_session_storage_and_sent(browser: Any) -> 
         assert not browser.execute_script("return document.getElementById('key-form').hidden")
         assert console_errors(browser, allowed=("status of 401",)) == []
         browser.execute_script("sessionStorage.clear()")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def test_page_waits_while_the_model_loads(browser: Any) -> None:
+    release = threading.Event()
+    app = fake_app(BurstEngine(step_s=0.01), before_load=lambda: release.wait(60))
+    try:
+        with live_app(app, wait_ready=False) as base:
+            browser.get(base + "/")
+            wait_for(browser, "return !document.getElementById('notice').hidden")
+            notice = browser.find_element("id", "notice").text
+            assert "loading" in notice and notice.endswith("Retrying…"), notice
+            release.set()
+            wait_for(browser, "return document.body.dataset.ready === 'true'")
+            assert browser.execute_script("return document.getElementById('notice').hidden") is True
+            send(browser, "hello after loading")
+            assert wait_reply(browser)["text"] == HELLO
+            assert console_errors(browser, allowed=("status of 503",)) == []
+    finally:
+        release.set()
 
 
 # ----------------------------------------------------------------------------- Stop (real engine)
