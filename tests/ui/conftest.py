@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api.fakes import FakeEngine, make_hf_tokenizer, make_tokenizer
+from api.fakes import FakeEngine, fake_client, make_hf_tokenizer, make_tokenizer
 
 from proxy.api.app import create_app
-from proxy.api.routes import ServingModel
 from proxy.settings import Settings
 
 MODEL = "test-model"
@@ -71,7 +70,7 @@ class BurstEngine(FakeEngine):
         r.num_out = len(ids)
         self.running.pop(r.request_id, None)
         eos = ids[-1] if ids and ids[-1] in self.eos_token_ids else None
-        r.on_output(self._out(r, ids, True, "stop" if eos is not None else "length", stop_reason=eos))
+        self._emit(self._out(r, ids, True, "stop" if eos is not None else "length", stop_reason=eos))
 
 
 def fake_app(engine: FakeEngine, before_load: Callable[[], Any] | None = None, **settings: Any) -> Any:
@@ -80,7 +79,6 @@ def fake_app(engine: FakeEngine, before_load: Callable[[], Any] | None = None, *
     hf = make_hf_tokenizer()
     tok = make_tokenizer()
     eos = hf.convert_tokens_to_ids("<|im_end|>")
-    engine.eos_token_ids = frozenset({eos})
 
     def script(prompt_ids: list[int], params: Any) -> list[int]:
         text = reply_for(_last_user_message(hf.decode(prompt_ids)))
@@ -91,7 +89,7 @@ def fake_app(engine: FakeEngine, before_load: Callable[[], Any] | None = None, *
     def factory(_: Settings) -> Any:
         if before_load is not None:
             before_load()
-        return ServingModel(engine, tok, MODEL, 4096, vocab_size=len(hf))
+        return fake_client(engine, MODEL, 4096, vocab_size=len(hf))
 
     return create_app(Settings(**settings), factory)
 
