@@ -130,6 +130,7 @@ def page(browser: Any, fake_server: FakeServer) -> Iterator[Any]:
     fake_server.engine.max_waiting = 1000
     fake_server.engine.fail_after = None
     fake_server.engine.burst = False
+    fake_server.engine.step_s = 0.03
     fake_server.app.reset()
     open_page(browser, fake_server.base)
     browser.get_log("browser")
@@ -150,6 +151,7 @@ def test_page_loads_without_console_errors(browser: Any, fake_server: FakeServer
 
 
 def test_reply_streams_in_incrementally(page: Any, fake_server: FakeServer) -> None:
+    fake_server.engine.step_s = 0.1  # 100 ms per token: distinct frames even on a loaded machine
     page.execute_script(OBSERVE_REPLIES)
     send(page, "hello there")
     reply = wait_reply(page)
