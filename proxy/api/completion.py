@@ -20,7 +20,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -28,6 +28,8 @@ from starlette.responses import Response, StreamingResponse
 from proxy.engine.client import ChoiceDelta, EngineClient, Generation
 from proxy.protocol import ChoiceResult, CompletionFormat, LogprobEntry, StreamOptions
 from proxy.sampling import SamplingParams
+from proxy.tools.output import ChoiceToolOutput
+from proxy.tools.request import ChatTools
 
 from .responses import SSE_HEADERS, SSE_MEDIA_TYPE, json_response
 from .streaming import sse_body
@@ -78,13 +80,25 @@ async def _first_deltas(generation: Generation, timeout_s: float | None) -> list
     return await generation.__anext__()
 
 
+def _with_tool_calls(body: dict[str, Any], outputs: list[ChoiceToolOutput]) -> dict[str, Any]:
+    """The non-stream chat body with each choice's text split into content and ``tool_calls``."""
+    for choice, out in zip(body["choices"], outputs):
+        out.feed(choice["message"]["content"])
+        _, _, choice["finish_reason"] = out.finish(choice["finish_reason"])
+        choice["message"] = out.message()
+    return body
+
+
 async def respond(request: Request, client: EngineClient, fmt: CompletionFormat, prompt_ids: list[int],
                   params: SamplingParams, n: int, stream: StreamOptions, keepalive_s: float | None,
-                  headers_timeout_s: float | None = None) -> Response:
+                  headers_timeout_s: float | None = None, *, tools: ChatTools | None = None,
+                  parser_name: str | None = None) -> Response:
     """Generate ``n`` choices for ``prompt_ids`` and answer in ``fmt``.
 
     ``keepalive_s``: seconds of silence between SSE comments (None: never). ``headers_timeout_s``: the
     longest a stream waits for its first output before its headers go out (None: ``keepalive_s``).
+    With ``tools`` (chat), each choice's output goes through a
+    :class:`~proxy.tools.output.ChoiceToolOutput` (``parser_name`` for ``tool_choice: "auto"``).
 
     Raises (before any byte is sent, so the client gets a JSON error with its status):
         RateLimitError, EngineDeadError, ContextLengthExceededError: from ``generate``.
@@ -96,15 +110,20 @@ async def respond(request: Request, client: EngineClient, fmt: CompletionFormat,
     created = int(time.time())
     model = client.model.served_model_name
     generation = client.generate(prompt_ids, params, n, request_id=response_id)
+    tool_outputs = [ChoiceToolOutput(tools, parser_name) for _ in range(n)] if tools is not None else None
     handed_to_body = False
     try:
         if not stream.stream:
             results = await unless_disconnected(request, _collect(generation, params.logprobs))
-            return json_response(fmt.body(response_id, created, model, results, generation.usage))
+            reply = fmt.body(response_id, created, model, results, generation.usage)
+            if tool_outputs is not None:
+                reply = _with_tool_calls(reply, tool_outputs)
+            return json_response(reply)
         waits = [t for t in (keepalive_s, headers_timeout_s) if t is not None]
         first = await unless_disconnected(request, _first_deltas(generation, min(waits) if waits else None))
         body = sse_body(generation, fmt, fmt.framer(response_id, created, model, stream.include_usage),
-                        keepalive_s=keepalive_s, include_usage=stream.include_usage, first=first)
+                        keepalive_s=keepalive_s, include_usage=stream.include_usage, first=first,
+                        tool_outputs=tool_outputs, chunk_ids=(response_id, created, model))
         handed_to_body = True
         return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
     finally:

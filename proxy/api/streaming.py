@@ -23,15 +23,37 @@ arrives), an error, or the end of the server.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from proxy.engine.client import ChoiceDelta, Generation
 from proxy.errors import StreamproxyError
 from proxy.hotpath import dumps
 from proxy.protocol import CompletionFormat
+from proxy.tools.output import ChoiceToolOutput, tool_calls_chunk
 
 KEEPALIVE = b": keepalive\n\n"
+
+
+def _frame_tools(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: Any, text_offsets: list[int],
+                 out: list[bytes], tool_outputs: list[ChoiceToolOutput], chunk_ids: tuple[str, int, str]) -> None:
+    """Like :func:`_frame`, with each choice's text split into content and tool-call deltas."""
+    for d in deltas:
+        tools = tool_outputs[d.index]
+        text, calls = tools.feed(d.text)
+        finish = d.finish_reason
+        if finish is not None:
+            last, more, finish = tools.finish(finish)
+            text, calls = text + last, calls + more
+        if text or d.logprobs:
+            lp_json = dumps(fmt.logprobs(d.logprobs, text_offsets[d.index])) if d.logprobs else None
+            out.append(framer.content(d.index, text, lp_json))
+            text_offsets[d.index] += len(text)
+        if calls:
+            out.append(tool_calls_chunk(*chunk_ids, d.index, calls))
+        if finish is not None:
+            out.append(framer.finish(d.index, finish))
 
 
 def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: Any, text_offsets: list[int],
@@ -46,7 +68,9 @@ def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: Any, te
 
 
 async def sse_body(generation: Generation, fmt: CompletionFormat, framer: Any, *, keepalive_s: float | None,
-                   include_usage: bool, first: Sequence[ChoiceDelta] | None) -> AsyncIterator[bytes]:
+                   include_usage: bool, first: Sequence[ChoiceDelta] | None,
+                   tool_outputs: list[ChoiceToolOutput] | None = None,
+                   chunk_ids: tuple[str, int, str] = ("", 0, "")) -> AsyncIterator[bytes]:
     """The response body; each yielded item is one socket write of one or more SSE events.
 
     Args:
@@ -58,8 +82,13 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: Any, *
         first: deltas already taken from the generation; None: nothing came within
             ``keepalive_s`` (the request waits in the queue or a long prefill), so the body
             starts with a keep-alive comment and the headers go out now.
+        tool_outputs: per choice, the tool-call splitter (chat with tools); None: plain text.
+        chunk_ids: ``(response id, created, model)`` of the chunks, for the ``tool_calls`` chunks.
     """
     text_offsets = [0] * generation.num_choices
+    _frame_any: Callable[[Sequence[ChoiceDelta], CompletionFormat, Any, list[int], list[bytes]], None] = _frame
+    if tool_outputs is not None:
+        _frame_any = functools.partial(_frame_tools, tool_outputs=tool_outputs, chunk_ids=chunk_ids)
     try:
         out: list[bytes] = []
         if first is None:
@@ -67,7 +96,7 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: Any, *
         if fmt.is_chat:
             out.extend(framer.role(i) for i in range(generation.num_choices))
         if first:
-            _frame(first, fmt, framer, text_offsets, out)
+            _frame_any(first, fmt, framer, text_offsets, out)
         while True:
             if out and not generation.is_finished:
                 yield b"".join(out)
@@ -83,7 +112,7 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: Any, *
                 out += [framer.error(exc.message, exc.type, exc.code), framer.done()]
                 yield b"".join(out)
                 return
-            _frame(deltas, fmt, framer, text_offsets, out)
+            _frame_any(deltas, fmt, framer, text_offsets, out)
         if include_usage:
             usage = generation.usage
             out.append(framer.usage(usage.prompt_tokens, usage.completion_tokens))

@@ -13,22 +13,26 @@ output processing staying in the API process.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from proxy.engine.generation import Generation
 from proxy.engine.mailbox import ChoiceDelta, Mailbox
 from proxy.engine.output import OutputProcessor
 from proxy.engine.request import RequestOutput
 from proxy.engine.stats import MetricsRecorder
-from proxy.errors import RateLimitError
+from proxy.errors import InvalidRequestError, RateLimitError
 from proxy.metrics import Metrics
 from proxy.protocol import choice_params, resolve_max_tokens
-from proxy.sampling import SamplingParams
+from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from proxy.engine.structured import GrammarCompiler
 
 __all__ = ["AsyncEngineClient", "ChoiceDelta", "EngineClient", "EngineCoreClient", "EngineStats", "Generation",
            "ModelInfo"]
@@ -142,6 +146,15 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    async def prepare_structured_output(self, so: StructuredOutputParams, param: str) -> None:
+        """Compile the grammar of ``so`` in a worker thread (cached by its text), before ``generate``,
+        so the engine thread only looks it up.
+
+        Raises:
+            InvalidRequestError: the spec cannot be enforced (400 naming ``param``), or the engine
+                serves no structured outputs.
+        """
+
 
 class AsyncEngineClient:
     """:class:`EngineClient` over any :class:`EngineCoreClient`; owns output processing.
@@ -150,10 +163,13 @@ class AsyncEngineClient:
         core: the engine core's client (``AsyncEngine`` for the in-process thread).
         tokenizer: the served model's tokenizer (detokenization here, chat templates in the API).
         model: facts of the served model.
+        grammar_compiler: the engine core's grammar compiler (structured outputs); None: none served.
     """
 
-    def __init__(self, core: EngineCoreClient, tokenizer: Tokenizer, model: ModelInfo) -> None:
+    def __init__(self, core: EngineCoreClient, tokenizer: Tokenizer, model: ModelInfo,
+                 grammar_compiler: GrammarCompiler | None = None) -> None:
         self.core = core
+        self.grammar_compiler = grammar_compiler
         self.tokenizer = tokenizer
         self.model = model
         self.metrics = Metrics(
@@ -191,6 +207,12 @@ class AsyncEngineClient:
         return replace(self.core.stats(), num_tracked_outputs=self._processor.num_tracked)
 
     # ---- requests ----------------------------------------------------------------------------------
+
+    async def prepare_structured_output(self, so: StructuredOutputParams, param: str) -> None:
+        """See :meth:`EngineClient.prepare_structured_output`."""
+        if self.grammar_compiler is None:
+            raise InvalidRequestError("Structured outputs are not available on this server.", param=param)
+        await asyncio.to_thread(self.grammar_compiler.compile, so, param)
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1,
                  request_id: str | None = None) -> Generation:

@@ -22,12 +22,16 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     """
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
+    from proxy.engine.structured import GrammarCompiler
     from proxy.models import load_model
     from proxy.tokenizer import Tokenizer
 
     loaded = load_model(settings)
     tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
-    core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len)
+    # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
+    logits_width = int(loaded.model.get_output_embeddings().weight.shape[0])
+    compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
+    core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler)
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
-    return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), tokenizer, model)
+    return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler)

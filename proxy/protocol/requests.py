@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.errors import ContextLengthExceededError, InvalidRequestError
-from proxy.sampling import SamplingParams
+from proxy.sampling import SamplingParams, StructuredOutputParams
+from proxy.tools.request import ChatTools, parse_chat_tools, parse_structured_outputs
 
 from .fields import (
     StreamOptions,
@@ -39,16 +40,11 @@ from .fields import (
 )
 
 # value -> None when the value is harmless (the feature is not used), else an error message.
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 UNSUPPORTED_CHAT_FIELDS = (
-    "tools",
-    "tool_choice",
-    "functions",
-    "function_call",
-    "response_format",
     "audio",
     "modalities",
     "prediction",
@@ -71,6 +67,11 @@ class ChatCompletionRequest:
         max_tokens: ``max_completion_tokens`` or ``max_tokens``; None: the rest of the context.
         params: sampling parameters; ``max_tokens`` is a placeholder until
             :func:`resolve_max_tokens`.
+        raw_messages: the request's ``messages`` as sent (for ``tool_calls`` and ``tool_call_id``,
+            see :func:`proxy.tools.request.template_messages`).
+        tools: ``tools`` / ``tool_choice`` / ``parallel_tool_calls``; None: no tools.
+        structured: the ``response_format`` / ``guided_*`` constraint; None: unconstrained.
+        structured_param: the field that asked for ``structured`` (named in compile errors).
     """
 
     model: str
@@ -79,6 +80,10 @@ class ChatCompletionRequest:
     max_tokens: int | None
     stream: StreamOptions
     params: SamplingParams
+    raw_messages: tuple[dict[str, Any], ...] = ()
+    tools: ChatTools | None = None
+    structured: StructuredOutputParams | None = None
+    structured_param: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,17 +145,22 @@ def _messages(body: dict[str, Any]) -> tuple[dict[str, str], ...]:
             raise _bad(f"{p}.role", f"'{p}.role' is required.")
         if not isinstance(role, str):
             raise _bad(f"{p}.role", f"'{p}.role' must be a string, not {_type_name(role)}.")
-        if role in ("tool", "function"):
-            raise _bad(f"{p}.role", f"Role '{role}' is not supported by this server (no tool calling).")
+        if role == "function":
+            raise _bad(f"{p}.role", "Role 'function' is deprecated and not supported; use 'tool'.")
         if role not in CHAT_ROLES:
             raise _bad(f"{p}.role", f"'{p}.role' must be one of {', '.join(CHAT_ROLES)}; got {role!r}.")
-        for unsupported in ("tool_calls", "function_call", "audio"):
+        for unsupported in ("function_call", "audio"):
             if message.get(unsupported) not in (None, []):
                 raise _bad(f"{p}.{unsupported}", f"'{p}.{unsupported}' is not supported by this server.")
+        if message.get("tool_calls") not in (None, []) and role != "assistant":
+            raise _bad(f"{p}.tool_calls", f"'{p}.tool_calls' is only allowed on assistant messages.")
         name = message.get("name")
         if name is not None and not isinstance(name, str):
             raise _bad(f"{p}.name", f"'{p}.name' must be a string, not {_type_name(name)}.")
-        content = _content(message.get("content"), f"{p}.content", role)
+        if role == "assistant" and message.get("content") is None and message.get("tool_calls"):
+            content = ""  # the ordinary agent loop: a call without text (templates need a string)
+        else:
+            content = _content(message.get("content"), f"{p}.content", role)
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return tuple(out)
 
@@ -185,7 +195,13 @@ def parse_chat_request(body: dict[str, Any], *, max_n: int, vocab_size: int | No
         raise _bad("user", f"'user' must be a string, not {_type_name(user)}.")
     stream = _stream(body)
     params = replace(_sampling(body, vocab_size, max_tokens), logprobs=logprobs, top_logprobs=top_logprobs)
-    return ChatCompletionRequest(model, messages, n, max_tokens, stream, params)
+    tools = parse_chat_tools(body)
+    structured, structured_param = parse_structured_outputs(body)
+    if structured is not None and tools is not None and tools.is_constrained:
+        raise _bad(structured_param or "response_format", f"'{structured_param}' cannot be combined with "
+                   "tool_choice 'required' or a named function (both constrain the output).")
+    return ChatCompletionRequest(model, messages, n, max_tokens, stream, params, tuple(body["messages"]), tools,
+                                 structured, structured_param)
 
 
 def _prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:

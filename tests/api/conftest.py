@@ -15,7 +15,7 @@ from proxy.api.app import create_app
 from proxy.engine.client import EngineClient
 from proxy.settings import Settings
 
-from .fakes import FakeEngine, fake_client, make_hf_tokenizer, make_tokenizer
+from .fakes import FakeEngine, fake_client, grammar_compiler, make_hf_tokenizer, make_tokenizer
 
 MODEL = "test-model"
 MAX_MODEL_LEN = 128
@@ -37,16 +37,19 @@ def reply_ids(tokenizer: Any, text: str = REPLY) -> list[int]:
 
 @contextlib.asynccontextmanager
 async def serve(engine: FakeEngine | None = None, *, max_model_len: int = MAX_MODEL_LEN,
-                **settings: Any) -> AsyncIterator[Served]:
+                with_grammar: bool = False, **settings: Any) -> AsyncIterator[Served]:
     """Run the app's lifespan around an httpx client on ASGITransport; waits until it is ready."""
     tokenizer = make_tokenizer()
     if engine is None:
         engine = FakeEngine(reply_ids=reply_ids(tokenizer))
     settings.setdefault("served_model_name", MODEL)
     cfg = Settings(**settings)
+    if with_grammar:
+        grammar_compiler()  # built before start-up: the readiness wait below is short
 
     def factory(_: Settings) -> EngineClient:
-        return fake_client(engine, MODEL, max_model_len, vocab_size=len(make_hf_tokenizer()))
+        return fake_client(engine, MODEL, max_model_len, vocab_size=len(make_hf_tokenizer()),
+                           with_grammar=with_grammar)
 
     app = create_app(cfg, factory)
     async with app.router.lifespan_context(app):

@@ -207,11 +207,23 @@ class FakeEngine:
 
 
 def fake_client(engine: FakeEngine, model: str = "test-model", max_model_len: int = 4096,
-                vocab_size: int | None = None) -> AsyncEngineClient:
-    """The real engine client over ``engine`` and :func:`make_tokenizer` (EOS ids from the tokenizer)."""
+                vocab_size: int | None = None, with_grammar: bool = False) -> AsyncEngineClient:
+    """The real engine client over ``engine`` and :func:`make_tokenizer` (EOS ids from the tokenizer).
+
+    ``with_grammar``: give it a grammar compiler (structured outputs are then accepted and compiled;
+    the scripted engine does not apply the masks)."""
     tok = make_tokenizer()
     engine.eos_token_ids = tok.eos_token_ids
-    return AsyncEngineClient(engine, tok, ModelInfo(model, max_model_len, vocab_size))
+    compiler = grammar_compiler() if with_grammar else None
+    return AsyncEngineClient(engine, tok, ModelInfo(model, max_model_len, vocab_size), grammar_compiler=compiler)
+
+
+@functools.lru_cache(maxsize=1)
+def grammar_compiler() -> Any:
+    """A grammar compiler over :func:`make_hf_tokenizer` (built once: about a second)."""
+    from proxy.engine.structured import GrammarCompiler
+
+    return GrammarCompiler(make_hf_tokenizer(), len(make_hf_tokenizer()), make_tokenizer().eos_token_ids)
 
 
 @contextlib.contextmanager

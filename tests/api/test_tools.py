@@ -1,0 +1,113 @@
+"""Tools and response_format over the in-process app with a scripted engine: response shapes, 400s."""
+
+from __future__ import annotations
+
+import json
+
+from .conftest import chat_body, reply_ids, run, serve, sse_json
+from .fakes import FakeEngine, make_tokenizer
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+HERMES = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+def _serve_reply(text: str, **kw):
+    return serve(FakeEngine(reply_ids=reply_ids(make_tokenizer(), text)), **kw)
+
+
+def test_auto_tool_call_non_stream_and_stream() -> None:
+    async def main():
+        async with _serve_reply(HERMES, tool_call_parser="hermes") as s:
+            body = chat_body(tools=[TOOL], n=2)
+            full = await s.client.post("/v1/chat/completions", json=body)
+            streamed = await s.client.post("/v1/chat/completions", json={**body, "stream": True})
+            return full, streamed, s.engine
+
+    full, streamed, engine = run(main())
+    assert full.status_code == 200, full.text
+    for choice in full.json()["choices"]:
+        assert choice["finish_reason"] == "tool_calls"
+        msg = choice["message"]
+        assert msg["content"] == "Sure." and len(msg["tool_calls"]) == 1
+        call = msg["tool_calls"][0]
+        assert call["id"].startswith("call_") and call["type"] == "function"
+        assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert all(p.structured_outputs is None for _, _, p in engine.submitted)
+    chunks = sse_json(streamed.content)
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        assert "".join(c["delta"].get("content") or "" for c in mine) == "Sure."
+        calls = [d for c in mine for d in c["delta"].get("tool_calls") or []]
+        assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith("call_")
+        assert "".join(d["function"]["arguments"] for d in calls) == '{"city": "Oslo"}'
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["tool_calls"]
+
+
+def test_required_and_named_use_a_grammar() -> None:
+    async def main():
+        async with _serve_reply('[{"name": "get_weather", "parameters": {"city": "Rome"}}]', with_grammar=True,
+                                max_model_len=2048) as s:
+            r1 = await s.client.post("/v1/chat/completions", json=chat_body(tools=[TOOL], tool_choice="required"))
+            r2 = await s.client.post("/v1/chat/completions", json=chat_body(
+                tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+            r3 = await s.client.post("/v1/chat/completions", json=chat_body(
+                response_format={"type": "json_object"}))
+            metrics = (await s.client.get("/metrics")).text
+            return r1, r2, r3, s.engine, metrics
+
+    r1, r2, r3, engine, metrics = run(main())
+    choice = r1.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Rome"}
+    kinds = [p.structured_outputs.kind for _, _, p in engine.submitted]
+    assert kinds == ["json", "json", "json_object"]
+    required_schema = json.loads(engine.submitted[0][2].structured_outputs.spec)
+    assert required_schema["items"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
+    assert json.loads(engine.submitted[1][2].structured_outputs.spec) == TOOL["function"]["parameters"]
+    # The scripted reply (an array) is not the named function's arguments object: it stays content.
+    named = r2.json()["choices"][0]
+    assert named["finish_reason"] == "stop" and named["message"] == {
+        "role": "assistant", "content": '[{"name": "get_weather", "parameters": {"city": "Rome"}}]'}
+    assert r3.status_code == 200
+    # The default template has no tools: the tool list went into a system message.
+    prompt = make_tokenizer().decode(engine.submitted[0][1])
+    assert "get_weather" in prompt and "JSON array of calls" in prompt
+    assert 'kind="tool_required"' in metrics and 'kind="json_object"' in metrics
+
+
+def test_structured_400s() -> None:
+    async def main():
+        async with _serve_reply("x", with_grammar=True, max_model_len=2048) as s:
+            out = []
+            for body in (
+                chat_body(guided_regex="(unclosed"),
+                chat_body(response_format={"type": "json_schema", "json_schema": {"schema": {"oneOf": [{}]}}}),
+                chat_body(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}),
+                chat_body(tools=[TOOL]),
+            ):
+                r = await s.client.post("/v1/chat/completions", json=body)
+                out.append((r.status_code, r.json()["error"]["param"], r.json()["error"]["message"]))
+            return out
+
+    (s1, p1, m1), (s2, p2, m2), (s3, p3, _), (s4, p4, m4) = run(main())
+    assert (s1, p1) == (400, "guided_regex") and "cannot be compiled" in m1
+    assert (s2, p2) == (400, "response_format.json_schema.schema") and "'oneOf'" in m2
+    assert (s3, p3) == (400, "response_format")
+    assert (s4, p4) == (400, "tool_choice") and "no tool support" in m4
+
+
+def test_agent_loop_history_renders() -> None:
+    async def main():
+        async with _serve_reply("It is sunny.") as s:
+            r = await s.client.post("/v1/chat/completions", json={"model": "test-model", "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+            return r, s.engine
+
+    r, engine = run(main())
+    assert r.status_code == 200, r.text
+    prompt = make_tokenizer().decode(engine.submitted[0][1])
+    assert '"get_weather"' in prompt and "sunny" in prompt
