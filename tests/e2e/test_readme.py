@@ -28,13 +28,18 @@ def blocks(lang: str, needle: str) -> list[str]:
     return [code for kind, code in BLOCKS if kind == lang and needle in code]
 
 
+PYTHON_EXAMPLES = ["stream=True", "llm.stream(", "chat.completions.parse(", "bind_tools("]
+"""One needle per Python example of the README, each in exactly one block."""
+
+
 def test_readme_has_the_examples():
     assert blocks("bash", "make serve") and blocks("bash", "curl -N")
     assert blocks("python", "from openai import OpenAI") and blocks("python", "ChatOpenAI")
     assert blocks("bash", "streamproxy serve --model")
+    assert sum(len(blocks("python", n)) for n in PYTHON_EXAMPLES) == len(blocks("python", ""))
 
 
-@pytest.mark.parametrize("needle", ["from openai import OpenAI", "ChatOpenAI"])
+@pytest.mark.parametrize("needle", PYTHON_EXAMPLES)
 def test_python_examples(server: Server, needle: str):
     (code,) = blocks("python", needle)
     assert server.model in code
