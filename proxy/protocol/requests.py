@@ -51,7 +51,8 @@ UNSUPPORTED_CHAT_FIELDS = (
     "web_search_options",
     "best_of",
 )
-UNSUPPORTED_COMPLETION_FIELDS = ("suffix", "echo", "best_of", "tools", "response_format")
+UNSUPPORTED_COMPLETION_FIELDS = ("suffix", "echo", "best_of", "tools", "response_format", "guided_json",
+                                 "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 
 
 # ----------------------------------------------------------------------------- requests

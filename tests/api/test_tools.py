@@ -111,3 +111,14 @@ def test_agent_loop_history_renders() -> None:
     assert r.status_code == 200, r.text
     prompt = make_tokenizer().decode(engine.submitted[0][1])
     assert '"get_weather"' in prompt and "sunny" in prompt
+
+
+def test_completions_refuse_constraints_rather_than_ignore_them() -> None:
+    async def main():
+        async with _serve_reply("x") as s:
+            r = await s.client.post("/v1/completions", json={"model": "test-model", "prompt": "Hi",
+                                                             "guided_regex": "[0-9]+"})
+            return r
+
+    r = run(main())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex"
