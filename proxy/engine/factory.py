@@ -17,11 +17,17 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     model's generation config; ``max_model_len`` is the engine's (lowered to the KV pool's capacity
     when that is smaller). The client is not started: ``start()`` must run on the event loop.
 
+    With ``settings.self_check`` the engine's greedy output is first compared with ``generate()``
+    on the same weights (``proxy.engine.selfcheck``).
+
     Raises:
-        proxy.models.ModelLoadError: the model cannot be resolved or loaded.
+        proxy.models.ModelLoadError: the model cannot be resolved or loaded, or its architecture is
+            refused (``proxy.engine.architectures``).
+        proxy.engine.selfcheck.SelfCheckError: the self-check found a difference.
     """
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
+    from proxy.engine.selfcheck import run_self_check
     from proxy.engine.structured import GrammarCompiler
     from proxy.models import load_model
     from proxy.tokenizer import Tokenizer
@@ -32,6 +38,8 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     logits_width = int(loaded.model.get_output_embeddings().weight.shape[0])
     compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
     core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler)
+    if settings.self_check:  # refuse a model the engine would serve wrong text for
+        run_self_check(loaded.model, settings, core.max_model_len)
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
     return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler)

@@ -115,3 +115,20 @@ def build_model(name: str, seed: int = 0) -> torch.nn.Module:
             if p.dim() == 2:
                 p.normal_(0.0, 0.15)
     return model.eval()
+
+
+def save_tiny_folder(name: str, folder: Any) -> Any:
+    """:func:`build_model` of ``name`` saved as a Hugging Face folder with a 97-word tokenizer; returns ``folder``."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(3, COMMON["vocab_size"])]
+    tk = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tk.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<pad>", pad_token="<pad>",
+                                        bos_token="<s>", eos_token="</s>")
+    build_model(name).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -12,6 +12,7 @@ The sweep over the types served before issue 15 is marked slow; the new ones run
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -199,3 +200,19 @@ def test_self_check_refuses_when_the_engine_raises(monkeypatch) -> None:
     monkeypatch.setattr(attention, "_attend", broken)
     with pytest.raises(SelfCheckError, match=r"'llama': the engine failed on prompt \d: engine step failed: IndexError"):
         run_self_check(model, Settings(block_size=4), 256)
+
+
+def test_engine_factory_runs_the_self_check_unless_disabled(tmp_path, monkeypatch) -> None:
+    """The served engine is built only after the self-check passed; ``self_check=False`` skips it."""
+    from arch_zoo import save_tiny_folder
+
+    from proxy.engine.factory import build_engine_client
+
+    folder = str(save_tiny_folder("gemma2", tmp_path / "tiny-gemma2"))
+    settings = Settings(model=folder, block_size=4, num_kv_blocks=64, max_model_len=256)
+    assert settings.self_check  # on by default
+    assert build_engine_client(settings) is not None
+    _drop_softcap(monkeypatch)  # an engine that would serve wrong text
+    with pytest.raises(SelfCheckError, match=r"self-check failed for model type 'gemma2'.*first differs"):
+        build_engine_client(settings)
+    assert build_engine_client(dataclasses.replace(settings, self_check=False)) is not None
