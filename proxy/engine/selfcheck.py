@@ -18,7 +18,8 @@ What runs (:func:`run_self_check`, a few seconds on a CPU for a small model):
   other processors from the model's own generation config), then switched back.
 
 A difference is accepted only where the reference's top-2 logit gap is a near-tie (below
-``tie_tolerance``: 1e-3 in fp32, 0.3 in 16-bit dtypes), and then only from that token on, as in the
+``tie_tolerance``: 1e-3 in fp32, 1.0 in 16-bit dtypes, where bf16 rounding of
+logits around 10-20 is already 0.06-0.125), and then only from that token on, as in the
 engine tests. Any other difference, or an exception in either run, raises :class:`SelfCheckError`
 naming the model type and the first differing step. ``Settings.self_check=False`` skips it
 (large models on a CPU).
@@ -76,7 +77,7 @@ class SelfCheckReport:
 
 def tie_tolerance(dtype: torch.dtype) -> float:
     """Top-2 logit gap below which a differing greedy token counts as a near-tie."""
-    return 1e-3 if dtype == torch.float32 else 0.3
+    return 1e-3 if dtype == torch.float32 else 1.0
 
 
 def _model_type(model: Any) -> str:
