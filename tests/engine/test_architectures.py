@@ -209,7 +209,7 @@ def test_engine_factory_runs_the_self_check_unless_disabled(tmp_path, monkeypatc
     from proxy.engine.factory import build_engine_client
 
     folder = str(save_tiny_folder("gemma2", tmp_path / "tiny-gemma2"))
-    settings = Settings(model=folder, block_size=4, num_kv_blocks=64, max_model_len=256)
+    settings = Settings(model=folder, dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=256)
     assert settings.self_check  # on by default
     assert build_engine_client(settings) is not None
     _drop_softcap(monkeypatch)  # an engine that would serve wrong text
