@@ -22,6 +22,7 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
                                               ``vllm:prefix_cache_queries``); read from the engine at scrape time
     streamproxy:prefix_cache_hits_total       counter, of those, tokens found in the cache (vLLM's
                                               ``vllm:prefix_cache_hits``); hit rate = hits / queries
+    streamproxy:engine_restarts_total         counter, engine processes restarted after dying (--engine-process)
     streamproxy:structured_output_requests_total  counter, label kind: constrained requests by what
                                               constrained them (json_schema, json_object, regex, choice,
                                               grammar, tool_required, tool_named); no vLLM equivalent
@@ -58,6 +59,8 @@ class Metrics:
         kv_cache_usage: callable returning the used fraction of KV blocks, in [0, 1].
         num_preemptions: callable returning the engine's preemptions so far (monotonic count), exported
             as the counter ``streamproxy:num_preemptions_total`` (vLLM's ``vllm:num_preemptions``).
+        num_engine_restarts: callable returning how often the engine process died and was restarted,
+            exported as the counter ``streamproxy:engine_restarts_total``.
         prefix_cache_queries, prefix_cache_hits: callables returning the engine's prompt tokens looked
             up in its prefix cache and found there, so far (monotonic token counts), exported as
             ``streamproxy:prefix_cache_queries_total`` / ``streamproxy:prefix_cache_hits_total``.
@@ -71,6 +74,7 @@ class Metrics:
         num_waiting: Callable[[], float] = lambda: 0,
         kv_cache_usage: Callable[[], float] = lambda: 0.0,
         num_preemptions: Callable[[], float] = lambda: 0,
+        num_engine_restarts: Callable[[], float] = lambda: 0,
         prefix_cache_queries: Callable[[], float] = lambda: 0,
         prefix_cache_hits: Callable[[], float] = lambda: 0,
     ) -> None:
@@ -105,6 +109,8 @@ class Metrics:
                                    labels + ["kind"], registry=reg)
         reg.register(_CallbackCounter(PREFIX + "num_preemptions", "Requests preempted (KV cache full; recomputed).",
                                       model_name, num_preemptions))
+        reg.register(_CallbackCounter(PREFIX + "engine_restarts", "Engine processes restarted after dying.",
+                                      model_name, num_engine_restarts))
         reg.register(_CallbackCounter(PREFIX + "prefix_cache_queries",
                                       "Prompt tokens looked up in the prefix cache.", model_name, prefix_cache_queries))
         reg.register(_CallbackCounter(PREFIX + "prefix_cache_hits",

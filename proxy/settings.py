@@ -61,6 +61,10 @@ class Settings:
         tool_call_parser: how ``tool_choice: "auto"`` output is parsed into tool calls: ``hermes``,
             ``llama3_json`` or ``mistral`` (vLLM's names); "": detected from the chat template.
         ui: serve the built-in chat page at ``/`` (``--no-ui`` turns it off).
+        engine_process: run the engine core (schedule, forward, sample) in a child process, as
+            vLLM v1 does (``proxy.engine.core_proc``); detokenization and streaming stay in the
+            server process. If the child dies, open streams end with an error and it is restarted.
+            None: on for CUDA, off on CPU (where the in-process engine thread measured faster).
     """
 
     model: str | None = None
@@ -95,3 +99,4 @@ class Settings:
     self_check: bool = True
     tool_call_parser: str = ""
     ui: bool = True
+    engine_process: bool | None = None

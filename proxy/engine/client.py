@@ -55,6 +55,7 @@ class EngineStats:
             growing count means the cache is too small for the load (vLLM's ``num_preemptions``).
         prefix_cache_queries, prefix_cache_hits: prompt tokens looked up in the prefix cache and
             found there, since start.
+        num_engine_restarts: times the engine process died and was restarted (``--engine-process``).
     """
 
     num_running: int
@@ -66,6 +67,7 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    num_engine_restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ class EngineCoreClient(Protocol):
 
     ``start`` and every call run on the event loop; ``on_outputs`` gets each step's outputs on the
     event loop, once per step. After ``abort_requests`` returns, no output of those requests is
-    delivered. Implementations: ``AsyncEngine`` (a thread), the test double ``FakeEngine``.
+    delivered. Implementations: ``AsyncEngine`` (a thread), ``EngineProcClient`` (a child process,
+    ``proxy.engine.core_proc``), the test double ``FakeEngine``.
     """
 
     fault_injector: FaultInjector | None  # test hook: run before each forward pass
@@ -180,6 +183,7 @@ class AsyncEngineClient:
             num_preemptions=lambda: self.core.stats().num_preemptions,
             prefix_cache_queries=lambda: self.core.stats().prefix_cache_queries,
             prefix_cache_hits=lambda: self.core.stats().prefix_cache_hits,
+            num_engine_restarts=lambda: self.core.stats().num_engine_restarts,
         )
         self._processor = OutputProcessor(tokenizer, MetricsRecorder(self.metrics))
 

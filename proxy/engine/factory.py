@@ -10,8 +10,23 @@ from proxy.engine.client import AsyncEngineClient, ModelInfo
 from proxy.settings import Settings
 
 
+def use_engine_process(settings: Settings) -> bool:
+    """``settings.engine_process``, or when it is None: True on CUDA, False on CPU (measured faster there)."""
+    if settings.engine_process is not None:
+        return settings.engine_process
+    if settings.device == "auto":
+        import torch
+
+        return bool(torch.cuda.is_available())
+    return settings.device == "cuda"
+
+
 def build_engine_client(settings: Settings) -> AsyncEngineClient:
     """Load ``settings.model`` (HF folder, GGUF file or the default model) behind an engine client.
+
+    With :func:`use_engine_process` the engine core is loaded and run in a child process
+    (:class:`proxy.engine.core_proc.EngineProcClient`, which blocks here until the child is ready)
+    and this process loads only the tokenizer; otherwise in this process on a thread (``AsyncEngine``).
 
     The end-of-sequence ids are :func:`proxy.tokenizer.find_eos_token_ids` of the tokenizer and the
     model's generation config; ``max_model_len`` is the engine's (lowered to the KV pool's capacity
@@ -25,6 +40,8 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
             refused (``proxy.engine.architectures``).
         proxy.engine.selfcheck.SelfCheckError: the self-check found a difference.
     """
+    if use_engine_process(settings):
+        return _build_process_client(settings)
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
     from proxy.engine.selfcheck import run_self_check
@@ -43,3 +60,26 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
     return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler)
+
+
+def _build_process_client(settings: Settings) -> AsyncEngineClient:
+    from transformers import AutoTokenizer
+
+    from proxy.engine.core_proc import EngineProcClient
+    from proxy.engine.structured import GrammarCompiler
+    from proxy.tokenizer import Tokenizer
+
+    core = EngineProcClient(settings)
+    info = core.info
+    try:
+        hf_tokenizer = AutoTokenizer.from_pretrained(info.model_path)
+        tokenizer = Tokenizer(hf_tokenizer, generation_eos_ids=frozenset(info.eos_token_ids))
+        # the API process compiles too (a bad grammar is a 400 before the request reaches the engine);
+        # the child compiles again for its masks (its own cache)
+        compiler = GrammarCompiler(hf_tokenizer, info.logits_width, tokenizer.eos_token_ids)
+    except BaseException:
+        core.shutdown()
+        raise
+    model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer), dtype=info.dtype,
+                      quantization=info.quantization)
+    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler)

@@ -35,13 +35,20 @@ def body(**kw):
             "temperature": 0, "ignore_eos": True, **kw}
 
 
-async def with_app(model_dir: Path, fn):
+@pytest.fixture(params=[False, True], ids=["engine-thread", "engine-process"])
+def engine_process(request: pytest.FixtureRequest) -> bool:
+    """Both engine modes (``--no-engine-process`` / ``--engine-process``), as uvicorn's tests run both
+    HTTP implementations."""
+    return bool(request.param)
+
+
+async def with_app(model_dir: Path, fn, engine_process: bool = False):
     settings = Settings(model=str(model_dir), served_model_name=NAME, max_model_len=256, num_kv_blocks=64,
-                        block_size=16, num_threads=1, device="cpu", dtype="float32")
+                        block_size=16, num_threads=1, device="cpu", dtype="float32", engine_process=engine_process)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         state = app.state.server
-        for _ in range(3000):
+        for _ in range(30000):  # the engine process imports torch afresh: seconds on a busy machine
             if state.status != "loading":
                 break
             await asyncio.sleep(0.01)
@@ -60,7 +67,7 @@ async def wait_idle(client: httpx.AsyncClient) -> dict:
     raise AssertionError(h)
 
 
-def test_real_engine_end_to_end(model_dir: Path):
+def test_real_engine_end_to_end(model_dir: Path, engine_process: bool):
     async def scenario(client: httpx.AsyncClient, state):
         out = {}
         plain, streamed = await asyncio.gather(
@@ -75,6 +82,10 @@ def test_real_engine_end_to_end(model_dir: Path):
         out["stop"] = stop
         out["stopped"] = (await client.post("/v1/chat/completions", json=body(stop=[stop]))).json()
         out["idle"] = await wait_idle(client)
+        if engine_process:  # the fault hook is a callable run in the forward pass: in-process only
+            out["after"] = (await client.post("/v1/chat/completions", json=body(max_tokens=3))).json()
+            out["health"] = await client.get("/health")
+            return out
 
         calls = {"n": 0}
 
@@ -91,7 +102,7 @@ def test_real_engine_end_to_end(model_dir: Path):
         out["metrics"] = (await client.get("/metrics")).text
         return out
 
-    out = asyncio.run(with_app(model_dir, scenario))
+    out = asyncio.run(with_app(model_dir, scenario, engine_process))
     plain, chunks = out["plain"], out["stream"]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == plain["choices"][0]["message"]["content"]
@@ -105,11 +116,12 @@ def test_real_engine_end_to_end(model_dir: Path):
     assert out["stopped"]["choices"][0]["message"]["content"] == raw[: raw.find(stop)]
     assert out["stopped"]["choices"][0]["finish_reason"] == "stop"
     assert out["idle"]["num_running"] == 0
-    events = sse_events(out["faulted"])
-    assert events[-1] == b"[DONE]"
-    err = json.loads(events[-2])["error"]
-    assert err["type"] == "server_error" and "injected fault" in err["message"]
-    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
+    if not engine_process:
+        events = sse_events(out["faulted"])
+        assert events[-1] == b"[DONE]"
+        err = json.loads(events[-2])["error"]
+        assert err["type"] == "server_error" and "injected fault" in err["message"]
+        assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
     assert out["after"]["usage"]["completion_tokens"] == 3
     assert out["health"].status_code == 200
     # engine counters read at scrape time through EngineStats: the same prompt repeated hits the prefix cache
@@ -133,7 +145,7 @@ def test_context_is_lowered_to_what_the_kv_pool_holds(model_dir: Path):
     assert resolve_max_tokens(None, 10, client.model.max_model_len) == 54
 
 
-def test_end_of_turn_token_stops_a_model_whose_config_names_only_endoftext(tmp_path: Path):
+def test_end_of_turn_token_stops_a_model_whose_config_names_only_endoftext(tmp_path: Path, engine_process: bool):
     """One EOS rule (``find_eos_token_ids``): config and tokenizer say ``<|endoftext|>``, the chat
     template ends turns with ``<|im_end|>``; the engine must stop at either."""
     from proxy.engine.factory import build_engine_client
@@ -154,7 +166,7 @@ def test_end_of_turn_token_stops_a_model_whose_config_names_only_endoftext(tmp_p
         return ((await http.post("/v1/chat/completions", json=body(**forced))).json(),
                 (await http.post("/v1/chat/completions", json=body(**forced, min_tokens=2))).json())
 
-    plain, with_min = asyncio.run(with_app(folder, scenario))
+    plain, with_min = asyncio.run(with_app(folder, scenario, engine_process))
     assert plain["choices"][0]["finish_reason"] == "stop" and plain["choices"][0]["message"]["content"] == ""
     assert plain["usage"]["completion_tokens"] == 1  # the <|im_end|> token itself
     # min_tokens=2: two other tokens first (the sampler masks EOS), then <|im_end|> ends it as the third

@@ -38,7 +38,7 @@ class Server:
         return self.log_path.read_text(errors="replace")[-3000:]
 
 
-_SERVER: Server | None = None
+_SERVERS: dict[bool, Server] = {}
 
 
 def free_port() -> int:
@@ -47,18 +47,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get_server(tmp_dir: Path) -> Server:
-    """Start the server once (or return the running one); waits for /health 200."""
-    global _SERVER
-    if _SERVER is not None and _SERVER.process.poll() is None:
-        return _SERVER
+def get_server(tmp_dir: Path, engine_process: bool = False) -> Server:
+    """Start the server once per engine mode (or return the running one); waits for /health 200."""
+    running = _SERVERS.get(engine_process)
+    if running is not None and running.process.poll() is None:
+        return running
     port = free_port()
     log_path = tmp_dir / "server.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", "2",
-         "--max-num-seqs", "16", "--kv-cache-bytes", str(256 << 20)],
+         "--max-num-seqs", "16", "--kv-cache-bytes", str(256 << 20),
+         "--engine-process" if engine_process else "--no-engine-process"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     atexit.register(_stop, process)
@@ -78,8 +79,8 @@ def get_server(tmp_dir: Path) -> Server:
         _stop(process)
         raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
     card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
-    _SERVER = Server(base, port, card["id"], card["max_model_len"], process, log_path)
-    return _SERVER
+    _SERVERS[engine_process] = server = Server(base, port, card["id"], card["max_model_len"], process, log_path)
+    return server
 
 
 def _stop(process: subprocess.Popen) -> None:

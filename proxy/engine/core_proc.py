@@ -1,0 +1,383 @@
+"""The engine core in a child process (vLLM v1's ``EngineCoreProc`` / ``MPClient`` split).
+
+:class:`EngineProcClient` is an :class:`~proxy.engine.client.EngineCoreClient`: the child process
+runs ``EngineCore`` (schedule, forward, sample) and nothing else; detokenization, stop strings,
+framing and metrics stay in the API process (``AsyncEngineClient``'s output processor, the same as
+with the in-process thread). The event loop, the SSE work and the engine's Python code then no
+longer share one interpreter lock.
+
+Transport: one duplex :func:`multiprocessing.Pipe` (``multiprocessing.connection``, pickle framing).
+Why: it is the standard library (no new dependency), it is what ``multiprocessing`` itself uses for
+the "spawn" start method that CUDA needs, and the traffic is small: one message per added or aborted
+request, and one per engine step carrying that step's ``RequestOutput`` list (a few dozen small
+dataclasses) plus a tuple of counters. pickle round-trips our frozen dataclasses (``SamplingParams``,
+``RequestOutput``) exactly, so there is no second schema to keep in step (msgspec would need one;
+pyzmq's multi-peer sockets buy nothing with one peer).
+
+Messages (tuples, first item the kind):
+
+- parent -> child: ``("add", request_id, prompt_token_ids, params)``, ``("abort", [request_id, ...])``,
+  ``("stop",)``.
+- child -> parent: ``("progress", text)`` and one ``("ready", ReadyInfo)`` or ``("failed", text)``
+  while loading; then ``("step", [RequestOutput, ...], counters)`` after every engine step and after
+  commands that change the counters (an abort frees blocks).
+
+Recovery when the child dies (SIGKILL, the OOM killer, a crash in native code): the reader thread sees
+the pipe close; on the event loop every open request gets a final ``finish_reason="error"`` output
+(the streams end with an error event and ``[DONE]`` at once), ``is_healthy`` turns False (``/health``
+503, new requests 503), and a new child is started (log line; ``num_engine_restarts`` in the stats,
+exported as ``streamproxy:engine_restarts_total``). When it is ready the server serves again. If the
+new child fails to load, the engine stays dead (``/health`` 503) and the log says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from proxy.engine.client import EngineStats, FaultInjector, OutputsHandler
+from proxy.engine.request import RequestOutput
+from proxy.errors import EngineDeadError, RateLimitError
+from proxy.sampling import SamplingParams
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_MP = multiprocessing.get_context("spawn")  # fork is unsafe with torch/CUDA threads already running
+_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ReadyInfo:
+    """What the child reports once its engine is built.
+
+    Attributes:
+        model_path: the Hugging Face folder it loaded (the API process loads the tokenizer from it).
+        served_model_name: the model's id for clients.
+        max_model_len: context length in tokens as the engine enforces it.
+        eos_token_ids: the generation config's EOS ids (``LoadedModel.eos_token_ids``).
+        logits_width: columns of the model's logits (grammar masks cover them all).
+        dtype, quantization: as in ``ModelInfo``.
+        load_s: seconds from the child's start to ready.
+    """
+
+    model_path: str
+    served_model_name: str
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+    logits_width: int
+    dtype: str
+    quantization: str
+    load_s: float
+
+
+# counters sent with every "step" message: running, waiting, kv usage, free blocks, total blocks,
+# preemptions, prefix-cache queries, prefix-cache hits, adds consumed so far
+_Counters = tuple[int, int, float, int, int, int, int, int, int]
+_NO_COUNTERS: _Counters = (0, 0, 0.0, 0, 0, 0, 0, 0, 0)
+
+
+def _counters(core: Any, adds_seen: int) -> _Counters:
+    return (core.num_running, core.num_waiting, core.kv_cache_usage, core.num_free_blocks,
+            core.num_total_blocks, core.scheduler.num_preemptions, core.prefix_cache_queries,
+            core.prefix_cache_hits, adds_seen)
+
+
+def _child_main(settings: Settings, conn: Connection) -> None:
+    """Entry point of the engine process: load, report ready, then serve commands until stop/EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the API process drains, then stops us
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s [engine process]: %(message)s")
+    start = time.monotonic()
+    try:
+        from proxy.engine.core import EngineCore
+        from proxy.engine.structured import GrammarCompiler
+        from proxy.models import load_model
+        from proxy.tokenizer import Tokenizer
+
+        conn.send(("progress", "loading the model"))
+        loaded = load_model(settings)
+        tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
+        conn.send(("progress", f"model loaded in {time.monotonic() - start:.1f} s; building the engine (KV cache)"))
+        logits_width = int(loaded.model.get_output_embeddings().weight.shape[0])
+        compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
+        core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
+                          grammar_compiler=compiler)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
+                                  tuple(sorted(loaded.eos_token_ids)), logits_width,
+                                  str(loaded.dtype).removeprefix("torch."), loaded.quantization,
+                                  time.monotonic() - start)))
+    try:
+        _serve(core, conn)
+    except (EOFError, BrokenPipeError):  # the API process is gone
+        pass
+
+
+def _serve(core: Any, conn: Connection) -> None:
+    adds_seen = 0
+    while True:
+        outputs: list[RequestOutput] = []
+        if not core.has_unfinished():
+            messages = [conn.recv()]  # idle: block until the parent has something
+        else:
+            messages = []
+        while conn.poll():
+            messages.append(conn.recv())
+        for msg in messages:
+            kind = msg[0]
+            if kind == "add":
+                adds_seen += 1
+                try:
+                    core.add_request(msg[1], msg[2], msg[3])
+                except Exception as exc:  # noqa: BLE001 - reported to that request only
+                    outputs.append(RequestOutput(msg[1], [], None, True, "error", len(msg[2]), 0, error=str(exc)))
+            elif kind == "abort":
+                for rid in msg[1]:
+                    core.abort_request(rid)
+            elif kind == "stop":
+                core.fail_all("the engine shut down")
+                return
+        if core.has_unfinished():
+            outputs.extend(core.step())
+        conn.send(("step", outputs, _counters(core, adds_seen)))
+
+
+class EngineProcClient:
+    """:class:`~proxy.engine.client.EngineCoreClient` for an ``EngineCore`` in a child process.
+
+    The constructor starts the child and blocks until it is ready (run it in a worker thread, as
+    ``create_app`` runs the engine factory), logging its load progress.
+
+    Args:
+        settings: passed to the child, which loads ``settings.model`` with ``proxy.models.load_model``.
+
+    Raises:
+        proxy.models.ModelLoadError: the child failed to load the model or exited while loading.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.max_waiting = settings.max_waiting
+        self.max_num_seqs = settings.max_num_seqs
+        # The test hook runs in the engine's forward pass; a callable does not cross processes, so in
+        # this mode it is accepted and ignored (fault tests run with the in-process engine).
+        self.fault_injector: FaultInjector | None = None
+        self.num_restarts = 0
+        self._live: set[str] = set()
+        self._counters: _Counters = _NO_COUNTERS
+        self._adds_sent = 0
+        self._on_outputs: OutputsHandler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = "up"  # "up", "restarting", "dead", "stopped"
+        self._generation = 0
+        self._proc: Any = None
+        self._conn: Connection | None = None
+        self.info = self._launch()
+
+    # ---- child life cycle -------------------------------------------------------------------------
+
+    def _launch(self) -> ReadyInfo:
+        from proxy.models import ModelLoadError
+
+        parent_conn, child_conn = _MP.Pipe()
+        proc = _MP.Process(target=_child_main, args=(self.settings, child_conn), name="streamproxy-engine-core",
+                           daemon=True)
+        proc.start()
+        child_conn.close()  # our copy closed: the child's death closes the pipe (EOF)
+        logger.info("engine process started (pid %d); waiting for it to load the model", proc.pid)
+        try:
+            while True:
+                try:
+                    if not parent_conn.poll(1.0):
+                        if not proc.is_alive():
+                            raise EOFError
+                        continue
+                    kind, payload = parent_conn.recv()
+                except EOFError:
+                    proc.join(5)
+                    raise ModelLoadError(f"the engine process exited while loading (exit code {proc.exitcode})") from None
+                if kind == "progress":
+                    logger.info("engine process: %s", payload)
+                elif kind == "failed":
+                    raise ModelLoadError(f"the engine process failed to load the model: {payload}")
+                elif kind == "ready":
+                    break
+        except BaseException:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+            parent_conn.close()
+            raise
+        info: ReadyInfo = payload
+        logger.info("engine process ready (pid %d) in %.1f s", proc.pid, info.load_s)
+        self._proc, self._conn = proc, parent_conn
+        self._adds_sent = 0
+        self._counters = _NO_COUNTERS
+        return info
+
+    def start(self, on_outputs: OutputsHandler) -> None:
+        """Start reading the child's outputs; call from the running event loop that receives them."""
+        self._on_outputs = on_outputs
+        self._loop = asyncio.get_running_loop()
+        self._start_reader()
+
+    def _start_reader(self) -> None:
+        self._generation += 1
+        threading.Thread(target=self._read, args=(self._conn, self._generation), name="streamproxy-engine-reader",
+                         daemon=True).start()
+
+    def _read(self, conn: Connection, generation: int) -> None:
+        """Reader thread: one ``call_soon_threadsafe`` per step message; EOF means the child died."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            while True:
+                _, outputs, counters = conn.recv()
+                self._counters = counters
+                if outputs:
+                    loop.call_soon_threadsafe(self._dispatch, outputs)
+        except (EOFError, OSError):
+            pass
+        with contextlib.suppress(RuntimeError, OSError):
+            loop.call_soon_threadsafe(self._on_child_exit, generation)
+
+    def _on_child_exit(self, generation: int) -> None:
+        """Event loop: the child's pipe closed. Fail every open request and start a new child."""
+        if generation != self._generation or self._state == "stopped":
+            return
+        proc = self._proc
+        proc.join(1.0)
+        code = proc.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        message = f"the engine process died ({how}); the engine is restarting"
+        logger.error("%s: ending %d open request(s)", message, len(self._live))
+        self._state = "restarting"
+        self.num_restarts += 1
+        failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error=message) for rid in self._live]
+        self._dispatch(failed)
+        if self._conn is not None:
+            self._conn.close()
+        asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            await asyncio.to_thread(self._launch)
+        except Exception:
+            logger.exception("restarting the engine process failed; the engine stays down (/health 503)")
+            self._state = "dead"
+            return
+        if self._state == "stopped":
+            self._stop_child()
+            return
+        self._start_reader()
+        self._state = "up"
+        logger.warning("engine process restarted (restart #%d); serving again", self.num_restarts)
+
+    def shutdown(self) -> None:
+        """Stop the child (it fails its requests; here they end with an error); later adds raise."""
+        if self._state == "stopped":
+            return
+        self._state = "stopped"
+        failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error="the engine shut down")
+                  for rid in self._live]
+        self._dispatch(failed)
+        self._stop_child()
+
+    def _stop_child(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(RuntimeError, OSError):
+                self._conn.send(("stop",))
+        if self._proc is not None:
+            self._proc.join(_STOP_TIMEOUT_S)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)
+        if self._conn is not None:
+            self._conn.close()
+
+    @property
+    def is_healthy(self) -> bool:
+        """True while the child serves (not while it restarts, after it died for good, or after shutdown)."""
+        return self._state == "up"
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's pid (tests kill it)."""
+        return None if self._proc is None else int(self._proc.pid)
+
+    # ---- counters ---------------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        """The child's counters as of its last step message."""
+        running, _, usage, free, total, preemptions, queries, hits, _ = self._counters
+        return EngineStats(running, self.num_waiting, usage, free, total, num_preemptions=preemptions,
+                           prefix_cache_queries=queries, prefix_cache_hits=hits,
+                           num_engine_restarts=self.num_restarts)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting in the child plus those sent and not yet taken by it."""
+        waiting, adds_seen = self._counters[1], self._counters[-1]
+        return waiting + max(0, self._adds_sent - adds_seen)
+
+    # ---- event-loop API ---------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Send a request to the child (see ``AsyncEngine.add_request`` for the admission rule).
+
+        Raises:
+            EngineDeadError: the engine process is restarting, dead or shut down.
+            RateLimitError: the waiting queue is full.
+            ValueError: ``request_id`` is already live.
+        """
+        if self._state != "up" or self._conn is None:
+            what = {"restarting": "is restarting", "dead": "died"}.get(self._state, "is not running")
+            raise EngineDeadError(f"the engine process {what}; retry shortly")
+        free_slots = max(0, self.max_num_seqs - self._counters[0])
+        if self.num_waiting - free_slots >= self.max_waiting:
+            raise RateLimitError(f"too many requests waiting ({self.max_waiting}); retry later")
+        if request_id in self._live:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        try:
+            self._conn.send(("add", request_id, list(prompt_token_ids), params))
+        except OSError as exc:  # the child is dying; the reader reports it
+            raise EngineDeadError(f"the engine process is not reachable: {exc}") from exc
+        self._adds_sent += 1
+        self._live.add(request_id)
+
+    def abort_requests(self, request_ids: Sequence[str]) -> None:
+        """Abort requests (idempotent; unknown or finished ids are ignored). No output follows."""
+        ended = [rid for rid in request_ids if rid in self._live]
+        if not ended:
+            return
+        self._live.difference_update(ended)
+        if self._state == "up" and self._conn is not None:
+            try:
+                self._conn.send(("abort", ended))
+            except OSError:  # the child is dying; its requests are gone with it
+                pass
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        live = self._live
+        delivered = [o for o in outputs if o.request_id in live]
+        for out in delivered:
+            if out.finished:
+                live.discard(out.request_id)
+        if delivered and self._on_outputs is not None:
+            try:
+                self._on_outputs(delivered)
+            except Exception:
+                logger.exception("output processing failed for a step of %d outputs", len(delivered))
+

@@ -1,0 +1,115 @@
+"""``--engine-process``: the engine core in a child process of a real server (``proxy.engine.core_proc``).
+
+Killing the child with SIGKILL mid-stream ends the open stream with an error event and ``[DONE]``
+within one second, ``/health`` answers 503 (``dead``) while a new child loads, then the server serves
+again and ``streamproxy:engine_restarts_total`` is 1. SIGTERM still drains and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .helpers import TINY, TINY_ARGS, chunks_and_done, make_tiny_model, start_server, stream_text
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-engine-proc") / "tiny")
+
+
+def engine_child_pid(server_pid: int) -> int:
+    """The pid of the server's ``multiprocessing`` spawn child (not its resource tracker)."""
+    found = []
+    for task in os.listdir(f"/proc/{server_pid}/task"):
+        with open(f"/proc/{server_pid}/task/{task}/children") as f:
+            for pid in f.read().split():
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    if b"spawn_main" in c.read():
+                        found.append(int(pid))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_sigkill_of_the_engine_process_ends_streams_and_restarts(model_dir: Path, tmp_path: Path):
+    proc = start_server(tmp_path, ["--model", str(model_dir), *TINY_ARGS, "--engine-process"])
+    try:
+        url = f"{proc.base_url}/v1/completions"
+        body = {"model": TINY, "prompt": "Hello", "temperature": 0, "ignore_eos": True}
+        reference = httpx.post(url, json={**body, "max_tokens": 20}, timeout=60).json()["choices"][0]["text"]
+        child = engine_child_pid(proc.process.pid)
+        out: dict = {}
+        first = threading.Event()
+
+        def run() -> None:
+            raw = b""
+            with httpx.stream("POST", url, json={**body, "max_tokens": 16000, "stream": True}, timeout=60) as r:
+                for piece in r.iter_raw():
+                    raw += piece
+                    if b'"text"' in raw:
+                        first.set()
+            out["raw"], out["t_end"] = raw, time.monotonic()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        assert first.wait(30)
+        t_kill = time.monotonic()
+        os.kill(child, signal.SIGKILL)
+        thread.join(30)
+        health = httpx.get(f"{proc.base_url}/health", timeout=10)
+
+        chunks = chunks_and_done(out["raw"])
+        assert out["t_end"] - t_kill < 1.0
+        err = chunks[-1]["error"]
+        assert err["type"] == "server_error" and "engine process died (killed by signal 9)" in err["message"]
+        assert len(stream_text(chunks[:-1], chat=False)) > 0  # it was mid-stream
+        assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+        assert health.status_code == 503 and health.json()["status"] == "dead"
+        refused = httpx.post(url, json={**body, "max_tokens": 5}, timeout=60)
+        assert refused.status_code == 503
+
+        deadline = time.monotonic() + 300
+        while httpx.get(f"{proc.base_url}/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, proc.log()[-3000:]
+            time.sleep(0.1)
+        assert engine_child_pid(proc.process.pid) != child
+        again = httpx.post(url, json={**body, "max_tokens": 20}, timeout=60).json()["choices"][0]["text"]
+        assert again == reference  # the new engine serves the same greedy text
+        metrics = httpx.get(f"{proc.base_url}/metrics", timeout=10).text
+        assert f'streamproxy:engine_restarts_total{{model_name="{TINY}"}} 1.0' in metrics
+        log = proc.log()
+        assert "engine process died (killed by signal 9)" in log and "engine process restarted" in log
+    finally:
+        code = proc.stop()
+    assert code == 0, proc.log()[-3000:]
+
+
+def test_load_failure_in_the_engine_process_is_reported(tmp_path: Path):
+    from proxy.engine.core_proc import EngineProcClient
+    from proxy.models import ModelLoadError
+    from proxy.settings import Settings
+
+    with pytest.raises(ModelLoadError, match="failed to load the model"):
+        EngineProcClient(Settings(model=str(tmp_path / "missing"), device="cpu", engine_process=True))
+
+
+def test_engine_process_flag_and_default():
+    from proxy.cli import build_parser, settings_from
+    from proxy.engine.factory import use_engine_process
+
+    parser = build_parser()
+    on = settings_from(parser.parse_args(["serve", "--engine-process"]), {})
+    off = settings_from(parser.parse_args(["serve", "--no-engine-process"]), {})
+    default = settings_from(parser.parse_args(["serve"]), {})
+    env = settings_from(parser.parse_args(["serve"]), {"STREAMPROXY_ENGINE_PROCESS": "1"})
+    assert (on.engine_process, off.engine_process, default.engine_process, env.engine_process) == (True, False, None,
+                                                                                                    True)
+    assert use_engine_process(on) and not use_engine_process(off)
+    assert not use_engine_process(default.__class__(device="cpu"))
+    assert use_engine_process(default.__class__(device="cuda"))
