@@ -84,7 +84,8 @@ def serve_points(base: str, label: str, shape: tuple[int, int], args: argparse.N
     results = {}
     for conc in args.concurrency:
         n = args.num_prompts or max(4, conc)
-        argv = ["--base-url", base, "--label", f"{label}-{shape[0]}x{shape[1]}", "--endpoint", "/v1/completions",
+        argv = ["--base-url", base, "--label", f"{label}-{shape[0]}x{shape[1]}",
+                "--endpoint", "/v1/completions",
                 "--random-input-len", str(shape[0]), "--random-output-len", str(shape[1]),
                 "--max-concurrency", str(conc), "--num-prompts", str(n), "--num-warmups", "2",
                 "--result-dir", str(out_dir), "--no-plot", "--no-progress"]
@@ -105,8 +106,9 @@ def static_generate(shape: tuple[int, int], streams: int, args: argparse.Namespa
     loaded = load_model(Settings(model=args.model, device="cpu", num_threads=args.threads))
     vocab = len(loaded.hf_tokenizer)
     prompts = [[(17 * i + 31 * j) % (vocab - 200) + 100 for j in range(shape[0])] for i in range(streams)]
-    engine_bench.in_thread(engine_bench.run_static, loaded.model, loaded.hf_tokenizer, prompts[:2], 4)  # warm-up
-    run = engine_bench.in_thread(engine_bench.run_static, loaded.model, loaded.hf_tokenizer, prompts, shape[1])
+    model, tok = loaded.model, loaded.hf_tokenizer
+    engine_bench.in_thread(engine_bench.run_static, model, tok, prompts[:2], 4)  # warm-up
+    run = engine_bench.in_thread(engine_bench.run_static, model, tok, prompts, shape[1])
     return float(run["tok_s"])
 
 
@@ -143,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     for shape, modes in table.items():
         for conc in args.concurrency:
             t, q = modes["thread"][conc], modes["process"][conc]
-            print(f"{shape[0]:>3}x{shape[1]:<4} {conc:>7} | {t['output_throughput']:>12.1f} {t['mean_ttft_ms']:>8.0f} "
+            print(f"{shape[0]:>3}x{shape[1]:<4} {conc:>7} | {t['output_throughput']:>12.1f} "
+                  f"{t['mean_ttft_ms']:>8.0f} "
                   f"{t['mean_itl_ms']:>7.1f} | {q['output_throughput']:>13.1f} {q['mean_ttft_ms']:>8.0f} "
                   f"{q['mean_itl_ms']:>7.1f} | {q['output_throughput'] / t['output_throughput']:>11.2f}")
         st = statics[shape]
-        print(f"{shape[0]:>3}x{shape[1]:<4} static generate() x{top}: {st:.1f} tok/s; served/static at {top}: "
+        print(f"{shape[0]:>3}x{shape[1]:<4} static generate() x{top}: {st:.1f} tok/s; "
+              f"served/static at {top}: "
               f"thread {modes['thread'][top]['output_throughput'] / st:.2f}, "
               f"process {modes['process'][top]['output_throughput'] / st:.2f}")
     return 0

@@ -94,7 +94,8 @@ def _counters(core: Any, adds_seen: int) -> _Counters:
 
 def _child_main(settings: Settings, conn: Connection) -> None:
     """Entry point of the engine process: load, report ready, then serve commands until stop/EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the API process drains, then stops us
+    # Ctrl-C reaches the whole process group: the API process drains, then stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s [engine process]: %(message)s")
     start = time.monotonic()
@@ -107,7 +108,8 @@ def _child_main(settings: Settings, conn: Connection) -> None:
         conn.send(("progress", "loading the model"))
         loaded = load_model(settings)
         tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
-        conn.send(("progress", f"model loaded in {time.monotonic() - start:.1f} s; building the engine (KV cache)"))
+        loaded_s = time.monotonic() - start
+        conn.send(("progress", f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
         logits_width = int(loaded.model.get_output_embeddings().weight.shape[0])
         compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
         core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
@@ -142,7 +144,8 @@ def _serve(core: Any, conn: Connection) -> None:
                 try:
                     core.add_request(msg[1], msg[2], msg[3])
                 except Exception as exc:  # noqa: BLE001 - reported to that request only
-                    outputs.append(RequestOutput(msg[1], [], None, True, "error", len(msg[2]), 0, error=str(exc)))
+                    outputs.append(RequestOutput(msg[1], [], None, True, "error", len(msg[2]), 0,
+                                                 error=str(exc)))
             elif kind == "abort":
                 for rid in msg[1]:
                     core.abort_request(rid)
@@ -192,8 +195,8 @@ class EngineProcClient:
         from proxy.models import ModelLoadError
 
         parent_conn, child_conn = _MP.Pipe()
-        proc = _MP.Process(target=_child_main, args=(self.settings, child_conn), name="streamproxy-engine-core",
-                           daemon=True)
+        proc = _MP.Process(target=_child_main, args=(self.settings, child_conn),
+                           name="streamproxy-engine-core", daemon=True)
         proc.start()
         child_conn.close()  # our copy closed: the child's death closes the pipe (EOF)
         logger.info("engine process started (pid %d); waiting for it to load the model", proc.pid)
@@ -207,7 +210,8 @@ class EngineProcClient:
                     kind, payload = parent_conn.recv()
                 except EOFError:
                     proc.join(5)
-                    raise ModelLoadError(f"the engine process exited while loading (exit code {proc.exitcode})") from None
+                    raise ModelLoadError(
+                        f"the engine process exited while loading (exit code {proc.exitcode})") from None
                 if kind == "progress":
                     logger.info("engine process: %s", payload)
                 elif kind == "failed":
@@ -235,8 +239,8 @@ class EngineProcClient:
 
     def _start_reader(self) -> None:
         self._generation += 1
-        threading.Thread(target=self._read, args=(self._conn, self._generation), name="streamproxy-engine-reader",
-                         daemon=True).start()
+        threading.Thread(target=self._read, args=(self._conn, self._generation),
+                         name="streamproxy-engine-reader", daemon=True).start()
 
     def _read(self, conn: Connection, generation: int) -> None:
         """Reader thread: one ``call_soon_threadsafe`` per step message; EOF means the child died."""

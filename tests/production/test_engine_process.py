@@ -49,7 +49,8 @@ def test_sigkill_of_the_engine_process_ends_streams_and_restarts(model_dir: Path
 
         def run() -> None:
             raw = b""
-            with httpx.stream("POST", url, json={**body, "max_tokens": 16000, "stream": True}, timeout=60) as r:
+            long_body = {**body, "max_tokens": 16000, "stream": True}
+            with httpx.stream("POST", url, json=long_body, timeout=60) as r:
                 for piece in r.iter_raw():
                     raw += piece
                     if b'"text"' in raw:
@@ -108,8 +109,8 @@ def test_engine_process_flag_and_default():
     off = settings_from(parser.parse_args(["serve", "--no-engine-process"]), {})
     default = settings_from(parser.parse_args(["serve"]), {})
     env = settings_from(parser.parse_args(["serve"]), {"STREAMPROXY_ENGINE_PROCESS": "1"})
-    assert (on.engine_process, off.engine_process, default.engine_process, env.engine_process) == (True, False, None,
-                                                                                                    True)
+    modes = (on.engine_process, off.engine_process, default.engine_process, env.engine_process)
+    assert modes == (True, False, None, True)
     assert use_engine_process(on) and not use_engine_process(off)
     assert not use_engine_process(default.__class__(device="cpu"))
     assert use_engine_process(default.__class__(device="cuda"))
