@@ -80,6 +80,6 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     except BaseException:
         core.shutdown()
         raise
-    model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer), dtype=info.dtype,
-                      quantization=info.quantization)
+    model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer),
+                      dtype=info.dtype, quantization=info.quantization)
     return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler)
