@@ -64,7 +64,7 @@ class Settings:
         engine_process: run the engine core (schedule, forward, sample) in a child process, as
             vLLM v1 does (``proxy.engine.core_proc``); detokenization and streaming stay in the
             server process. If the child dies, open streams end with an error and it is restarted.
-            None: on for CUDA, off on CPU (where the in-process engine thread measured faster).
+            None: on for CUDA, off on CPU (the in-process engine thread, as before).
     """
 
     model: str | None = None

@@ -11,7 +11,7 @@ from proxy.settings import Settings
 
 
 def use_engine_process(settings: Settings) -> bool:
-    """``settings.engine_process``, or when it is None: True on CUDA, False on CPU (measured faster there)."""
+    """``settings.engine_process``, or when it is None: True on CUDA, False on CPU."""
     if settings.engine_process is not None:
         return settings.engine_process
     if settings.device == "auto":
