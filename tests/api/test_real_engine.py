@@ -85,6 +85,7 @@ def test_real_engine_end_to_end(model_dir: Path, engine_process: bool):
         if engine_process:  # the fault hook is a callable run in the forward pass: in-process only
             out["after"] = (await client.post("/v1/chat/completions", json=body(max_tokens=3))).json()
             out["health"] = await client.get("/health")
+            out["metrics"] = (await client.get("/metrics")).text
             return out
 
         calls = {"n": 0}
