@@ -110,7 +110,7 @@ def _child_main(settings: Settings, conn: Connection) -> None:
         tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
         loaded_s = time.monotonic() - start
         conn.send(("progress", f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
-        logits_width = int(loaded.model.get_output_embeddings().weight.shape[0])
+        logits_width = int(loaded.model.get_output_embeddings().out_features)
         compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
         core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
                           grammar_compiler=compiler)

@@ -52,7 +52,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     loaded = load_model(settings)
     tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
     # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
-    logits_width = int(loaded.model.get_output_embeddings().weight.shape[0])
+    logits_width = int(loaded.model.get_output_embeddings().out_features)
     compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
     core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler)
     if settings.self_check:  # refuse a model the engine would serve wrong text for
