@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from proxy.engine.core import EngineCore
-from proxy.engine.structured import GrammarCompiler
+from proxy.engine.structured import GrammarCompiler, logits_width
 from proxy.models import load_model
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     loaded = load_model(Settings(num_threads=args.threads))
-    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    vocab = logits_width(loaded.model)
     compiler = GrammarCompiler(loaded.hf_tokenizer, vocab, loaded.eos_token_ids)
     prompts = prompts_for(loaded.hf_tokenizer, 16)
     in_thread(mask_cost, loaded, compiler, prompts[:2], 4)  # warm-up

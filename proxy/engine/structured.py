@@ -64,6 +64,7 @@ __all__ = [
     "RequestGrammar",
     "apply_bitmask",
     "check_json_schema",
+    "logits_width",
 ]
 
 logger = logging.getLogger(__name__)
@@ -244,6 +245,20 @@ def _token_mask(vocab_size: int, allowed_ids: Iterable[int]) -> torch.Tensor:
     weights = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int64)
     words = (allowed.view(-1, 32).to(torch.int64) * weights).sum(dim=1)
     return words.to(torch.int32)
+
+
+def logits_width(model: torch.nn.Module) -> int:
+    """Columns of the model's logits (what the masks must cover): the output head's ``out_features``
+    (``nn.Linear`` and the quantized ``PackedLinear`` both have it; a packed head has no ``weight``),
+    else its weight's rows, else the text config's ``vocab_size``."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    width = getattr(head, "out_features", None)
+    if width is None and head is not None and getattr(head, "weight", None) is not None:
+        width = head.weight.shape[0]
+    if width is None:
+        config = model.config
+        width = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
+    return int(width)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:

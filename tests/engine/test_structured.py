@@ -274,3 +274,22 @@ def test_engine_abort_drops_grammar_and_refuses_without_compiler() -> None:
     bare = EngineCore(model(), Settings(num_kv_blocks=64, block_size=4, seed=0), [eos()], 200)
     with pytest.raises(InvalidRequestError, match="structured outputs are not enabled"):
         bare.add_request("b", [5, 6], SamplingParams(structured_outputs=JSON))
+
+
+def test_logits_width_of_a_head_without_weight() -> None:
+    """A quantized output head (``PackedLinear``) has ``out_features`` but no ``weight``."""
+    from proxy.engine.structured import logits_width
+
+    m = model()
+    assert logits_width(m) == MODEL_VOCAB
+
+    class Packed(torch.nn.Module):
+        out_features = 123
+
+    class Wrapper(torch.nn.Module):
+        config = m.config
+
+        def get_output_embeddings(self):  # noqa: ANN202
+            return Packed()
+
+    assert logits_width(Wrapper()) == 123
