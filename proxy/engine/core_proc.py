@@ -101,7 +101,7 @@ def _child_main(settings: Settings, conn: Connection) -> None:
     start = time.monotonic()
     try:
         from proxy.engine.core import EngineCore
-        from proxy.engine.structured import GrammarCompiler
+        from proxy.engine.structured import GrammarCompiler, logits_width
         from proxy.models import load_model
         from proxy.tokenizer import Tokenizer
 
@@ -110,8 +110,8 @@ def _child_main(settings: Settings, conn: Connection) -> None:
         tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
         loaded_s = time.monotonic() - start
         conn.send(("progress", f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
-        logits_width = int(loaded.model.get_output_embeddings().out_features)
-        compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
+        num_logits = logits_width(loaded.model)
+        compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
         core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
                           grammar_compiler=compiler)
         if settings.self_check:  # as the in-process factory: refuse a model served wrong
@@ -123,7 +123,7 @@ def _child_main(settings: Settings, conn: Connection) -> None:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
-                                  tuple(sorted(loaded.eos_token_ids)), logits_width,
+                                  tuple(sorted(loaded.eos_token_ids)), num_logits,
                                   str(loaded.dtype).removeprefix("torch."), loaded.quantization,
                                   time.monotonic() - start)))
     try:

@@ -45,15 +45,15 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
     from proxy.engine.selfcheck import run_self_check
-    from proxy.engine.structured import GrammarCompiler
+    from proxy.engine.structured import GrammarCompiler, logits_width
     from proxy.models import load_model
     from proxy.tokenizer import Tokenizer
 
     loaded = load_model(settings)
     tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
     # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
-    logits_width = int(loaded.model.get_output_embeddings().out_features)
-    compiler = GrammarCompiler(loaded.hf_tokenizer, logits_width, tokenizer.eos_token_ids)
+    num_logits = logits_width(loaded.model)
+    compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
     core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler)
     if settings.self_check:  # refuse a model the engine would serve wrong text for
         run_self_check(loaded.model, settings, core.max_model_len)
