@@ -88,6 +88,8 @@ class ServerState:
         if self.is_draining:
             return
         self.is_draining = True
+        if self.client is not None:
+            self.client.begin_drain()  # an engine process that dies now is not restarted
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         log.info("shutting down: no new requests; open responses get %.1f s to finish", grace)
         self._grace_timer = asyncio.get_running_loop().call_later(max(0.0, grace), self.end_streams)

@@ -86,6 +86,9 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="streamproxy-engine", daemon=True)
         self._thread.start()
 
+    def begin_drain(self) -> None:
+        """Shutdown has begun; the engine thread serves on until :meth:`shutdown` (nothing to do)."""
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; live requests get a final error output; later adds raise."""
         self._stopping = True

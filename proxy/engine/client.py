@@ -109,6 +109,9 @@ class EngineCoreClient(Protocol):
 
     def start(self, on_outputs: OutputsHandler) -> None: ...
 
+    def begin_drain(self) -> None:
+        """Shutdown has begun: keep serving open requests, but never restart a dead engine again."""
+
     def shutdown(self) -> None: ...
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
@@ -133,6 +136,9 @@ class EngineClient(Protocol):
 
     def start(self) -> None:
         """Start the engine; call from the running event loop that will consume the outputs."""
+
+    def begin_drain(self) -> None:
+        """The server drains (SIGTERM): open generations go on; an engine that dies now stays dead."""
 
     def shutdown(self) -> None: ...
 
@@ -191,6 +197,9 @@ class AsyncEngineClient:
 
     def start(self) -> None:
         self.core.start(self._on_outputs)
+
+    def begin_drain(self) -> None:
+        self.core.begin_drain()
 
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -27,12 +27,22 @@ the pipe close; on the event loop every open request gets a final ``finish_reaso
 (the streams end with an error event and ``[DONE]`` at once), ``is_healthy`` turns False (``/health``
 503, new requests 503), and a new child is started (log line; ``num_engine_restarts`` in the stats,
 exported as ``streamproxy:engine_restarts_total``). When it is ready the server serves again. If the
-new child fails to load, the engine stays dead (``/health`` 503) and the log says why.
+new child fails to load, the engine stays dead (``/health`` 503) and the log says why. Once shutdown
+has begun (``begin_drain``, then ``shutdown``) a dead child is never restarted, and ``shutdown`` kills
+a child that is still loading.
+
+Signals: the API process owns shutdown. SIGINT and SIGTERM sent to the whole process group (Ctrl-C in
+a terminal, ``kill -TERM -PGID``, a supervisor's control group) also reach the child, which ignores
+both: the API process drains, then sends ``("stop",)`` (SIGKILL after ``_STOP_TIMEOUT_S``). The child
+also ends by itself when the API process is gone (its pipe reports EOF). Because the child ignores
+SIGTERM, ``multiprocessing``'s exit handler (SIGTERM, then an unbounded ``join``) could wait for it
+forever; an ``atexit`` hook registered after it SIGKILLs any child still alive first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import multiprocessing
@@ -54,6 +64,25 @@ logger = logging.getLogger(__name__)
 
 _MP = multiprocessing.get_context("spawn")  # fork is unsafe with torch/CUDA threads already running
 _STOP_TIMEOUT_S = 10.0
+_children: set[Any] = set()  # engine processes started and not yet reaped (killed at exit)
+_atexit_registered = False
+
+
+def _kill_children_at_exit() -> None:
+    for proc in list(_children):
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+def _track(proc: Any) -> None:
+    """Remember ``proc`` for the exit hook; register the hook once, after ``multiprocessing.util``'s
+    own (atexit runs last-registered first, so ours kills before it joins)."""
+    global _atexit_registered
+    _children.add(proc)
+    if not _atexit_registered:
+        atexit.register(_kill_children_at_exit)
+        _atexit_registered = True
 
 
 @dataclass(frozen=True)
@@ -94,8 +123,10 @@ def _counters(core: Any, adds_seen: int) -> _Counters:
 
 def _child_main(settings: Settings, conn: Connection) -> None:
     """Entry point of the engine process: load, report ready, then serve commands until stop/EOF."""
-    # Ctrl-C reaches the whole process group: the API process drains, then stops us
+    # Signals to the whole process group (Ctrl-C, kill -TERM -PGID) reach us too: the API process
+    # drains, then stops us with a message; dying here would fail the streams it is draining
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s [engine process]: %(message)s")
     start = time.monotonic()
@@ -189,8 +220,10 @@ class EngineProcClient:
         self._on_outputs: OutputsHandler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = "up"  # "up", "restarting", "dead", "stopped"
+        self._draining = False  # shutdown has begun: no more restarts
         self._generation = 0
         self._proc: Any = None
+        self._launching: Any = None  # the child being loaded (shutdown kills it)
         self._conn: Connection | None = None
         self.info = self._launch()
 
@@ -203,6 +236,8 @@ class EngineProcClient:
         proc = _MP.Process(target=_child_main, args=(self.settings, child_conn),
                            name="streamproxy-engine-core", daemon=True)
         proc.start()
+        _track(proc)
+        self._launching = proc
         child_conn.close()  # our copy closed: the child's death closes the pipe (EOF)
         logger.info("engine process started (pid %d); waiting for it to load the model", proc.pid)
         try:
@@ -227,8 +262,11 @@ class EngineProcClient:
             if proc.is_alive():
                 proc.kill()
             proc.join(5)
+            _children.discard(proc)
             parent_conn.close()
             raise
+        finally:
+            self._launching = None
         info: ReadyInfo = payload
         logger.info("engine process ready (pid %d) in %.1f s", proc.pid, info.load_s)
         self._proc, self._conn = proc, parent_conn
@@ -263,45 +301,63 @@ class EngineProcClient:
             loop.call_soon_threadsafe(self._on_child_exit, generation)
 
     def _on_child_exit(self, generation: int) -> None:
-        """Event loop: the child's pipe closed. Fail every open request and start a new child."""
+        """Event loop: the child's pipe closed. Fail every open request; start a new child unless
+        shutdown has begun (draining or stopped: the engine then stays dead)."""
         if generation != self._generation or self._state == "stopped":
             return
         proc = self._proc
         proc.join(1.0)
+        _children.discard(proc)
         code = proc.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        message = f"the engine process died ({how}); the engine is restarting"
+        restart = not self._draining
+        message = f"the engine process died ({how}); " + (
+            "the engine is restarting" if restart else "the server is shutting down")
         logger.error("%s: ending %d open request(s)", message, len(self._live))
-        self._state = "restarting"
-        self.num_restarts += 1
+        self._state = "restarting" if restart else "dead"
         failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error=message) for rid in self._live]
         self._dispatch(failed)
         if self._conn is not None:
             self._conn.close()
-        asyncio.get_running_loop().create_task(self._restart())
+        if restart:
+            self.num_restarts += 1
+            asyncio.get_running_loop().create_task(self._restart())
 
     async def _restart(self) -> None:
         try:
             await asyncio.to_thread(self._launch)
         except Exception:
+            if self._state == "stopped":  # shutdown killed the child while it loaded
+                return
             logger.exception("restarting the engine process failed; the engine stays down (/health 503)")
             self._state = "dead"
             return
-        if self._state == "stopped":
+        if self._state == "stopped" or self._draining:
             self._stop_child()
             return
         self._start_reader()
         self._state = "up"
         logger.warning("engine process restarted (restart #%d); serving again", self.num_restarts)
 
+    def begin_drain(self) -> None:
+        """Shutdown has begun: the child serves on, but if it dies now it is not restarted."""
+        self._draining = True
+
     def shutdown(self) -> None:
-        """Stop the child (it fails its requests; here they end with an error); later adds raise."""
+        """Stop the child (it fails its requests; here they end with an error); later adds raise.
+
+        A child still loading (a restart) is killed; one serving gets ``("stop",)`` and
+        ``_STOP_TIMEOUT_S`` seconds before SIGKILL (it ignores SIGTERM)."""
         if self._state == "stopped":
             return
         self._state = "stopped"
+        self._draining = True
         failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error="the engine shut down")
                   for rid in self._live]
         self._dispatch(failed)
+        launching = self._launching
+        if launching is not None and launching.is_alive():
+            launching.kill()  # the restart thread sees it die and gives up
         self._stop_child()
 
     def _stop_child(self) -> None:
@@ -313,6 +369,7 @@ class EngineProcClient:
             if self._proc.is_alive():
                 self._proc.kill()
                 self._proc.join(5)
+            _children.discard(self._proc)
         if self._conn is not None:
             self._conn.close()
 

@@ -128,6 +128,7 @@ class FakeEngine:
     is_healthy: bool = True
     fault_injector: Callable[[], None] | None = None
     started: bool = False
+    draining: bool = False
     running: dict[str, _Running] = field(default_factory=dict)
     submitted: list[tuple[str, list[int], SamplingParams]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
@@ -138,6 +139,9 @@ class FakeEngine:
         asyncio.get_running_loop()
         self.on_outputs = on_outputs
         self.started = True
+
+    def begin_drain(self) -> None:
+        self.draining = True
 
     def shutdown(self) -> None:
         for r in list(self.running.values()):

@@ -89,14 +89,18 @@ class Proc:
 
 
 def start_server(tmp: Path, args: list[str], env: dict[str, str] | None = None,
-                 timeout_s: float = 600.0, name: str = "server") -> Proc:
-    """Start ``python -m proxy serve ARGS --port <free>`` and wait for ``/health`` 200."""
+                 timeout_s: float = 600.0, name: str = "server", new_session: bool = False) -> Proc:
+    """Start ``python -m proxy serve ARGS --port <free>`` and wait for ``/health`` 200.
+
+    ``new_session``: the server leads its own session and process group (pgid = its pid), so a test
+    can signal the whole group (``os.killpg``) as a terminal's Ctrl-C or a supervisor does."""
     port = free_port()
     log_path = tmp / f"{name}.log"
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args],
-                               cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+                               cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=new_session)
     proc = Proc(process, port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -114,3 +114,97 @@ def test_engine_process_flag_and_default():
     assert use_engine_process(on) and not use_engine_process(off)
     assert not use_engine_process(default.__class__(device="cpu"))
     assert use_engine_process(default.__class__(device="cuda"))
+
+
+def test_sigterm_to_the_process_group_drains_without_a_restart(model_dir: Path, tmp_path: Path):
+    """SIGTERM to the whole process group (a terminal, ``kill -TERM -PGID``, a supervisor's control
+    group) reaches the engine process too: it ignores it (the API process owns shutdown), the open
+    stream finishes within the grace period, the server exits 0 in time, and nothing restarts."""
+    grace = 5.0
+    proc = start_server(tmp_path, ["--model", str(model_dir), *TINY_ARGS, "--engine-process",
+                                   "--shutdown-grace-s", str(grace)], new_session=True)
+    url = f"{proc.base_url}/v1/completions"
+    body = {"model": TINY, "prompt": "Hello", "temperature": 0, "ignore_eos": True}
+    try:
+        reference = httpx.post(url, json={**body, "max_tokens": 200}, timeout=60).json()["choices"][0]["text"]
+        child = engine_child_pid(proc.process.pid)
+        out: dict = {}
+        first = threading.Event()
+
+        def run() -> None:
+            raw = b""
+            with httpx.stream("POST", url, json={**body, "max_tokens": 200, "stream": True}, timeout=60) as r:
+                for piece in r.iter_raw():
+                    raw += piece
+                    if b'"text"' in raw:
+                        first.set()
+            out["raw"] = raw
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        assert first.wait(30)
+        t_term = time.monotonic()
+        assert "raw" not in out  # still streaming
+        os.killpg(proc.process.pid, signal.SIGTERM)  # the server leads its group: the child gets it too
+        thread.join(30)
+        code = proc.process.wait(grace + 30)
+        t_exit = time.monotonic()
+    finally:
+        proc.stop()
+    log = proc.log()
+    assert code == 0, log[-3000:]
+    assert t_exit - t_term < grace + 5, log[-3000:]
+    chunks = chunks_and_done(out["raw"])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert stream_text(chunks, chat=False) == reference  # drained: the stream finished whole
+    assert "died" not in log and "restart" not in log and "Traceback" not in log, log[-3000:]
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the engine process is gone too
+
+
+def test_engine_process_dying_while_draining_is_not_restarted(model_dir: Path, tmp_path: Path):
+    """The child dies (SIGKILL) after shutdown began: the open stream ends with an error event and
+    ``[DONE]``, no new child is started, and the server exits 0 at once (not after the grace period
+    or a model load)."""
+    grace = 60.0
+    proc = start_server(tmp_path, ["--model", str(model_dir), *TINY_ARGS, "--engine-process",
+                                   "--shutdown-grace-s", str(grace)])
+    url = f"{proc.base_url}/v1/completions"
+    body = {"model": TINY, "prompt": "Hello", "temperature": 0, "ignore_eos": True, "max_tokens": 16000,
+            "stream": True}
+    try:
+        child = engine_child_pid(proc.process.pid)
+        out: dict = {}
+        first = threading.Event()
+
+        def run() -> None:
+            raw = b""
+            with httpx.stream("POST", url, json=body, timeout=60) as r:
+                for piece in r.iter_raw():
+                    raw += piece
+                    if b'"text"' in raw:
+                        first.set()
+            out["raw"] = raw
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        assert first.wait(30)
+        proc.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while "shutting down: no new requests" not in proc.log():
+            assert time.monotonic() < deadline, proc.log()[-3000:]
+            time.sleep(0.05)
+        t_kill = time.monotonic()
+        os.kill(child, signal.SIGKILL)
+        thread.join(30)
+        code = proc.process.wait(30)
+        t_exit = time.monotonic()
+    finally:
+        proc.stop()
+    log = proc.log()
+    assert code == 0, log[-3000:]
+    assert t_exit - t_kill < 5, log[-3000:]
+    chunks = chunks_and_done(out["raw"])
+    err = chunks[-1]["error"]
+    assert "engine process died (killed by signal 9); the server is shutting down" in err["message"]
+    assert log.count("engine process started") == 1 and "restart" not in log, log[-3000:]

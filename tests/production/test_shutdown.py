@@ -62,6 +62,7 @@ def test_drain_lets_short_streams_finish_and_cuts_the_rest():
     assert len(stream_text(long_chunks[:-1])) > 0  # it streamed for the grace period, then was cut
     assert plain.status_code == 503 and plain.json() == {"error": SHUTDOWN_ERROR}
     assert len(engine.aborted) == 2 and not engine.running  # engine work of the cut requests stopped
+    assert engine.draining  # the engine core was told (an engine process is not restarted from then on)
     assert state.client.stats().num_tracked_outputs == 0
 
 
