@@ -762,12 +762,14 @@ cdef class ChunkFramer:
         return b"".join((self._choice_head, self._index(index), body, dumps(finish_reason).encode(),
                          self._tail))
 
-    def usage(self, prompt_tokens, completion_tokens):
-        """Usage chunk (``choices: []``), sent before ``[DONE]`` when ``include_usage`` was asked."""
+    def usage(self, prompt_tokens, completion_tokens, cached_tokens):
+        """Usage chunk (``choices: []``); see ``proxy.hotpath.python.ChunkFramer.usage``."""
         cdef object p = int(prompt_tokens)
         cdef object c = int(completion_tokens)
+        cdef object k = int(cached_tokens)
         return self._head + (f'"choices":[],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},'
-                             f'"total_tokens":{p + c}}}}}\n\n').encode()
+                             f'"total_tokens":{p + c},'
+                             f'"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}\n\n').encode()
 
     def error(self, message, type, code):
         """In-band error event ``{"error":{"message","type","param":null,"code"}}``."""

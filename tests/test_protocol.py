@@ -132,3 +132,14 @@ def test_completion_request():
     assert r.prompt == (1, 2) and r.max_tokens == 16 and r.logprobs == 2
     assert r.params.logprobs and r.params.top_logprobs == 2
     assert protocol.parse_completion_request({"model": "m", "prompt": "x"}, max_n=1).params.logprobs is False
+
+
+def test_usage_always_has_prompt_tokens_details():
+    """OpenAI's ``usage`` shape (chat completion object): ``prompt_tokens_details.cached_tokens`` is
+    present at 0 too; ``total_tokens`` is prompt + completion."""
+    assert protocol.Usage(17, 5, 0).to_dict() == {
+        "prompt_tokens": 17, "completion_tokens": 5, "total_tokens": 22,
+        "prompt_tokens_details": {"cached_tokens": 0}}
+    assert list(protocol.Usage(33, 1, 32).to_dict().items()) == [
+        ("prompt_tokens", 33), ("completion_tokens", 1), ("total_tokens", 34),
+        ("prompt_tokens_details", {"cached_tokens": 32})]

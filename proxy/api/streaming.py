@@ -115,7 +115,7 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: Any, *
             _frame_any(deltas, fmt, framer, text_offsets, out)
         if include_usage:
             usage = generation.usage
-            out.append(framer.usage(usage.prompt_tokens, usage.completion_tokens))
+            out.append(framer.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens))
         out.append(framer.done())
         yield b"".join(out)
     finally:

@@ -52,8 +52,10 @@ class Generation:
 
     @property
     def usage(self) -> Usage:
-        """Tokens so far: the prompt, and the completion tokens of all choices (EOS included)."""
-        return Usage(self.num_prompt_tokens, self._mailbox.num_output_tokens)
+        """Tokens so far: the prompt, the completion tokens of all choices (EOS included), and the
+        prompt tokens of choice 0 served from the prefix cache (0 before it is scheduled)."""
+        mailbox = self._mailbox
+        return Usage(self.num_prompt_tokens, mailbox.num_output_tokens, mailbox.num_cached_tokens)
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until a delta, the end or an error is pending; False after ``timeout_s`` seconds

@@ -61,6 +61,8 @@ class Mailbox:
         self._slots = [_ChoiceSlot() for _ in range(num_choices)]
         self._event = asyncio.Event()
         self.error: StreamproxyError | None = None
+        self.num_cached_tokens = 0
+        """Prompt tokens of choice 0 served from the prefix cache (for ``usage``)."""
 
     @property
     def num_choices(self) -> int:

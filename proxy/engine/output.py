@@ -144,6 +144,8 @@ class OutputProcessor:
         if tracked is None:
             return False
         mailbox, index = tracked.mailbox, tracked.index
+        if index == 0 and output.num_cached_tokens > mailbox.num_cached_tokens:
+            mailbox.num_cached_tokens = output.num_cached_tokens
         entries = self._entries(output) if tracked.params.logprobs else []
         finished = output.finished
         all_ids = output.new_token_ids

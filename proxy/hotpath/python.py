@@ -388,13 +388,20 @@ class ChunkFramer:
         )
         return s.encode()
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        """Usage chunk (``choices: []``), sent before ``[DONE]`` when ``include_usage`` was asked."""
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> bytes:
+        """Usage chunk (``choices: []``), sent before ``[DONE]`` when ``include_usage`` was asked.
+
+        ``usage`` is ``{"prompt_tokens","completion_tokens","total_tokens",
+        "prompt_tokens_details":{"cached_tokens"}}`` as in the OpenAI API reference (chat completion
+        object); ``cached_tokens`` is the number of prompt tokens served from the prefix cache, 0 when
+        none (OpenAI always sends the details object).
+        """
         p = int(prompt_tokens)
         c = int(completion_tokens)
+        k = int(cached_tokens)
         s = (
             f'{self._head}"choices":[],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},'
-            f'"total_tokens":{p + c}}}}}\n\n'
+            f'"total_tokens":{p + c},"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}\n\n'
         )
         return s.encode()
 

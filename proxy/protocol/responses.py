@@ -50,19 +50,28 @@ class LogprobEntry:
 
 @dataclass(frozen=True)
 class Usage:
-    """OpenAI ``usage`` of one response, in tokens (all choices' completion tokens summed)."""
+    """OpenAI ``usage`` of one response, in tokens (all choices' completion tokens summed).
+
+    ``cached_tokens``: prompt tokens whose K/V came from the prefix cache (OpenAI's
+    ``usage.prompt_tokens_details.cached_tokens``), whole KV blocks and never the last prompt token;
+    0 when none. As OpenAI does, the details object is always present.
+    """
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int
 
     @property
     def total_tokens(self) -> int:
+        """``prompt_tokens + completion_tokens``."""
         return self.prompt_tokens + self.completion_tokens
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"prompt_tokens", "completion_tokens", "total_tokens"}``."""
+        """``{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
+        {"cached_tokens"}}`` (key order of the OpenAI API reference)."""
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.total_tokens}
+                "total_tokens": self.total_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 def chat_logprobs(entries: Sequence[LogprobEntry]) -> dict[str, Any]:

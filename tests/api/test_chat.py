@@ -30,7 +30,8 @@ def test_non_stream_response_shape_and_usage():
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": REPLY},
                                 "logprobs": None, "finish_reason": "stop"}]
     p = _prompt_len(tok)
-    assert body["usage"] == {"prompt_tokens": p, "completion_tokens": num_reply, "total_tokens": p + num_reply}
+    assert body["usage"] == {"prompt_tokens": p, "completion_tokens": num_reply, "total_tokens": p + num_reply,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     # max_tokens absent: the rest of the context (vLLM)
     (_, prompt, params), = engine.submitted
     assert params.max_tokens == 128 - p and len(prompt) == p
@@ -74,7 +75,8 @@ def test_stream_include_usage_chunk_before_done():
     *rest, usage = chunks
     assert usage["choices"] == []
     p, c = _prompt_len(tok), len(tok.encode(REPLY)) + 1
-    assert usage["usage"] == {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    assert usage["usage"] == {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     assert all(x["usage"] is None and x["choices"] for x in rest)
 
 

@@ -22,7 +22,8 @@ def test_string_prompt_non_stream():
     assert engine.submitted[0][1] == prompt
     assert engine.submitted[0][2].max_tokens == 16  # OpenAI's default for completions
     assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": len(ids) + 1,
-                             "total_tokens": len(prompt) + len(ids) + 1}
+                             "total_tokens": len(prompt) + len(ids) + 1,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 @pytest.mark.parametrize("prompt", [[5, 6, 7], [[5, 6, 7]]])
@@ -40,7 +41,8 @@ def test_token_prompt_stream(prompt):
     assert all(c["object"] == "text_completion" for c in chunks)
     *body, usage = chunks
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
-                                                         "total_tokens": 7}
+                                                         "total_tokens": 7,
+                                                         "prompt_tokens_details": {"cached_tokens": 0}}
     assert "".join(c["choices"][0]["text"] for c in body) == tok.decode(tok.encode(REPLY)[:4])
     assert body[-1]["choices"][0] == {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
     assert all(c["choices"][0]["finish_reason"] is None for c in body[:-1])

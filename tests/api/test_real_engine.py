@@ -58,6 +58,12 @@ async def with_app(model_dir: Path, fn, engine_process: bool = False):
             return await fn(client, state)
 
 
+def counts(usage: dict) -> dict:
+    """``usage`` without ``prompt_tokens_details``: what two runs of one prompt must agree on (a
+    repeated prompt is served from the prefix cache, so its ``cached_tokens`` differ)."""
+    return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+
+
 async def wait_idle(client: httpx.AsyncClient) -> dict:
     for _ in range(200):
         h = (await client.get("/health")).json()
@@ -108,7 +114,7 @@ def test_real_engine_end_to_end(model_dir: Path, engine_process: bool):
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == plain["choices"][0]["message"]["content"]
     assert plain["usage"]["completion_tokens"] == 12 and plain["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1]["usage"] == plain["usage"]
+    assert counts(chunks[-1]["usage"]) == counts(plain["usage"])  # cached_tokens depends on the arrival order
     for i in (0, 1):
         mine = "".join(c["choices"][0]["delta"].get("content", "") for c in out["n2_stream"]
                        if c["choices"] and c["choices"][0]["index"] == i)
@@ -172,3 +178,64 @@ def test_end_of_turn_token_stops_a_model_whose_config_names_only_endoftext(tmp_p
     assert plain["usage"]["completion_tokens"] == 1  # the <|im_end|> token itself
     # min_tokens=2: two other tokens first (the sampler masks EOS), then <|im_end|> ends it as the third
     assert with_min["choices"][0]["finish_reason"] == "stop" and with_min["usage"]["completion_tokens"] == 3
+
+
+@pytest.fixture(params=[("thread", "compiled"), ("thread", "python"), ("process", "compiled")],
+                ids=lambda p: f"engine-{p[0]}-{p[1]}")
+def cache_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tuple[bool, type]:
+    """(engine mode, hot path): the usage chunk is framed by either hot-path twin, and the count
+    crosses the engine-process pipe. Returns ``(engine_process, ChunkFramer class in use)``."""
+    from proxy import hotpath
+    from proxy.hotpath import python
+
+    mode, impl = request.param
+    if impl == "python":
+        monkeypatch.setattr(hotpath, "ChunkFramer", python.ChunkFramer)
+        return mode == "process", python.ChunkFramer
+    if not hotpath.IS_COMPILED:
+        pytest.skip("the compiled hot path is not loaded (test_hotpath_selector fails when CI requires it)")
+    from proxy.hotpath import _hotpath
+
+    return mode == "process", _hotpath.ChunkFramer
+
+
+def test_cached_prompt_tokens_are_reported_in_usage(model_dir: Path, cache_mode: tuple[bool, type]):
+    """Issue 11: ``usage.prompt_tokens_details.cached_tokens`` (OpenAI's field) = prompt tokens served
+    from the prefix cache: 0 on a first request; the same prompt again hits whole 16-token blocks,
+    never the last prompt token; stream (``include_usage`` chunk) and non-stream agree, on chat and
+    legacy completions."""
+    from proxy.protocol import CHAT
+
+    engine_process, framer_class = cache_mode
+    assert type(CHAT.framer("x", 0, NAME, True)) is framer_class  # the twin under test frames the stream
+    messages = [{"role": "user", "content": "Tell me a story about " + "a red fox and a blue bird, " * 6}]
+    prompt = "Once upon a time, " * 12
+    usage_chunk = {"stream": True, "stream_options": {"include_usage": True}}
+
+    async def scenario(client: httpx.AsyncClient, state):
+        chat = [(await client.post("/v1/chat/completions", json=body(messages=messages))).json()
+                for _ in range(2)]
+        chat.append(sse_json((await client.post("/v1/chat/completions",
+                                                json=body(messages=messages, **usage_chunk))).content))
+        plain = {"model": NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+        completion = [sse_json((await client.post("/v1/completions", json={**plain, **usage_chunk})).content),
+                      (await client.post("/v1/completions", json=plain)).json(),
+                      sse_json((await client.post("/v1/completions", json={**plain, **usage_chunk})).content)]
+        return chat, completion
+
+    chat, completion = asyncio.run(with_app(model_dir, scenario, engine_process))
+    chat_first, completion_first = chat[0]["usage"], completion[0][-1]["usage"]  # non-stream, stream
+    for first, second, streamed in ((chat_first, *chat[1:]), (completion_first, *completion[1:])):
+        num_prompt = first["prompt_tokens"]
+        assert num_prompt > 32
+        assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert 0 < cached <= num_prompt - 1 and cached % 16 == 0
+        assert cached == (num_prompt - 1) // 16 * 16  # every full block before the last prompt token
+        assert counts(second["usage"]) == counts(first)
+        assert streamed[-1]["choices"] == [] and streamed[-1]["usage"] == second["usage"]
+    assert chat[1]["choices"][0]["message"]["content"] == chat[0]["choices"][0]["message"]["content"]
+    assert completion[1]["choices"][0]["text"] == "".join(c["choices"][0]["text"] for c in completion[0]
+                                                          if c["choices"])
+    joined = "".join(c["choices"][0]["delta"].get("content", "") for c in chat[2] if c["choices"])
+    assert joined == chat[0]["choices"][0]["message"]["content"]

@@ -65,8 +65,13 @@ class TestChat:
     def test_usage_error_done(self, impl, include_usage):
         f = impl.ChunkFramer(CHAT, "chatcmpl-1", 1700000000, "smollm2", include_usage)
         d = head(CHAT) | {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 30,
-                                                   "total_tokens": 42}}
-        assert f.usage(12, 30) == sse(d)
+                                                   "total_tokens": 42,
+                                                   "prompt_tokens_details": {"cached_tokens": 0}}}
+        assert f.usage(12, 30, 0) == sse(d)
+        d["usage"]["prompt_tokens_details"] = {"cached_tokens": 8}
+        assert f.usage(12, 30, 8) == sse(d)
+        with pytest.raises(TypeError):  # the cached count is never left out by accident
+            f.usage(12, 30)  # type: ignore[call-arg]
         e = {"error": {"message": 'boom "x"\n', "type": "server_error", "param": None, "code": "engine_error"}}
         assert f.error('boom "x"\n', "server_error", "engine_error") == sse(e)
         assert f.done() == b"data: [DONE]\n\n"
@@ -81,8 +86,9 @@ def test_text_completion(impl):
     assert f.finish(0, "length") == sse(base | {"choices": [{"index": 0, "text": "", "logprobs": None,
                                                               "finish_reason": "length"}]})
     assert f.role(0) == b""
-    assert f.usage(1, 2) == sse(base | {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2,
-                                                                  "total_tokens": 3}})
+    assert f.usage(17, 2, 16) == sse(base | {"choices": [], "usage": {
+        "prompt_tokens": 17, "completion_tokens": 2, "total_tokens": 19,
+        "prompt_tokens_details": {"cached_tokens": 16}}})
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)

@@ -42,7 +42,10 @@ def test_node_sdk_stream_usage_and_errors(server: Server) -> None:
     assert full["content"] and stream["text"] == full["content"]
     assert stream["deltas"] >= 2 and stream["role"] == "assistant"
     assert stream["finish_reason"] == full["finish_reason"] == "length"
-    assert stream["usage"] == full["usage"]
+    # the counts agree; prompt_tokens_details may not (the second request's prompt hits the prefix cache)
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [stream["usage"][k] for k in counts] == [full["usage"][k] for k in counts]
+    assert 0 <= stream["usage"]["prompt_tokens_details"]["cached_tokens"] < stream["usage"]["prompt_tokens"]
     assert full["usage"]["completion_tokens"] == 12
     assert full["usage"]["total_tokens"] == full["usage"]["prompt_tokens"] + 12
 
