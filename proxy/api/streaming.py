@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 from proxy.engine.client import ChoiceDelta, Generation
 from proxy.errors import StreamproxyError
-from proxy.hotpath import dumps
+from proxy.hotpath import ChunkFramer, dumps
 from proxy.protocol import CompletionFormat
 from proxy.tools.output import ChoiceToolOutput, tool_calls_chunk
 
 KEEPALIVE = b": keepalive\n\n"
+_Framing = Callable[[Sequence[ChoiceDelta], CompletionFormat, ChunkFramer, list[int], list[bytes]], None]
 
 
-def _frame_tools(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: Any, text_offsets: list[int],
-                 out: list[bytes], tool_outputs: list[ChoiceToolOutput], chunk_ids: tuple[str, int, str]) -> None:
+def _frame_tools(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: ChunkFramer,
+                 text_offsets: list[int], out: list[bytes], tool_outputs: list[ChoiceToolOutput],
+                 chunk_ids: tuple[str, int, str]) -> None:
     """Like :func:`_frame`, with each choice's text split into content and tool-call deltas."""
     for d in deltas:
         tools = tool_outputs[d.index]
@@ -56,7 +57,7 @@ def _frame_tools(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: A
             out.append(framer.finish(d.index, finish))
 
 
-def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: Any, text_offsets: list[int],
+def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: ChunkFramer, text_offsets: list[int],
            out: list[bytes]) -> None:
     for d in deltas:
         if d.text or d.logprobs:
@@ -67,8 +68,8 @@ def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: Any, te
             out.append(framer.finish(d.index, d.finish_reason))
 
 
-async def sse_body(generation: Generation, fmt: CompletionFormat, framer: Any, *, keepalive_s: float | None,
-                   include_usage: bool, first: Sequence[ChoiceDelta] | None,
+async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkFramer, *,
+                   keepalive_s: float | None, include_usage: bool, first: Sequence[ChoiceDelta] | None,
                    tool_outputs: list[ChoiceToolOutput] | None = None,
                    chunk_ids: tuple[str, int, str] = ("", 0, "")) -> AsyncIterator[bytes]:
     """The response body; each yielded item is one socket write of one or more SSE events.
@@ -86,7 +87,7 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: Any, *
         chunk_ids: ``(response id, created, model)`` of the chunks, for the ``tool_calls`` chunks.
     """
     text_offsets = [0] * generation.num_choices
-    _frame_any: Callable[[Sequence[ChoiceDelta], CompletionFormat, Any, list[int], list[bytes]], None] = _frame
+    _frame_any: _Framing = _frame
     if tool_outputs is not None:
         _frame_any = functools.partial(_frame_tools, tool_outputs=tool_outputs, chunk_ids=chunk_ids)
     try:

@@ -31,7 +31,8 @@ class Detokenizer(Protocol):
 
 
 class StopCheckerLike(Protocol):
-    matched_index: int
+    @property
+    def matched_index(self) -> int: ...
 
     def feed(self, text: str) -> tuple[str, int]: ...
     def flush(self) -> str: ...

@@ -8,29 +8,41 @@ the import error text when the compiled module should have loaded and did not (a
 from __future__ import annotations
 
 import os
-from types import ModuleType
-
-from proxy.hotpath import python
+from typing import TYPE_CHECKING
 
 COMPILED_IMPORT_ERROR: str | None = None
-_impl: ModuleType = python
 IS_COMPILED = False
 
-if os.environ.get("STREAMPROXY_PURE_PYTHON", "") != "1":
-    try:
-        from proxy.hotpath import _hotpath
-    except ImportError as exc:  # not built: fall back, a test reports it when CI requires it
-        COMPILED_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-    else:
-        _impl = _hotpath
-        IS_COMPILED = True
+if TYPE_CHECKING:
+    # Type checkers see the compiled module's classes through its stub (``_hotpath.pyi``), so every
+    # call site is checked against it (yarl's ``_quoting.py`` does the same with ``TYPE_CHECKING``);
+    # ``python.py``'s signatures are held equal to the stub's by tests/hotpath/test_hotpath_selector.py.
+    from proxy.hotpath._hotpath import (
+        ChunkFramer,
+        DecodeTable,
+        IncrementalDetokenizer,
+        StopChecker,
+        dumps,
+        utf8_complete_prefix_len,
+    )
+else:
+    from proxy.hotpath import python as _impl
 
-DecodeTable = _impl.DecodeTable
-IncrementalDetokenizer = _impl.IncrementalDetokenizer
-StopChecker = _impl.StopChecker
-ChunkFramer = _impl.ChunkFramer
-dumps = _impl.dumps
-utf8_complete_prefix_len = _impl.utf8_complete_prefix_len
+    if os.environ.get("STREAMPROXY_PURE_PYTHON", "") != "1":
+        try:
+            from proxy.hotpath import _hotpath
+        except ImportError as exc:  # not built: fall back, a test reports it when CI requires it
+            COMPILED_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+        else:
+            _impl = _hotpath
+            IS_COMPILED = True
+
+    DecodeTable = _impl.DecodeTable
+    IncrementalDetokenizer = _impl.IncrementalDetokenizer
+    StopChecker = _impl.StopChecker
+    ChunkFramer = _impl.ChunkFramer
+    dumps = _impl.dumps
+    utf8_complete_prefix_len = _impl.utf8_complete_prefix_len
 
 __all__ = [
     "COMPILED_IMPORT_ERROR",

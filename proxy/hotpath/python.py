@@ -4,7 +4,8 @@ Always importable (stdlib only). ``ext/hotpath.pyx`` is the compiled twin with t
 and results; ``proxy.hotpath`` selects one of the two. Tests run both and compare them.
 
 Semantics follow the Hugging Face ``tokenizers`` decoders (ByteLevel, ByteFallback + Fuse + Strip) so that
-the joined output of :class:`IncrementalDetokenizer` equals ``tokenizer.decode(ids, skip_special_tokens=True)``.
+the joined output of :class:`IncrementalDetokenizer` equals
+``tokenizer.decode(ids, skip_special_tokens=True)``.
 """
 
 from __future__ import annotations
@@ -406,10 +407,10 @@ class ChunkFramer:
         return s.encode()
 
     def error(self, message: str, type: str, code: str | None) -> bytes:
-        """In-band error event ``{"error":{"message","type","param":null,"code"}}`` (stream already started)."""
-        return (
-            "data: " + dumps({"error": {"message": message, "type": type, "param": None, "code": code}}) + "\n\n"
-        ).encode()
+        """In-band error event ``{"error":{"message","type","param":null,"code"}}`` (the stream
+        already started)."""
+        error = {"message": message, "type": type, "param": None, "code": code}
+        return ("data: " + dumps({"error": error}) + "\n\n").encode()
 
     def done(self) -> bytes:
         """The terminating ``data: [DONE]`` event."""

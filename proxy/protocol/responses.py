@@ -150,7 +150,7 @@ class CompletionFormat:
         """The ``logprobs`` object of one chunk or choice; ``text_offset``: characters before it."""
         return chat_logprobs(entries) if self.is_chat else completion_logprobs(entries, text_offset)
 
-    def framer(self, response_id: str, created: int, model: str, include_usage: bool) -> Any:
+    def framer(self, response_id: str, created: int, model: str, include_usage: bool) -> hotpath.ChunkFramer:
         """The hot path's ``ChunkFramer`` for this format's stream chunks (SSE bytes)."""
         return hotpath.ChunkFramer(self.chunk_object, response_id, created, model, include_usage)
 
@@ -160,7 +160,8 @@ class CompletionFormat:
         if self.is_chat:
             return {"index": result.index, "message": {"role": "assistant", "content": result.text},
                     "logprobs": lp, "finish_reason": result.finish_reason}
-        return {"index": result.index, "text": result.text, "logprobs": lp, "finish_reason": result.finish_reason}
+        return {"index": result.index, "text": result.text, "logprobs": lp,
+                "finish_reason": result.finish_reason}
 
     def body(self, response_id: str, created: int, model: str, results: Sequence[ChoiceResult],
              usage: Usage) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from proxy import hotpath
 from proxy.hotpath import python
@@ -39,3 +42,51 @@ def test_selected_names_match_twin_api():
         assert getattr(hotpath, name).__name__ == getattr(python, name).__name__
     if hotpath.IS_COMPILED:
         assert _probe(None) == "True proxy.hotpath._hotpath"
+
+
+def _stub_signature(fn: ast.FunctionDef) -> tuple[list[tuple[str, str | None, bool]], str | None]:
+    a = fn.args
+    params = a.posonlyargs + a.args
+    defaults: list[ast.expr | None] = [None] * (len(params) - len(a.defaults)) + list(a.defaults)
+    return ([(p.arg, ast.unparse(p.annotation) if p.annotation else None, d is not None)
+             for p, d in zip(params, defaults)], ast.unparse(fn.returns) if fn.returns else None)
+
+
+def _twin_signature(obj: object) -> tuple[list[tuple[str, str | None, bool]], str | None]:
+    sig = inspect.signature(obj)  # type: ignore[arg-type]
+    empty = inspect.Parameter.empty
+    return ([(n, None if p.annotation is empty else p.annotation, p.default is not empty)
+             for n, p in sig.parameters.items()],
+            None if sig.return_annotation is inspect.Signature.empty else sig.return_annotation)
+
+
+def test_stub_matches_the_python_twin():
+    """Type checkers see the compiled module through ``_hotpath.pyi`` (the selector's TYPE_CHECKING
+    branch); the pure-Python twin must have the same names and signatures (parameter names,
+    annotations as written, which ones have defaults, return types), so a call site the stub accepts
+    runs on either twin. The compiled module must export every name of the stub."""
+    stub = ast.parse(Path(hotpath.__file__).with_name("_hotpath.pyi").read_text())
+    stub_names = {n.name for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert stub_names == set(hotpath.__all__) - {"COMPILED_IMPORT_ERROR", "IS_COMPILED"}
+    if hotpath.IS_COMPILED:
+        from proxy.hotpath import _hotpath
+
+        assert all(hasattr(_hotpath, name) for name in stub_names)
+    checked = 0
+    for node in stub.body:
+        if isinstance(node, ast.FunctionDef):
+            assert _stub_signature(node) == _twin_signature(getattr(python, node.name)), node.name
+            checked += 1
+        elif isinstance(node, ast.ClassDef):
+            cls = getattr(python, node.name)
+            for fn in node.body:
+                if not isinstance(fn, ast.FunctionDef):
+                    continue
+                attr = inspect.getattr_static(cls, fn.name)
+                if isinstance(attr, property):
+                    assert attr.fget is not None
+                    assert _stub_signature(fn)[1] == inspect.signature(attr.fget).return_annotation, fn.name
+                else:
+                    assert _stub_signature(fn) == _twin_signature(attr), f"{node.name}.{fn.name}"
+                checked += 1
+    assert checked >= 19
