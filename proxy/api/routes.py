@@ -115,6 +115,12 @@ _KIND_METRIC = {"json": "json_schema", "json_object": "json_object", "regex": "r
                 "grammar": "grammar"}
 
 
+PROMPTED_TOOL_PARSER = "hermes"
+"""The call format taught by the system prompt on a chat template without tool support (unless
+``--tool-call-parser`` names another): explicit open and close markers, so text around a call
+streams as content, and the format of the Hermes and Qwen fine-tunes."""
+
+
 def _tool_format(client: EngineClient, parser_setting: str) -> tuple[bool, str | None]:
     """(the chat template renders tools, the tool-call parser for ``"auto"``: ``--tool-call-parser``,
     else detected from the template; None when neither)."""
@@ -135,7 +141,8 @@ async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions`` (OpenAI "Create chat completion"), stream and non-stream.
 
     With ``tools``: the tools go to the chat template (``tools=``), or, for a template without tool
-    support, into a system message (``required`` / named choices only; ``auto`` is then a 400).
+    support, into a system message (:func:`~proxy.tools.request.tool_system_prompt`; for ``auto`` it
+    teaches :data:`PROMPTED_TOOL_PARSER`'s format and the answer goes through that parser).
     ``required`` / named choices and ``response_format`` are enforced with a grammar compiled off
     the event loop before the request is submitted.
     """
@@ -146,8 +153,11 @@ async def chat_completions(request: Request) -> Response:
     _check_model(client, chat.model)
     tools: ChatTools | None = chat.tools
     has_tools, parser_name = _tool_format(client, state.settings.tool_call_parser)
+    prompted = tools is not None and tools.is_parsed and not has_tools  # "auto" taught by a system prompt
+    if prompted:
+        parser_name = parser_name or PROMPTED_TOOL_PARSER
     messages = template_messages([dict(m) for m in chat.messages], list(chat.raw_messages),
-                                 template_has_tools=has_tools)
+                                 template_has_tools=has_tools, call_format=parser_name if prompted else None)
     template_kwargs: dict[str, Any] = {}
     so: StructuredOutputParams | None = chat.structured
     so_param = chat.structured_param or "response_format"
@@ -155,12 +165,13 @@ async def chat_completions(request: Request) -> Response:
     if tools is not None:
         if tools.is_parsed and parser_name is None:
             raise InvalidRequestError(
-                "This model's chat template has no tool support, so tool_choice 'auto' cannot be served; "
-                "use tool_choice 'required' or a named function (enforced with a grammar).", param="tool_choice")
+                "This model's chat template renders tools in a format no tool-call parser here reads, so "
+                "tool_choice 'auto' cannot be served; start the server with --tool-call-parser, or use "
+                "tool_choice 'required' or a named function (enforced with a grammar).", param="tool_choice")
         if has_tools:
             template_kwargs["tools"] = tools.template_tools()
-        elif tools.is_constrained:
-            messages = _with_system(messages, tool_system_prompt(tools))
+        elif tools.is_constrained or prompted:
+            messages = _with_system(messages, tool_system_prompt(tools, parser_name))
         if tools.is_constrained:
             so, so_param = tools.grammar(), "tools"
             metric_kind = "tool_named" if tools.choice.mode == "named" else "tool_required"

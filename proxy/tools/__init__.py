@@ -8,6 +8,7 @@ Qwen2/2.5/3 ``<tool_call>{...}</tool_call>``), ``llama3_json`` (Llama 3.x ``{"na
 
 from proxy.tools.parsers import (
     PARSERS,
+    CallStream,
     ToolCall,
     ToolCallDelta,
     ToolCallParser,
@@ -19,6 +20,7 @@ from proxy.tools.parsers import (
 
 __all__ = [
     "PARSERS",
+    "CallStream",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallParser",

@@ -5,9 +5,12 @@ choice's text deltas and, at the end, its finish reason:
 
 - ``tool_choice: "auto"``: the text goes through the :class:`~proxy.tools.ToolCallParser` of the
   model's format; content streams as it is known not to be part of a call.
-- ``"required"`` / named: the grammar made the whole output a JSON value; it is held until the end
-  and turned into calls (:meth:`~proxy.tools.request.ChatTools.calls_from_output`). When
-  ``max_tokens`` cut it (not complete JSON) it is returned as content with ``"length"``.
+- ``"required"`` / named: the grammar made the whole output a JSON value (an array of
+  ``{"name", "parameters"}``, or the named function's arguments object); a
+  :class:`~proxy.tools.CallStream` reads it as it comes, so each call's header goes out once its
+  name is known and its arguments stream fragment by fragment, as the model generates them. When
+  ``max_tokens`` cuts a call, the call stays with the arguments that came (``finish_reason:
+  "length"``, as OpenAI answers); output cut before any call started is returned as content.
 - ``"none"``: text is content, unchanged.
 
 A choice that produced at least one call finishes with ``finish_reason: "tool_calls"`` (when the
@@ -19,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.hotpath import dumps
-from proxy.tools.parsers import ToolCall, ToolCallDelta, ToolCallParser, call_deltas
+from proxy.tools.parsers import CallStream, PendingCall, ToolCall, ToolCallDelta, ToolCallParser, call_deltas
 from proxy.tools.request import ChatTools
 
 __all__ = ["ChoiceToolOutput", "tool_calls_chunk"]
@@ -36,20 +39,27 @@ class ChoiceToolOutput:
     def __init__(self, tools: ChatTools, parser_name: str | None) -> None:
         self.tools = tools
         self.parser = ToolCallParser(parser_name) if tools.is_parsed and parser_name else None
-        self._held: list[str] = []
+        self._calls: list[PendingCall] = []
+        self._stream: CallStream | None = None
+        if tools.is_constrained:
+            self._stream = CallStream(self._calls, tools.choice.name if tools.choice.mode == "named" else None)
         self._content: list[str] = []
-        self.tool_calls: list[ToolCall] = []
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The calls so far (the last one's arguments still growing while it streams)."""
+        if self.parser is not None:
+            return self.parser.tool_calls
+        return [c.to_call() for c in self._calls]
 
     def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        """The next text delta -> (content to show now, completed call deltas)."""
+        """The next text delta -> (content to show now, tool-call deltas: headers, arguments fragments)."""
         if not text:
             return "", []
-        if self.tools.is_constrained:
-            self._held.append(text)
-            return "", []
+        if self._stream is not None:
+            return "", self._stream.feed(text)
         if self.parser is not None:
             content, deltas = self.parser.feed(text)
-            self.tool_calls = self.parser.tool_calls
         else:
             content, deltas = text, []
         self._content.append(content)
@@ -58,18 +68,17 @@ class ChoiceToolOutput:
     def finish(self, finish_reason: str | None) -> tuple[str, list[ToolCallDelta], str | None]:
         """End of the choice -> (last content, last call deltas, the finish reason to report)."""
         content, deltas = "", []
-        if self.tools.is_constrained:
-            text = "".join(self._held)
+        if self._stream is not None and not self._stream.committed:
+            text = self._stream.text
             calls = self.tools.calls_from_output(text) if finish_reason == "stop" else None
             if calls is None:
                 content = text
             else:
                 for call in calls:
-                    deltas.extend(call_deltas(len(self.tool_calls), call))
-                    self.tool_calls.append(call)
+                    deltas.extend(call_deltas(len(self._calls), call))
+                    self._calls.append(PendingCall(call.name, call.arguments, call.id))
         elif self.parser is not None:
             content, deltas = self.parser.flush()
-            self.tool_calls = self.parser.tool_calls
         self._content.append(content)
         if self.tool_calls and finish_reason == "stop":
             finish_reason = "tool_calls"
@@ -91,13 +100,17 @@ class ChoiceToolOutput:
 
 def tool_calls_chunk(response_id: str, created: int, model: str, index: int,
                      deltas: list[ToolCallDelta]) -> bytes:
-    """One SSE event carrying ``delta.tool_calls`` for choice ``index`` (OpenAI's chunk shape)."""
-    chunk = {
-        "id": response_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": index, "delta": {"tool_calls": [d.to_openai() for d in deltas]},
-                     "logprobs": None, "finish_reason": None}],
-    }
-    return b"data: " + dumps(chunk).encode() + b"\n\n"
+    """SSE events carrying ``delta.tool_calls`` for choice ``index`` (OpenAI's chunk shape), one
+    event per delta, so that each chunk holds one entry per call, as OpenAI streams them."""
+    events = []
+    for d in deltas:
+        chunk = {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": index, "delta": {"tool_calls": [d.to_openai()]},
+                         "logprobs": None, "finish_reason": None}],
+        }
+        events.append(b"data: " + dumps(chunk).encode() + b"\n\n")
+    return b"".join(events)

@@ -20,19 +20,26 @@ Rules shared by all formats, and why:
 - **Whitespace around calls is not content**: trailing whitespace is held; it is emitted when more
   text follows, dropped when a call follows; whitespace right after a call is dropped. Output with a
   call and only whitespace besides has ``content`` null, as vLLM's parsers answer.
-- **Invalid calls are content**: a marker whose payload is not valid JSON of the expected shape is
-  returned as content text, marker included, never an error (vLLM does the same).
+- **Invalid calls are content**: a marker whose payload is not a call (not JSON of the expected
+  shape) is returned as content text, marker included, never an error (vLLM does the same), as long
+  as no call of it was streamed yet (next rule).
+- **Arguments stream as they are generated** (:class:`CallStream`): a call is sent as soon as its
+  name is known and its arguments object has started (``{"name": "f", "arguments": {``): a header
+  delta (``index``, ``id``, ``type``, ``function.name``), then, for each piece of output, one delta
+  with the arguments text that piece brought, the model's text unchanged, so the fragments
+  concatenate to ``function.arguments`` (OpenAI's streaming shape). A sent call is never taken back:
+  if the model then breaks the JSON or ``max_tokens`` cuts it, ``arguments`` is the text up to there
+  and may not parse (as with OpenAI when ``max_tokens`` cuts a call). Other shapes (arguments before
+  the name, arguments as a JSON string, Mistral's ``name[ARGS]{...}``) are sent whole when complete,
+  their arguments re-serialized with ``json.dumps``.
 - **Streaming == non-streaming**: :meth:`ToolCallParser.parse` is ``feed`` + ``flush``, so the
   concatenated stream always equals the one-shot result, whatever the chunking.
-
-Calls are emitted whole, once their closing marker (or the end of output) is seen: one header delta
-(``index``, ``id``, ``type``, ``function.name``) then one ``function.arguments`` delta with the full
-JSON text, which is what OpenAI's streaming shape allows (argument fragments concatenate to the JSON).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from collections.abc import Callable
@@ -40,12 +47,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CALL_SHAPES",
     "PARSERS",
+    "CallStream",
+    "PendingCall",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallParser",
     "ToolParseResult",
     "detect_parser",
+    "format_calls",
     "get_parser",
     "new_call_id",
 ]
@@ -193,6 +204,183 @@ def _parse_mistral(payload: str) -> list[tuple[str, str]] | None:
     return calls_v11 or None
 
 
+class PendingCall:
+    """A call being streamed: its id and name are fixed, its arguments grow (``parts``)."""
+
+    __slots__ = ("id", "name", "parts")
+
+    def __init__(self, name: str, arguments: str = "", call_id: str | None = None) -> None:
+        self.id = call_id or new_call_id()
+        self.name = name
+        self.parts = [arguments]
+
+    def to_call(self) -> ToolCall:
+        """The call as it stands (complete once its stream ended)."""
+        return ToolCall(self.id, self.name, "".join(self.parts))
+
+
+# A call object whose name is known and whose arguments object just opened: stream from here.
+_COMMIT = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\Z')
+_SEEK, _OBJECT, _ARGS, _REST, _DONE, _ARGS_ONLY = range(6)
+_BETWEEN_CALLS = frozenset(" \t\r\n,;[]")
+
+
+def _committed_name(obj: list[str]) -> str | None:
+    m = _COMMIT.match("".join(obj))
+    if m is None:
+        return None
+    try:
+        name = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return name if isinstance(name, str) and name else None
+
+
+def _coalesce(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Merge consecutive arguments fragments of the same call (one delta per call per piece of output)."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        if out and d.id is None and out[-1].id is None and out[-1].index == d.index:
+            out[-1] = ToolCallDelta(d.index, None, None, out[-1].arguments + d.arguments)
+        elif d.id is not None or d.arguments:
+            out.append(d)
+    return out
+
+
+class CallStream:
+    """Tool calls out of JSON text while it is generated, their arguments streamed as fragments.
+
+    The text (what follows a tool-call marker, or a whole grammar-constrained output) is a sequence
+    of call objects ``{"name": ..., "arguments" | "parameters": {...}}``, optionally inside one array
+    and separated by whitespace, ``,`` or ``;``. With ``name`` (a named ``tool_choice``) the text is
+    the arguments object of that function itself.
+
+    A call is *committed* when its name is known and its arguments object has started: :meth:`feed`
+    returns its header delta (``index``, ``id``, ``name``) and then, per call of :meth:`feed`, one
+    delta with the arguments text that piece added (the model's text byte for byte, so the fragments
+    concatenate to the final ``arguments``). The end of the arguments object is found by tracking
+    JSON strings and nesting (not by validating the JSON). A call object of another shape is sent
+    whole when it closes (arguments re-serialized). A committed call stays: if the text breaks off,
+    its arguments are what came so far. Text that is not a call before any commit sets
+    :attr:`failed` (the owner then applies its whole-text rule); after a commit it is ignored.
+
+    Args:
+        calls: the owner's list of calls, appended to (indices count over the whole output).
+        name: the function of a named ``tool_choice``; None: the text holds call objects.
+    """
+
+    def __init__(self, calls: list[PendingCall], name: str | None = None) -> None:
+        self._calls = calls
+        self._name = name
+        self._parts: list[str] = []
+        self._object: list[str] = []  # text of the call object before its commit
+        self._state = _ARGS_ONLY if name is not None else _SEEK
+        self._depth = 0
+        self._in_string = False
+        self._escape = False
+        self._args_depth = 0  # nesting depth inside the arguments object
+        self.committed = False
+        self.failed = False
+
+    @property
+    def text(self) -> str:
+        """All text fed so far."""
+        return "".join(self._parts)
+
+    def _commit(self, name: str, arguments: str, out: list[ToolCallDelta]) -> PendingCall:
+        call = PendingCall(name, arguments)
+        self._calls.append(call)
+        index = len(self._calls) - 1
+        out.append(ToolCallDelta(index, call.id, name, ""))
+        if arguments:
+            out.append(ToolCallDelta(index, None, None, arguments))
+        self.committed = True
+        return call
+
+    def feed(self, text: str) -> list[ToolCallDelta]:
+        """The next piece of text -> the deltas it completes (headers, one fragment per call)."""
+        self._parts.append(text)
+        out: list[ToolCallDelta] = []
+        frag: list[str] = []  # arguments text of the current call in this piece
+        for ch in text:
+            state = self._state
+            if state == _DONE or self.failed:
+                break
+            if state == _SEEK:
+                if ch == "{":
+                    self._state, self._object, self._depth = _OBJECT, ["{"], 1
+                    self._in_string = self._escape = False
+                elif ch not in _BETWEEN_CALLS and not self.committed:
+                    self.failed = True
+                continue
+            if state == _ARGS_ONLY:
+                if ch == "{":
+                    self._commit(self._name or "", "", out)
+                    self._state, self._depth, self._args_depth = _ARGS, 1, 1
+                    frag.append(ch)
+                elif not ch.isspace():
+                    self.failed = True
+                continue
+            # JSON strings and nesting
+            if self._in_string:
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._in_string = False
+                opened = closed = False
+            else:
+                opened = ch in "{["
+                closed = ch in "}]"
+                if ch == '"':
+                    self._in_string = True
+                elif opened:
+                    self._depth += 1
+                elif closed:
+                    self._depth -= 1
+            if state == _ARGS:
+                frag.append(ch)
+                if closed and self._depth == self._args_depth - 1:
+                    self._flush_frag(frag, out)
+                    self._state = _REST if self._depth > 0 else _DONE
+            elif state == _OBJECT:
+                self._object.append(ch)
+                if opened and ch == "{" and self._depth == 2 and (name := _committed_name(self._object)):
+                    self._commit(name, "", out)
+                    self._state, self._args_depth = _ARGS, 2
+                    frag.append(ch)
+                elif closed and self._depth == 0:
+                    self._whole_object("".join(self._object), out)
+            elif closed and self._depth == 0:  # _REST: the rest of a committed call object
+                self._state = _SEEK
+        self._flush_frag(frag, out)
+        return _coalesce(out)
+
+    def _flush_frag(self, frag: list[str], out: list[ToolCallDelta]) -> None:
+        if frag:
+            text = "".join(frag)
+            frag.clear()
+            self._calls[-1].parts.append(text)
+            out.append(ToolCallDelta(len(self._calls) - 1, None, None, text))
+
+    def _whole_object(self, text: str, out: list[ToolCallDelta]) -> None:
+        self._state = _SEEK
+        try:
+            call = _call_of(json.loads(text), ("arguments", "parameters"))
+        except ValueError:
+            call = None
+        if call is not None:
+            self._commit(call[0], call[1], out)
+        elif not self.committed:
+            self.failed = True
+
+    @property
+    def in_arguments(self) -> bool:
+        """True while a committed call's arguments object is still open (the text was cut there)."""
+        return self._state == _ARGS
+
+
 @dataclass(frozen=True)
 class _Format:
     name: str
@@ -235,9 +423,10 @@ class ToolCallParser:
         if name not in _FORMATS:
             raise ValueError(f"unknown tool call parser {name!r}; choose one of {', '.join(PARSERS)}")
         self.format = _FORMATS[name]
-        self.tool_calls: list[ToolCall] = []
+        self._calls: list[PendingCall] = []
         self._buf = ""
         self._in_call = False
+        self._section: CallStream | None = None  # the calls after the current marker
         self._held_ws = ""
         self._after_call = False
         self._start_decided = not self.format.at_start_only
@@ -248,6 +437,11 @@ class ToolCallParser:
     def marker_text(self) -> str:
         """The marker that opens tool calls (the API keeps it when it is a special token)."""
         return self.format.start
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The calls so far (the last one's arguments still growing while it streams)."""
+        return [c.to_call() for c in self._calls]
 
     # ---- content ----------------------------------------------------------------------------------
 
@@ -267,10 +461,14 @@ class ToolCallParser:
     def _add_calls(self, calls: list[tuple[str, str]], deltas: list[ToolCallDelta]) -> None:
         self._held_ws = ""
         for name, args in calls:
-            call = ToolCall(new_call_id(), name, args)
-            deltas.extend(call_deltas(len(self.tool_calls), call))
-            self.tool_calls.append(call)
+            call = PendingCall(name, args)
+            deltas.extend(call_deltas(len(self._calls), call.to_call()))
+            self._calls.append(call)
         self._after_call = True
+
+    def _open_call(self, rest: str, raw_start: str) -> None:
+        self._buf, self._raw_start, self._in_call = rest, raw_start, True
+        self._section = CallStream(self._calls)
 
     # ---- streaming ---------------------------------------------------------------------------------
 
@@ -278,8 +476,8 @@ class ToolCallParser:
         """Consume the next piece of output text.
 
         Returns:
-            ``(content, deltas)``: content text safe to show now, and tool-call deltas completed by
-            this piece (in call order; indices count from 0 over the whole output).
+            ``(content, deltas)``: content text safe to show now, and tool-call deltas (headers and
+            arguments fragments, in call order; indices count from 0 over the whole output).
         """
         fmt = self.format
         self._buf += text
@@ -292,21 +490,25 @@ class ToolCallParser:
                     break  # whitespace or a partial <|python_tag|>: undecided
                 self._start_decided = True
                 if body.startswith(fmt.start):
-                    self._buf, self._raw_start, self._in_call = body[len(fmt.start):], fmt.start, True
+                    self._open_call(body[len(fmt.start):], fmt.start)
                 elif fmt.alt_start is not None and body.startswith(fmt.alt_start):
-                    self._buf, self._raw_start, self._in_call = body, "", True
+                    self._open_call(body, "")
                 else:
                     self._emit(self._buf, out)
                     self._buf = ""
                     break
             if self._in_call:
-                if fmt.end is None:
-                    break  # the calls run to the end of the output
-                idx = self._buf.find(fmt.end)
-                if idx < 0:
+                assert self._section is not None
+                idx = self._buf.find(fmt.end) if fmt.end is not None else -1
+                if idx < 0:  # the call goes on: pass on all but a possible partial end marker
+                    keep = _held_prefix_len(self._buf, fmt.end) if fmt.end is not None else 0
+                    if len(self._buf) > keep:
+                        deltas += self._section.feed(self._buf[: len(self._buf) - keep])
+                        self._buf = self._buf[len(self._buf) - keep:]
                     break
-                payload, self._buf = self._buf[:idx], self._buf[idx + len(fmt.end):]
-                self._close_call(payload, fmt.end, out, deltas)
+                deltas += self._section.feed(self._buf[:idx])
+                self._buf = self._buf[idx + len(fmt.end or ""):]
+                self._close_call(fmt.end or "", out, deltas)
                 continue
             if fmt.at_start_only:
                 self._emit(self._buf, out)  # calls only at the start: the rest is content
@@ -317,17 +519,25 @@ class ToolCallParser:
                 if idx:
                     self._emit(self._buf[:idx], out)
                 self._held_ws = ""
-                self._buf, self._raw_start, self._in_call = self._buf[idx + len(fmt.start):], fmt.start, True
+                self._open_call(self._buf[idx + len(fmt.start):], fmt.start)
                 continue
             keep = _held_prefix_len(self._buf, fmt.start)
             if len(self._buf) > keep:
                 self._emit(self._buf[: len(self._buf) - keep], out)
                 self._buf = self._buf[len(self._buf) - keep:]
             break
-        return "".join(out), deltas
+        return "".join(out), _coalesce(deltas)
 
-    def _close_call(self, payload: str, end: str, out: list[str], deltas: list[ToolCallDelta]) -> None:
-        self._in_call = False
+    def _close_call(self, end: str, out: list[str], deltas: list[ToolCallDelta]) -> None:
+        """The current call section ended (its end marker or the end of output)."""
+        section = self._section
+        assert section is not None
+        self._in_call, self._section = False, None
+        if section.committed:  # its calls were streamed
+            self._held_ws = ""
+            self._after_call = True
+            return
+        payload = section.text
         calls = self.format.parse(payload)
         if calls is None:
             self._after_call = False
@@ -340,15 +550,18 @@ class ToolCallParser:
         out: list[str] = []
         deltas: list[ToolCallDelta] = []
         if self._in_call:
-            self._close_call(self._buf, "", out, deltas)
+            assert self._section is not None
+            deltas += self._section.feed(self._buf)
+            self._buf = ""
+            self._close_call("", out, deltas)
         elif self._buf:
             self._emit(self._buf, out)
         self._buf = ""
-        if self._held_ws and not self.tool_calls:
+        if self._held_ws and not self._calls:
             out.append(self._held_ws)
             self._content.append(self._held_ws)
         self._held_ws = ""
-        return "".join(out), deltas
+        return "".join(out), _coalesce(deltas)
 
     # ---- one shot ----------------------------------------------------------------------------------
 
@@ -357,7 +570,32 @@ class ToolCallParser:
         self.feed(text)
         self.flush()
         content = "".join(self._content)
-        return ToolParseResult(content if content else None, list(self.tool_calls))
+        return ToolParseResult(content if content else None, self.tool_calls)
+
+
+CALL_SHAPES: dict[str, str] = {
+    "hermes": '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call>',
+    "llama3_json": '{"name": <function name>, "parameters": <arguments object>}',
+    "mistral": '[TOOL_CALLS][{"name": <function name>, "arguments": <arguments object>}]',
+}
+"""Per parser, how one call is written, with placeholders (for prompts that teach a format)."""
+
+
+def format_calls(name: str, calls: list[tuple[str, Any]]) -> str:
+    """Calls ``(function name, arguments object)`` written in parser ``name``'s format, as the parser
+    reads them back (earlier turns of a conversation, shown to a model that was taught the format).
+
+    Raises:
+        ValueError: unknown parser name.
+    """
+    if name not in _FORMATS:
+        raise ValueError(f"unknown tool call parser {name!r}; choose one of {', '.join(PARSERS)}")
+    if name == "hermes":
+        return "\n".join("<tool_call>\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False)
+                         + "\n</tool_call>" for n, a in calls)
+    if name == "llama3_json":
+        return "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
+    return "[TOOL_CALLS]" + json.dumps([{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False)
 
 
 def get_parser(name: str) -> ToolCallParser:

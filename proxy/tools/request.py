@@ -11,15 +11,18 @@ How a tool choice is served (as vLLM does):
 
 - ``"none"``: plain text; tools are still shown to the template.
 - ``"auto"``: the model decides; its output is parsed by a :class:`~proxy.tools.ToolCallParser`
-  (needs a chat template with tool support).
+  (the template's format, or on a template without tool support the format the system prompt
+  teaches, as llama.cpp's server serves tools on any template).
 - ``"required"``: the output is constrained by a grammar to a JSON array of
   ``{"name": <a tool>, "parameters": <its schema>}`` (one element when ``parallel_tool_calls`` is
   false), so even a small model returns calls whose arguments validate.
 - a named function: the output is constrained to that function's ``parameters`` schema; it is the
   arguments object itself.
 
-For ``"required"`` and named choices on a template without tool support, :func:`tool_system_prompt`
-describes the tools in a system message (the README documents its text).
+On a chat template without tool support, :func:`tool_system_prompt` describes the tools in a system
+message (the README documents its text): for ``"required"`` and named choices the JSON the grammar
+forces; for ``"auto"`` one tool-call format that a parser reads (``hermes``'s ``<tool_call>`` unless
+``--tool-call-parser`` names another), with no grammar, so the model may answer in text instead.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, Literal
 
 from proxy.errors import InvalidRequestError
 from proxy.sampling import StructuredOutputParams
-from proxy.tools.parsers import ToolCall, new_call_id
+from proxy.tools.parsers import CALL_SHAPES, ToolCall, format_calls, new_call_id
 from proxy.tools.schema import check_json_schema
 
 __all__ = [
@@ -334,17 +337,23 @@ def parse_chat_tools(body: dict[str, Any]) -> ChatTools | None:
     return ChatTools(tools, choice, parallel)
 
 
-def tool_system_prompt(tools: ChatTools) -> str:
+def tool_system_prompt(tools: ChatTools, parser_name: str | None = None) -> str:
     """The system text that presents the tools when the chat template cannot (no tool support).
 
-    Only used for ``required`` and named choices, whose output the grammar forces into the shape this
-    text describes.
+    Args:
+        tools: the request's tools; ``required`` and named choices get the shape their grammar
+            forces, ``auto`` the call format of ``parser_name``.
+        parser_name: the tool-call parser that reads an ``auto`` answer (``hermes`` when None).
     """
     listing = "\n".join(json.dumps(t.to_template()["function"], ensure_ascii=False) for t in tools.tools
                         if tools.choice.mode != "named" or t.name == tools.choice.name)
     if tools.choice.mode == "named":
         return (f"You have access to the following function:\n{listing}\n"
                 f"Call the function {tools.choice.name} now: answer only with its arguments as a JSON object.")
+    if tools.choice.mode == "auto":
+        shape = CALL_SHAPES[parser_name or "hermes"]
+        return (f"You have access to the following functions:\n{listing}\n"
+                f"To call a function, answer with\n{shape}\nIf no function is needed, answer the user directly.")
     return (f"You have access to the following functions:\n{listing}\n"
             'Call one or more of them now: answer only with a JSON array of calls, each '
             '{"name": <function name>, "parameters": <arguments object>}.')
@@ -354,7 +363,7 @@ def tool_system_prompt(tools: ChatTools) -> str:
 
 
 def template_messages(
-    messages: list[dict[str, Any]], raw: list[Any], *, template_has_tools: bool
+    messages: list[dict[str, Any]], raw: list[Any], *, template_has_tools: bool, call_format: str | None = None
 ) -> list[dict[str, Any]]:
     """Messages for the chat template, with the tool parts of ``raw`` (the request's messages) added.
 
@@ -363,12 +372,16 @@ def template_messages(
             ``content`` of an assistant message with tool calls may be "" (OpenAI sends null).
         raw: the request's ``messages`` array, for ``tool_calls`` and ``tool_call_id``.
         template_has_tools: the template renders ``tool_calls`` and ``tool`` messages itself.
+        call_format: for a template without tool support, the parser whose format earlier calls
+            are written in (what :func:`tool_system_prompt` taught for ``auto``); None: the JSON
+            array that ``required`` asks for.
 
     Returns:
         New message dicts: assistant ``tool_calls`` with ``function.arguments`` as objects (what
         transformers' templates expect), ``tool`` messages with ``tool_call_id`` (and ``name`` when
         known). For a template without tool support, an assistant's calls are written into its
-        content as JSON, and ``content`` is always a string (templates concatenate it).
+        content (``call_format``'s text, else a JSON array), and ``content`` is always a string
+        (templates concatenate it).
 
     Raises:
         InvalidRequestError: a malformed ``tool_calls`` entry, or a ``tool`` message without
@@ -388,8 +401,9 @@ def template_messages(
             if template_has_tools:
                 msg["tool_calls"] = calls
             else:
-                text = json.dumps([{"name": c["function"]["name"], "parameters": c["function"]["arguments"]}
-                                   for c in calls], ensure_ascii=False)
+                pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+                text = (format_calls(call_format, pairs) if call_format is not None else
+                        json.dumps([{"name": n, "parameters": a} for n, a in pairs], ensure_ascii=False))
                 msg["content"] = (msg["content"] + "\n" if msg["content"] else "") + text
         elif msg["role"] == "tool":
             call_id = src.get("tool_call_id")

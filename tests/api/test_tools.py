@@ -18,7 +18,7 @@ def _serve_reply(text: str, **kw):
 
 def test_auto_tool_call_non_stream_and_stream() -> None:
     async def main():
-        async with _serve_reply(HERMES, tool_call_parser="hermes") as s:
+        async with _serve_reply(HERMES, tool_call_parser="hermes", max_model_len=2048) as s:
             body = chat_body(tools=[TOOL], n=2)
             full = await s.client.post("/v1/chat/completions", json=body)
             streamed = await s.client.post("/v1/chat/completions", json={**body, "stream": True})
@@ -84,17 +84,15 @@ def test_structured_400s() -> None:
                 chat_body(guided_regex="(unclosed"),
                 chat_body(response_format={"type": "json_schema", "json_schema": {"schema": {"oneOf": [{}]}}}),
                 chat_body(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}),
-                chat_body(tools=[TOOL]),
             ):
                 r = await s.client.post("/v1/chat/completions", json=body)
                 out.append((r.status_code, r.json()["error"]["param"], r.json()["error"]["message"]))
             return out
 
-    (s1, p1, m1), (s2, p2, m2), (s3, p3, _), (s4, p4, m4) = run(main())
+    (s1, p1, m1), (s2, p2, m2), (s3, p3, _) = run(main())
     assert (s1, p1) == (400, "guided_regex") and "cannot be compiled" in m1
     assert (s2, p2) == (400, "response_format.json_schema.schema") and "'oneOf'" in m2
     assert (s3, p3) == (400, "response_format")
-    assert (s4, p4) == (400, "tool_choice") and "no tool support" in m4
 
 
 def test_agent_loop_history_renders() -> None:
@@ -122,3 +120,85 @@ def test_completions_refuse_constraints_rather_than_ignore_them() -> None:
 
     r = run(main())
     assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex"
+
+
+def _tool_deltas(chunks: list[dict]) -> list[dict]:
+    return [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls") or []]
+
+
+def _check_streamed_call(chunks: list[dict], name: str, arguments: str) -> None:
+    """OpenAI's shape: a header (index, id, type, name; arguments ""), then only arguments fragments,
+    one call entry per chunk, growing as the tokens came (more than one), joining to ``arguments``."""
+    deltas = _tool_deltas(chunks)
+    assert all(len(c["choices"][0]["delta"].get("tool_calls") or []) <= 1 for c in chunks if c["choices"])
+    head, *rest = deltas
+    assert head["index"] == 0 and head["id"].startswith("call_") and head["type"] == "function"
+    assert head["function"] == {"name": name, "arguments": ""}
+    assert all(d == {"index": 0, "function": {"arguments": d["function"]["arguments"]}} for d in rest)
+    fragments = [d["function"]["arguments"] for d in rest]
+    assert len(fragments) > 1 and all(fragments)
+    assert "".join(fragments) == arguments
+
+
+def test_auto_on_a_template_without_tools_is_taught_hermes() -> None:
+    """The default model's case (C26): no tool support in the template, tool_choice "auto" is served:
+    the tools and the <tool_call> format go into a system message, the answer through the hermes parser."""
+    reply = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+    async def main():
+        engine = FakeEngine(reply_ids=reply_ids(make_tokenizer(), reply), step_s=0.002)
+        async with serve(engine, max_model_len=2048) as s:
+            body = chat_body("Weather in Oslo?", tools=[TOOL], tool_choice="auto", temperature=0)
+            full = await s.client.post("/v1/chat/completions", json=body)
+            streamed = await s.client.post("/v1/chat/completions", json={**body, "stream": True})
+            history = await s.client.post("/v1/chat/completions", json={**body, "messages": [
+                *body["messages"],
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+            return full, streamed, history, s.engine
+
+    full, streamed, history, engine = run(main())
+    assert full.status_code == streamed.status_code == history.status_code == 200, full.text
+    prompt = make_tokenizer().decode(engine.submitted[0][1])
+    assert prompt.startswith("system\nYou have access to the following functions:\n")
+    assert '{"name": "get_weather", "parameters": {"type": "object"' in prompt
+    assert '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call>' in prompt
+    assert all(p.structured_outputs is None for _, _, p in engine.submitted)  # "auto": no grammar
+    # an earlier call is shown to the model in the format it was taught
+    earlier = make_tokenizer().decode(engine.submitted[2][1])
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in earlier
+    choice = full.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    chunks = sse_json(streamed.content)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "Let me look."
+    _check_streamed_call(chunks, "get_weather", call["function"]["arguments"])
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["tool_calls"]
+
+
+def test_grammar_tool_calls_stream_their_arguments() -> None:
+    """required and named: the arguments stream as the grammar-constrained tokens come."""
+    required_reply = '[{"name": "get_weather", "parameters": {"city": "Rome"}}]'
+
+    async def main():
+        out = []
+        for reply, choice in ((required_reply, "required"),
+                              ('{"city": "Bern"}', {"type": "function", "function": {"name": "get_weather"}})):
+            engine = FakeEngine(reply_ids=reply_ids(make_tokenizer(), reply), step_s=0.002)
+            async with serve(engine, with_grammar=True, max_model_len=2048) as s:
+                body = chat_body(tools=[TOOL], tool_choice=choice)
+                full = await s.client.post("/v1/chat/completions", json=body)
+                streamed = await s.client.post("/v1/chat/completions", json={**body, "stream": True})
+                out.append((full.json(), sse_json(streamed.content)))
+        return out
+
+    (req_full, req_chunks), (named_full, named_chunks) = run(main())
+    for full, chunks, args in ((req_full, req_chunks, '{"city": "Rome"}'), (named_full, named_chunks, '{"city": "Bern"}')):
+        choice = full["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": args}
+        _check_streamed_call(chunks, "get_weather", args)
+        assert not any(c["choices"][0]["delta"].get("content") for c in chunks if c["choices"])

@@ -63,3 +63,43 @@ def test_chunk_shape() -> None:
     assert chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["finish_reason"] is None
     call = chunk["choices"][0]["delta"]["tool_calls"][0]
     assert call["index"] == 0 and call["type"] == "function" and call["id"].startswith("call_")
+
+
+def feed_each(out: ChoiceToolOutput, tokens: list[str], reason: str) -> tuple[list[list[dict]], str | None]:
+    pieces = []
+    for t in tokens:
+        content, deltas = out.feed(t)
+        assert content == ""
+        pieces.append([d.to_openai() for d in deltas])
+    content, deltas, final = out.finish(reason)
+    return [*pieces, [d.to_openai() for d in deltas]], final
+
+
+ARGS_TOKENS = ['"', "city", '": "', "Ro", "me", '"}']
+
+
+def test_required_streams_arguments_per_token() -> None:
+    out = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "required"}), None)
+    head = ['[{"', "name", '": "', "get", "_weather", '", "', "parameters", '": {']
+    pieces, reason = feed_each(out, head + ARGS_TOKENS + ["}]"], "stop")
+    assert pieces[: len(head) - 1] == [[]] * (len(head) - 1)
+    header, first = pieces[len(head) - 1]
+    assert header["function"] == {"name": "get_weather", "arguments": ""} and first["function"] == {"arguments": "{"}
+    assert pieces[len(head):] == [[{"index": 0, "function": {"arguments": t}}] for t in ARGS_TOKENS] + [[], []]
+    assert reason == "tool_calls" and out.message()["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
+
+
+def test_named_streams_arguments_per_token_and_a_cut_call_stays() -> None:
+    named = {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    out = ChoiceToolOutput(parse_chat_tools(named), None)
+    pieces, reason = feed_each(out, ["{", *ARGS_TOKENS], "stop")
+    header, first = pieces[0]
+    assert header["function"] == {"name": "get_weather", "arguments": ""} and first["function"] == {"arguments": "{"}
+    assert pieces[1:] == [[{"index": 0, "function": {"arguments": t}}] for t in ARGS_TOKENS] + [[]]
+    assert reason == "tool_calls" and out.message() == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": header["id"], "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
+    # max_tokens cut it after its arguments started: the call stays, "length" (as OpenAI answers)
+    cut = ChoiceToolOutput(parse_chat_tools(named), None)
+    pieces, reason = feed_each(cut, ["{", *ARGS_TOKENS[:4]], "length")
+    assert reason == "length" and cut.message()["content"] is None
+    assert cut.message()["tool_calls"][0]["function"]["arguments"] == '{"city": "Ro'

@@ -44,8 +44,14 @@ CASES = [
     ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n'
      '{"name": "b", "arguments": {"y": [1, 2]}}\n</tool_call>', None, [("a", {"x": 1}), ("b", {"y": [1, 2]})]),
     ("hermes", "Plain answer with < and <tool and </tool_call> bits.", "Plain answer with < and <tool and </tool_call> bits.", []),
-    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>',
-     '<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>', []),
+    # Streamed once its arguments started: the call stays, with the arguments text that came (cut).
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>', None, [("f", '{"a": 1')]),
+    # Not a call before anything was streamed: content, marker included.
+    ("hermes", '<tool_call>{"name": f, "arguments": {"a": 1}}</tool_call>',
+     '<tool_call>{"name": f, "arguments": {"a": 1}}</tool_call>', []),
+    # Not the streamed shape (no arguments object after the name): sent whole when it closes.
+    ("hermes", 'Hi <tool_call>{"name": "f", "extra": {}}</tool_call>', "Hi", [("f", {})]),
+    ("hermes", '<tool_call>{"arguments": {"a": [1, "}"]}, "name": "f"}</tool_call>', None, [("f", {"a": [1, "}"]})]),
     ("hermes", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
     ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 2}"}</tool_call> done', "done", [("f", {"a": 2})]),
     ("hermes", '<tool_call>{"name": "f", "arguments": {"q": "ü"}}', None, [("f", {"q": "ü"})]),  # unclosed at EOS
@@ -54,7 +60,7 @@ CASES = [
     ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"k": "v"}}', None,
      [("a", {}), ("b", {"k": "v"})]),
     ("llama3_json", 'The answer is {"name": "x"}', 'The answer is {"name": "x"}', []),
-    ("llama3_json", '{"name": "a", "parameters": {"k": ', '{"name": "a", "parameters": {"k": ', []),
+    ("llama3_json", '{"name": "a", "parameters": {"k": ', None, [("a", '{"k": ')]),  # cut by max_tokens
     ("mistral", 'Sure. [TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
      "Sure.", [("a", {"x": 1}), ("b", {})]),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}[TOOL_CALLS]time[ARGS]{}', None,
@@ -66,14 +72,20 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "text", "content", "expected"), CASES)
 def test_parse_and_every_chunking_agree(name: str, text: str, content: str | None, expected: list) -> None:
+    """``expected`` arguments: an object (the JSON text must parse to it) or the exact (cut) text."""
+
+    def args(text: str, want: object) -> object:
+        return json.loads(text) if isinstance(want, dict) else text
+
     result = get_parser(name).parse(text)
     assert result.content == content
-    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == expected
-    assert len({c.id for c in result.tool_calls}) == len(expected)
+    assert [(c.name, args(c.arguments, w)) for c, (_, w) in zip(result.tool_calls, expected)] == expected
+    assert len({c.id for c in result.tool_calls}) == len(result.tool_calls) == len(expected)
     for pieces in chunkings(text, seed=len(text)):
         streamed, calls, _ = stream(name, pieces)
         assert streamed == (content or "")
-        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == expected
+        assert [(c["name"], args(c["arguments"], w)) for c, (_, w) in zip(calls, expected)] == expected
+        assert len(calls) == len(expected)
         assert [c["arguments"] for c in calls] == [c.arguments for c in result.tool_calls]
 
 
@@ -132,3 +144,48 @@ def test_unknown_parser() -> None:
 )
 def test_detect_parser(template: str | None, expected: str | None) -> None:
     assert detect_parser(template) == expected
+
+
+def feed_each(parser: ToolCallParser, tokens: list[str]) -> list[list[dict]]:
+    """The OpenAI tool-call deltas of each piece, then of ``flush()``."""
+    out = [[d.to_openai() for d in parser.feed(t)[1]] for t in tokens]
+    return [*out, [d.to_openai() for d in parser.flush()[1]]]
+
+
+@pytest.mark.parametrize(("name", "tokens", "head", "tail"), [
+    ("hermes", ["Sure", ".", "\n<", "tool", "_call", ">\n", '{"', "name", '":', ' "', "get", "_weather", '",', ' "',
+                "arguments", '":', ' {"'], ' {"', ["}\n", "</", "tool", "_call", ">"]),
+    ("llama3_json", ['{"', "name", '":', ' "', "get", "_weather", '",', ' "', "parameters", '":', ' {"'], ' {"', ["}"]),
+    ("mistral", ["[TOOL_CALLS]", '[{"', "name", '":', ' "', "get", "_weather", '",', ' "', "arguments", '":', ' {"'],
+     ' {"', ["}]"]),
+])
+def test_arguments_stream_token_by_token(name: str, tokens: list[str], head: str, tail: list[str]) -> None:
+    """Each token inside the arguments object is sent as one fragment, as it comes: the fragments are
+    exactly the arguments text of their tokens (nothing repeated, nothing held), and join to the
+    final ``arguments``; the header goes out with the token that opens the arguments."""
+    args_tokens = ["city", '":', ' "', "Os", "lo", '",', ' "', "q", '":', ' "', 'a}\\"', '{"', "}"]
+    parser = get_parser(name)
+    per_piece = feed_each(parser, tokens + args_tokens + tail)
+    before = per_piece[: len(tokens) - 1]
+    assert before == [[]] * (len(tokens) - 1)  # nothing before the arguments start
+    header, first = per_piece[len(tokens) - 1]
+    assert header["function"] == {"name": "get_weather", "arguments": ""} and header["id"].startswith("call_")
+    assert first == {"index": 0, "function": {"arguments": "{\""}}
+    fragments = [d for piece in per_piece[len(tokens):] for d in piece]
+    assert fragments == [{"index": 0, "function": {"arguments": t}} for t in args_tokens]
+    (call,) = parser.tool_calls
+    assert call.arguments == '{"' + "".join(args_tokens) == '{"city": "Oslo", "q": "a}\\"{"}'
+    assert json.loads(call.arguments) == {"city": "Oslo", "q": 'a}"{'}
+    result = get_parser(name).parse("".join(tokens + args_tokens + tail))
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [(call.name, call.arguments)]
+
+
+def test_parallel_calls_stream_each_with_its_index() -> None:
+    parser = get_parser("hermes")
+    text = ('<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": {"y": [1, {"z": 2}]}}</tool_call>')
+    deltas = [d for piece in feed_each(parser, list(text)) for d in piece]
+    assert [d["function"].get("name") for d in deltas if "id" in d] == ["a", "b"]
+    for index, args in ((0, '{"x": 1}'), (1, '{"y": [1, {"z": 2}]}')):
+        fragments = [d["function"]["arguments"] for d in deltas if d["index"] == index and "id" not in d]
+        assert len(fragments) == len(args) and "".join(fragments) == args  # one per character fed
