@@ -167,7 +167,6 @@ def test_tool_call_shapes_stream_and_non_stream(server: Server) -> None:
          "tool_choice.function.name"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"messages": [*ASK_WEATHER, {"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
-        ({"tools": [WEATHER_TOOL], "tool_choice": "auto"}, "tool_choice"),
     ],
 )
 def test_bad_requests_name_the_field(server: Server, body: dict, param: str) -> None:
