@@ -24,6 +24,7 @@ __all__ = [
     "RedecodeDetokenizer",
     "build_decode_table",
     "bytes_to_unicode",
+    "skipped_special_ids",
     "verify_decode_table",
 ]
 
@@ -121,7 +122,7 @@ def _spm_shape(spec: dict[str, Any]) -> tuple[bool, bool] | None:
     return None
 
 
-def _skipped_ids(hf_tokenizer: Any) -> frozenset[int]:
+def skipped_special_ids(hf_tokenizer: Any) -> frozenset[int]:
     """Ids that ``decode(..., skip_special_tokens=True)`` drops, found by asking the tokenizer itself."""
     candidates: set[int] = set(getattr(hf_tokenizer, "all_special_ids", []) or [])
     backend = getattr(hf_tokenizer, "_tokenizer", None)
@@ -184,7 +185,7 @@ def build_decode_table(hf_tokenizer: Any) -> tuple[hotpath.DecodeTable | None, s
                     pass
             token_bytes[i] = piece.replace("\u2581", " ").encode()
         kind = "SentencePiece" + (" byte-fallback" if uses_byte_fallback else "") + (" strip" if strip else "")
-    table = hotpath.DecodeTable(token_bytes, _skipped_ids(hf_tokenizer), strip, frozenset(byte_fallback))
+    table = hotpath.DecodeTable(token_bytes, skipped_special_ids(hf_tokenizer), strip, frozenset(byte_fallback))
     return table, kind
 
 

@@ -57,6 +57,10 @@ class SamplingParams:
             grammar decides when the output may end); see :meth:`is_stop_allowed`.
         structured_outputs: constrain the output to a grammar (``response_format``, tool calls);
             None: unconstrained.
+        keep_special_ids: special tokens whose text stays in the output text (the detokenizer
+            drops special tokens otherwise): the markers a tool-call parser reads, such as
+            Mistral's ``[TOOL_CALLS]`` (vLLM sets ``skip_special_tokens=False`` for such parsers;
+            this keeps only the markers, so EOS and other specials still never show).
     """
 
     max_tokens: int = 16
@@ -76,6 +80,7 @@ class SamplingParams:
     top_logprobs: int = 0
     min_tokens: int = 0
     structured_outputs: StructuredOutputParams | None = None
+    keep_special_ids: frozenset[int] = frozenset()
 
     @property
     def is_greedy(self) -> bool:

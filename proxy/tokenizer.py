@@ -24,6 +24,7 @@ from proxy.decode_table import (
     bytes_to_unicode,
     verify_decode_table,
 )
+from proxy.decode_table import skipped_special_ids as _find_skipped_ids
 from proxy.errors import InvalidRequestError
 
 __all__ = [
@@ -105,6 +106,8 @@ class Tokenizer:
             self.decode_path = f"fallback: {description}"
             logger.warning("detokenizer path: %s (exact re-decode, slower)", self.decode_path)
         self.eos_token_ids = find_eos_token_ids(hf_tokenizer, generation_eos_ids)
+        self._keeping_tables: dict[frozenset[int], hotpath.DecodeTable] = {}
+        self._skipped: frozenset[int] | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (BOS etc. added per the tokenizer when ``add_special_tokens``)."""
@@ -141,12 +144,54 @@ class Tokenizer:
         """``tokenizer.decode(ids, skip_special_tokens=True)``: the non-streamed text."""
         return self.hf_tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def new_detokenizer(self) -> Detokenizer:
-        """A fresh incremental detokenizer for one request (table path or the exact fallback)."""
+    @property
+    def skipped_special_ids(self) -> frozenset[int]:
+        """The ids ``decode(..., skip_special_tokens=True)`` drops (what the detokenizer skips)."""
         if self.decode_table is not None:
-            return hotpath.IncrementalDetokenizer(self.decode_table)
+            return frozenset(self.decode_table.special_ids)
+        if self._skipped is None:
+            self._skipped = _find_skipped_ids(self.hf_tokenizer)
+        return self._skipped
+
+    def special_ids_of(self, texts: Iterable[str]) -> frozenset[int]:
+        """The ids of those ``texts`` that are single special tokens the detokenizer skips (e.g.
+        Mistral's ``[TOOL_CALLS]``); texts that are not such a token are left out."""
+        vocab = self.hf_tokenizer.get_vocab()
+        skipped = self.skipped_special_ids
+        return frozenset(i for i in (vocab.get(t) for t in texts) if i is not None and i in skipped)
+
+    def new_detokenizer(self, keep_special_ids: frozenset[int] = frozenset()) -> Detokenizer:
+        """A fresh incremental detokenizer for one request (table path or the exact fallback).
+
+        Args:
+            keep_special_ids: special tokens whose text is kept (``SamplingParams.keep_special_ids``);
+                every other special token is dropped, as ``decode(skip_special_tokens=True)`` does.
+        """
+        keep = frozenset(keep_special_ids) & self.skipped_special_ids
+        if self.decode_table is not None:
+            return hotpath.IncrementalDetokenizer(self._table_keeping(keep) if keep else self.decode_table)
         # Hold back possible clean-up rewrites always: decoders (e.g. WordPiece) may clean up on their own.
-        return RedecodeDetokenizer(self.decode, holds_cleanup=True)
+        if not keep:
+            return RedecodeDetokenizer(self.decode, holds_cleanup=True)
+        drop = self.skipped_special_ids - keep
+        hf = self.hf_tokenizer
+
+        def decode_keeping(ids: list[int]) -> str:
+            return hf.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+
+        return RedecodeDetokenizer(decode_keeping, holds_cleanup=True)
+
+    def _table_keeping(self, keep: frozenset[int]) -> hotpath.DecodeTable:
+        """The decode table with ``keep`` decoded as text (built once per set; the token bytes of a
+        special token are its text)."""
+        table = self._keeping_tables.get(keep)
+        if table is None:
+            base = self.decode_table
+            assert base is not None
+            table = hotpath.DecodeTable(list(base.token_bytes), frozenset(base.special_ids) - keep,
+                                        base.strip_leading_space, frozenset(base.byte_fallback_ids))
+            self._keeping_tables[keep] = table
+        return table
 
     def token_bytes(self, token_id: int) -> bytes:
         """Raw bytes of one token, for logprobs ``bytes`` (OpenAI): may be part of a UTF-8 character.

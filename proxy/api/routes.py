@@ -20,7 +20,7 @@ from proxy import protocol
 from proxy.engine.client import EngineClient
 from proxy.errors import InvalidRequestError, ModelNotFoundError, ServiceUnavailableError
 from proxy.sampling import StructuredOutputParams
-from proxy.tools import detect_parser
+from proxy.tools import ToolCallParser, detect_parser
 from proxy.tools.request import ChatTools, template_messages, tool_system_prompt
 
 from .body import read_json_body
@@ -179,6 +179,11 @@ async def chat_completions(request: Request) -> Response:
     prompt_ids = await _tokenize(lambda: client.tokenizer.apply_chat_template(messages, **template_kwargs), size)
     max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len)
     params = replace(chat.params, max_tokens=max_tokens)
+    if tools is not None and tools.is_parsed and parser_name is not None:
+        # the parser's markers stay in the text where they are special tokens (Mistral's [TOOL_CALLS])
+        keep = client.tokenizer.special_ids_of(ToolCallParser(parser_name).marker_texts)
+        if keep:
+            params = replace(params, keep_special_ids=keep)
     if so is not None:
         await client.prepare_structured_output(so, so_param)
         params = replace(params, structured_outputs=so)

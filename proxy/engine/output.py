@@ -41,7 +41,7 @@ class StopCheckerLike(Protocol):
 class TokenizerLike(Protocol):
     """The part of :class:`proxy.tokenizer.Tokenizer` output processing uses."""
 
-    def new_detokenizer(self) -> Detokenizer: ...
+    def new_detokenizer(self, keep_special_ids: frozenset[int] = ...) -> Detokenizer: ...
     def token_bytes(self, token_id: int) -> bytes: ...
     def token_text(self, token_id: int) -> str: ...
 
@@ -84,7 +84,9 @@ class OutputProcessor:
     def add(self, request_id: str, mailbox: Mailbox, index: int, params: SamplingParams) -> None:
         """Start tracking engine request ``request_id`` as choice ``index`` of ``mailbox``."""
         stop = self._new_stop_checker(params.stop) if params.stop else None
-        self._requests[request_id] = _Tracked(mailbox, index, params, self._tokenizer.new_detokenizer(), stop)
+        detokenizer = (self._tokenizer.new_detokenizer(params.keep_special_ids) if params.keep_special_ids
+                       else self._tokenizer.new_detokenizer())
+        self._requests[request_id] = _Tracked(mailbox, index, params, detokenizer, stop)
 
     def abort(self, request_id: str) -> bool:
         """Stop tracking a request (its response closed; idempotent). A request still tracked is

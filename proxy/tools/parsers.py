@@ -10,8 +10,8 @@ formats and names follow vLLM's ``--tool-call-parser`` options:
   ``{"name": ..., "parameters": {...}}`` objects separated by ``;`` (optionally after
   ``<|python_tag|>``); output that does not start with ``{`` is plain content.
 - ``mistral``: ``[TOOL_CALLS]`` followed by a JSON array of ``{"name", "arguments"}`` objects, or the
-  v11+ form ``[TOOL_CALLS]name[ARGS]{...}`` (repeated). The marker is a special token in Mistral
-  tokenizers, so the API must detokenize with that token kept (``marker_text``).
+  v11+ form ``[TOOL_CALLS]name[ARGS]{...}`` (repeated). The markers are special tokens in Mistral
+  tokenizers, so the API detokenizes with them kept (``marker_texts``).
 
 Rules shared by all formats, and why:
 
@@ -389,12 +389,15 @@ class _Format:
     parse: Callable[[str], list[tuple[str, str]] | None]
     at_start_only: bool = False  # llama3_json: calls only when the output starts with them
     alt_start: str | None = None  # llama3_json: "{" also opens (and is kept in the payload)
+    markers: tuple[str, ...] = ()  # every marker the parser reads (special tokens in some vocabularies)
 
 
 _FORMATS = {
-    "hermes": _Format("hermes", "<tool_call>", "</tool_call>", _parse_hermes),
-    "llama3_json": _Format("llama3_json", "<|python_tag|>", None, _parse_llama3, True, "{"),
-    "mistral": _Format("mistral", "[TOOL_CALLS]", None, _parse_mistral),
+    "hermes": _Format("hermes", "<tool_call>", "</tool_call>", _parse_hermes,
+                      markers=("<tool_call>", "</tool_call>")),
+    "llama3_json": _Format("llama3_json", "<|python_tag|>", None, _parse_llama3, True, "{",
+                           ("<|python_tag|>",)),
+    "mistral": _Format("mistral", "[TOOL_CALLS]", None, _parse_mistral, markers=("[TOOL_CALLS]", "[ARGS]")),
 }
 
 PARSERS: tuple[str, ...] = tuple(_FORMATS)
@@ -435,8 +438,15 @@ class ToolCallParser:
 
     @property
     def marker_text(self) -> str:
-        """The marker that opens tool calls (the API keeps it when it is a special token)."""
+        """The marker that opens tool calls."""
         return self.format.start
+
+    @property
+    def marker_texts(self) -> tuple[str, ...]:
+        """Every marker this format uses; where the vocabulary has one as a special token (Mistral's
+        ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) the API keeps it in the output text for the
+        parser (``SamplingParams.keep_special_ids``), since the detokenizer drops special tokens."""
+        return self.format.markers
 
     @property
     def tool_calls(self) -> list[ToolCall]:

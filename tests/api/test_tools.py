@@ -202,3 +202,76 @@ def test_grammar_tool_calls_stream_their_arguments() -> None:
         assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": args}
         _check_streamed_call(chunks, "get_weather", args)
         assert not any(c["choices"][0]["delta"].get("content") for c in chunks if c["choices"])
+
+
+MISTRAL_TEMPLATE = (
+    "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | tojson }}"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _mistral_hf_tokenizer():
+    """The test tokenizer with Mistral's markers as special tokens and a template that uses them."""
+    import copy
+
+    from .fakes import make_hf_tokenizer
+
+    hf = copy.deepcopy(make_hf_tokenizer())
+    hf.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]"]})
+    hf.chat_template = MISTRAL_TEMPLATE
+    return hf
+
+
+def test_detokenizer_keeps_only_the_asked_special_tokens() -> None:
+    from proxy.tokenizer import RedecodeDetokenizer, Tokenizer
+
+    tok = Tokenizer(_mistral_hf_tokenizer())
+    marker, args = (tok.hf_tokenizer.convert_tokens_to_ids(t) for t in ("[TOOL_CALLS]", "[ARGS]"))
+    (eos,) = tok.special_ids_of(["<|im_end|>"])
+    assert tok.special_ids_of(["[TOOL_CALLS]", "[ARGS]", "<tool_call>", "hello"]) == {marker, args}
+    ids = [marker, *tok.encode("f", add_special_tokens=False), args, *tok.encode('{"a": 1}', add_special_tokens=False),
+           eos]
+    assert tok.decode(ids) == 'f{"a": 1}'  # skip_special_tokens=True drops the markers
+    for table_path in (True, False):
+        if not table_path:
+            tok.decode_table = None  # the exact fallback detokenizer
+        plain = tok.new_detokenizer()
+        keeping = tok.new_detokenizer(frozenset({marker, args}))
+        assert isinstance(keeping, RedecodeDetokenizer) is not table_path
+        assert "".join(plain.feed([i]) for i in ids) + plain.flush() == 'f{"a": 1}'
+        # EOS stays dropped: only the asked markers come back
+        assert "".join(keeping.feed([i]) for i in ids) + keeping.flush() == '[TOOL_CALLS]f[ARGS]{"a": 1}'
+
+
+def test_mistral_marker_special_token_reaches_the_parser(monkeypatch) -> None:
+    """[TOOL_CALLS] is a special token in Mistral vocabularies: the detokenizer keeps it for the
+    mistral parser (and for nothing else), so the call is parsed, stream and non-stream."""
+    from proxy.tokenizer import Tokenizer
+
+    from . import fakes
+
+    hf = _mistral_hf_tokenizer()
+    monkeypatch.setattr(fakes, "make_tokenizer", lambda: Tokenizer(hf))
+    marker = hf.convert_tokens_to_ids("[TOOL_CALLS]")
+    reply = list(hf.encode('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+                           add_special_tokens=False)) + [hf.convert_tokens_to_ids("<|im_end|>")]
+    assert reply[0] == marker
+
+    async def main():
+        async with serve(FakeEngine(reply_ids=reply, step_s=0.002), max_model_len=2048) as s:
+            body = chat_body(tools=[TOOL])
+            full = await s.client.post("/v1/chat/completions", json=body)
+            streamed = await s.client.post("/v1/chat/completions", json={**body, "stream": True})
+            plain = await s.client.post("/v1/chat/completions", json=chat_body())  # no tools: markers dropped
+            return full, streamed, plain, s.engine
+
+    full, streamed, plain, engine = run(main())
+    markers = frozenset({marker, hf.convert_tokens_to_ids("[ARGS]")})
+    assert [p.keep_special_ids for _, _, p in engine.submitted] == [markers, markers, frozenset()]
+    choice = full.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None, choice
+    assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    _check_streamed_call(sse_json(streamed.content), "get_weather", '{"city": "Oslo"}')
+    assert plain.json()["choices"][0]["message"]["content"] == '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
