@@ -29,9 +29,9 @@ Rules shared by all formats, and why:
   with the arguments text that piece brought, the model's text unchanged, so the fragments
   concatenate to ``function.arguments`` (OpenAI's streaming shape). A sent call is never taken back:
   if the model then breaks the JSON or ``max_tokens`` cuts it, ``arguments`` is the text up to there
-  and may not parse (as with OpenAI when ``max_tokens`` cuts a call). Other shapes (arguments before
-  the name, arguments as a JSON string, Mistral's ``name[ARGS]{...}``) are sent whole when complete,
-  their arguments re-serialized with ``json.dumps``.
+  and may not parse (as with OpenAI when ``max_tokens`` cuts a call). Mistral's ``name[ARGS]{...}``
+  streams the same way. Other shapes (arguments before the name, arguments as a JSON string) are
+  sent whole when complete, their arguments re-serialized with ``json.dumps``.
 - **Streaming == non-streaming**: :meth:`ToolCallParser.parse` is ``feed`` + ``flush``, so the
   concatenated stream always equals the one-shot result, whatever the chunking.
 """
@@ -221,7 +221,7 @@ class PendingCall:
 
 # A call object whose name is known and whose arguments object just opened: stream from here.
 _COMMIT = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*\{\Z')
-_SEEK, _OBJECT, _ARGS, _REST, _DONE, _ARGS_ONLY = range(6)
+_SEEK, _OBJECT, _ARGS, _REST, _DONE, _ARGS_ONLY, _NAME, _BEFORE_ARGS = range(8)
 _BETWEEN_CALLS = frozenset(" \t\r\n,;[]")
 
 
@@ -253,7 +253,9 @@ class CallStream:
     The text (what follows a tool-call marker, or a whole grammar-constrained output) is a sequence
     of call objects ``{"name": ..., "arguments" | "parameters": {...}}``, optionally inside one array
     and separated by whitespace, ``,`` or ``;``. With ``name`` (a named ``tool_choice``) the text is
-    the arguments object of that function itself.
+    the arguments object of that function itself. With ``name_markers`` (Mistral's
+    ``("[TOOL_CALLS]", "[ARGS]")``) calls may also be written ``name[ARGS]{...}``, repeated after
+    ``[TOOL_CALLS]``.
 
     A call is *committed* when its name is known and its arguments object has started: :meth:`feed`
     returns its header delta (``index``, ``id``, ``name``) and then, per call of :meth:`feed`, one
@@ -267,11 +269,15 @@ class CallStream:
     Args:
         calls: the owner's list of calls, appended to (indices count over the whole output).
         name: the function of a named ``tool_choice``; None: the text holds call objects.
+        name_markers: ``(call marker, arguments marker)`` of the ``name[ARGS]{...}`` form; None: no such form.
     """
 
-    def __init__(self, calls: list[PendingCall], name: str | None = None) -> None:
+    def __init__(self, calls: list[PendingCall], name: str | None = None,
+                 name_markers: tuple[str, str] | None = None) -> None:
         self._calls = calls
         self._name = name
+        self._name_markers = name_markers
+        self._name_text: list[str] = []  # the name[ARGS] form: text before the arguments marker
         self._parts: list[str] = []
         self._object: list[str] = []  # text of the call object before its commit
         self._state = _ARGS_ONLY if name is not None else _SEEK
@@ -306,12 +312,26 @@ class CallStream:
             state = self._state
             if state == _DONE or self.failed:
                 break
-            if state == _SEEK:
-                if ch == "{":
+            if state == _SEEK or state == _NAME:
+                if ch == "{" and not "".join(self._name_text).strip(" \t\r\n,;[]"):
                     self._state, self._object, self._depth = _OBJECT, ["{"], 1
                     self._in_string = self._escape = False
+                    self._name_text = []
+                elif self._name_markers is not None and (state == _NAME or not ch.isspace()):
+                    self._state = _NAME
+                    self._name_text.append(ch)
+                    self._name_form(out)
                 elif ch not in _BETWEEN_CALLS and not self.committed:
                     self.failed = True
+                continue
+            if state == _BEFORE_ARGS:
+                if ch == "{":
+                    self._commit(self._name_text.pop(), "", out)
+                    self._state, self._depth, self._args_depth = _ARGS, 1, 1
+                    self._in_string = self._escape = False
+                    frag.append(ch)
+                elif not ch.isspace():
+                    self._not_a_call()
                 continue
             if state == _ARGS_ONLY:
                 if ch == "{":
@@ -343,7 +363,7 @@ class CallStream:
                 frag.append(ch)
                 if closed and self._depth == self._args_depth - 1:
                     self._flush_frag(frag, out)
-                    self._state = _REST if self._depth > 0 else _DONE
+                    self._state = _REST if self._depth > 0 else _DONE if self._name is not None else _SEEK
             elif state == _OBJECT:
                 self._object.append(ch)
                 if opened and ch == "{" and self._depth == 2 and (name := _committed_name(self._object)):
@@ -356,6 +376,26 @@ class CallStream:
                 self._state = _SEEK
         self._flush_frag(frag, out)
         return _coalesce(out)
+
+    def _not_a_call(self) -> None:
+        self._state, self._name_text = _SEEK, []
+        if not self.committed:
+            self.failed = True
+
+    def _name_form(self, out: list[ToolCallDelta]) -> None:
+        """``name[ARGS]``: once the arguments marker is complete, the name is known."""
+        assert self._name_markers is not None
+        call_marker, args_marker = self._name_markers
+        text = "".join(self._name_text)
+        if not text.endswith(args_marker):
+            if len(text) > 256 and args_marker not in text:
+                self._not_a_call()
+            return
+        name = text[: -len(args_marker)].split(call_marker)[-1].strip()
+        if not name or any(c.isspace() or c in '{}[]"' for c in name):
+            self._not_a_call()
+            return
+        self._state, self._name_text = _BEFORE_ARGS, [name]
 
     def _flush_frag(self, frag: list[str], out: list[ToolCallDelta]) -> None:
         if frag:
@@ -390,6 +430,7 @@ class _Format:
     at_start_only: bool = False  # llama3_json: calls only when the output starts with them
     alt_start: str | None = None  # llama3_json: "{" also opens (and is kept in the payload)
     markers: tuple[str, ...] = ()  # every marker the parser reads (special tokens in some vocabularies)
+    name_markers: tuple[str, str] | None = None  # mistral v11: [TOOL_CALLS]name[ARGS]{...}
 
 
 _FORMATS = {
@@ -397,7 +438,8 @@ _FORMATS = {
                       markers=("<tool_call>", "</tool_call>")),
     "llama3_json": _Format("llama3_json", "<|python_tag|>", None, _parse_llama3, True, "{",
                            ("<|python_tag|>",)),
-    "mistral": _Format("mistral", "[TOOL_CALLS]", None, _parse_mistral, markers=("[TOOL_CALLS]", "[ARGS]")),
+    "mistral": _Format("mistral", "[TOOL_CALLS]", None, _parse_mistral, markers=("[TOOL_CALLS]", "[ARGS]"),
+                       name_markers=("[TOOL_CALLS]", "[ARGS]")),
 }
 
 PARSERS: tuple[str, ...] = tuple(_FORMATS)
@@ -478,7 +520,7 @@ class ToolCallParser:
 
     def _open_call(self, rest: str, raw_start: str) -> None:
         self._buf, self._raw_start, self._in_call = rest, raw_start, True
-        self._section = CallStream(self._calls)
+        self._section = CallStream(self._calls, name_markers=self.format.name_markers)
 
     # ---- streaming ---------------------------------------------------------------------------------
 

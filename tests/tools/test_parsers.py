@@ -158,6 +158,8 @@ def feed_each(parser: ToolCallParser, tokens: list[str]) -> list[list[dict]]:
     ("llama3_json", ['{"', "name", '":', ' "', "get", "_weather", '",', ' "', "parameters", '":', ' {"'], ' {"', ["}"]),
     ("mistral", ["[TOOL_CALLS]", '[{"', "name", '":', ' "', "get", "_weather", '",', ' "', "arguments", '":', ' {"'],
      ' {"', ["}]"]),
+    ("mistral", ["[TOOL_CALLS]", "get", "_weather", "[ARGS]", '{"'], '{"',
+     ["[TOOL_CALLS]", "time", "[ARGS]", "{}"]),
 ])
 def test_arguments_stream_token_by_token(name: str, tokens: list[str], head: str, tail: list[str]) -> None:
     """Each token inside the arguments object is sent as one fragment, as it comes: the fragments are
@@ -171,13 +173,15 @@ def test_arguments_stream_token_by_token(name: str, tokens: list[str], head: str
     header, first = per_piece[len(tokens) - 1]
     assert header["function"] == {"name": "get_weather", "arguments": ""} and header["id"].startswith("call_")
     assert first == {"index": 0, "function": {"arguments": "{\""}}
-    fragments = [d for piece in per_piece[len(tokens):] for d in piece]
+    fragments = [d for piece in per_piece[len(tokens):] for d in piece if d["index"] == 0]
     assert fragments == [{"index": 0, "function": {"arguments": t}} for t in args_tokens]
-    (call,) = parser.tool_calls
+    call = parser.tool_calls[0]
+    assert [c.name for c in parser.tool_calls] == ["get_weather"] + (["time"] if "time" in tail else [])
     assert call.arguments == '{"' + "".join(args_tokens) == '{"city": "Oslo", "q": "a}\\"{"}'
     assert json.loads(call.arguments) == {"city": "Oslo", "q": 'a}"{'}
     result = get_parser(name).parse("".join(tokens + args_tokens + tail))
-    assert [(c.name, c.arguments) for c in result.tool_calls] == [(call.name, call.arguments)]
+    streamed = [(c.name, c.arguments) for c in parser.tool_calls]
+    assert [(c.name, c.arguments) for c in result.tool_calls] == streamed
 
 
 def test_parallel_calls_stream_each_with_its_index() -> None:
