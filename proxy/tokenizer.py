@@ -108,6 +108,7 @@ class Tokenizer:
         self.eos_token_ids = find_eos_token_ids(hf_tokenizer, generation_eos_ids)
         self._keeping_tables: dict[frozenset[int], hotpath.DecodeTable] = {}
         self._skipped: frozenset[int] | None = None
+        self._special_ids_of: dict[tuple[str, ...], frozenset[int]] = {}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (BOS etc. added per the tokenizer when ``add_special_tokens``)."""
@@ -155,10 +156,16 @@ class Tokenizer:
 
     def special_ids_of(self, texts: Iterable[str]) -> frozenset[int]:
         """The ids of those ``texts`` that are single special tokens the detokenizer skips (e.g.
-        Mistral's ``[TOOL_CALLS]``); texts that are not such a token are left out."""
-        vocab = self.hf_tokenizer.get_vocab()
-        skipped = self.skipped_special_ids
-        return frozenset(i for i in (vocab.get(t) for t in texts) if i is not None and i in skipped)
+        Mistral's ``[TOOL_CALLS]``); texts that are not such a token are left out. Cached per
+        ``texts`` (``get_vocab()`` builds the whole vocabulary)."""
+        key = tuple(texts)
+        found = self._special_ids_of.get(key)
+        if found is None:
+            vocab = self.hf_tokenizer.get_vocab()
+            skipped = self.skipped_special_ids
+            found = frozenset(i for i in (vocab.get(t) for t in key) if i is not None and i in skipped)
+            self._special_ids_of[key] = found
+        return found
 
     def new_detokenizer(self, keep_special_ids: frozenset[int] = frozenset()) -> Detokenizer:
         """A fresh incremental detokenizer for one request (table path or the exact fallback).
