@@ -86,7 +86,8 @@ def _decoder_spec(hf_tokenizer: Any) -> dict[str, Any] | None:
     if backend is None or backend.decoder is None:
         return None
     try:
-        return json.loads(backend.decoder.__getstate__())
+        spec: dict[str, Any] = json.loads(backend.decoder.__getstate__())
+        return spec
     except Exception:  # noqa: BLE001 - an unknown decoder simply means "not a table"
         return None
 
@@ -153,8 +154,8 @@ def build_decode_table(hf_tokenizer: Any) -> tuple[hotpath.DecodeTable | None, s
     vocab: dict[str, int] = backend.get_vocab(with_added_tokens=True)
     size = max(vocab.values()) + 1 if vocab else 0
     pieces: list[str | None] = [None] * size
-    for piece, i in vocab.items():
-        pieces[i] = piece
+    for token, i in vocab.items():
+        pieces[i] = token
     token_bytes: list[bytes] = [b""] * size
     byte_fallback: set[int] = set()
     strip = False

@@ -143,7 +143,8 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """``tokenizer.decode(ids, skip_special_tokens=True)``: the non-streamed text."""
-        return self.hf_tokenizer.decode(list(ids), skip_special_tokens=True)
+        text: str = self.hf_tokenizer.decode(list(ids), skip_special_tokens=True)
+        return text
 
     @property
     def skipped_special_ids(self) -> frozenset[int]:
@@ -208,7 +209,8 @@ class Tokenizer:
         if self.decode_table is not None:
             tb = self.decode_table.token_bytes
             return tb[token_id] if 0 <= token_id < len(tb) else b""
-        return self.hf_tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        text: str = self.hf_tokenizer.decode([token_id], skip_special_tokens=False)
+        return text.encode()
 
     def token_text(self, token_id: int) -> str:
         """Text of one token for logprobs ``token``: its bytes decoded, U+FFFD for partial characters."""

@@ -221,7 +221,7 @@ class ModelRunner:
                 logits_to_keep=keep,
                 **{METADATA_KWARG: meta},
             )
-            logits = out.logits[0]
+            logits: torch.Tensor = out.logits[0]
             if logits_index.numel() == 0:
                 logits = logits[:0]
             return logits.float()

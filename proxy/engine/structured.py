@@ -251,12 +251,13 @@ def logits_width(model: torch.nn.Module) -> int:
     """Columns of the model's logits (what the masks must cover): the output head's ``out_features``
     (``nn.Linear`` and the quantized ``PackedLinear`` both have it; a packed head has no ``weight``),
     else its weight's rows, else the text config's ``vocab_size``."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_out = getattr(model, "get_output_embeddings", None)
+    head = get_out() if callable(get_out) else None
     width = getattr(head, "out_features", None)
     if width is None and head is not None and getattr(head, "weight", None) is not None:
         width = head.weight.shape[0]
     if width is None:
-        config = model.config
+        config: Any = model.config
         width = (config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size
     return int(width)
 

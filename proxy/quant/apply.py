@@ -40,7 +40,8 @@ def untie_lm_head(model: nn.Module) -> None:
     """Give a tied output layer its own module so that swapping it leaves the embedding dense."""
     get_out = getattr(model, "get_output_embeddings", None)
     out = get_out() if callable(get_out) else None
-    inp = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_in = getattr(model, "get_input_embeddings", None)
+    inp = get_in() if callable(get_in) else None
     if out is not None and inp is not None and out.weight is inp.weight:
         out.weight = nn.Parameter(inp.weight.detach().clone(), requires_grad=False)
         if hasattr(model.config, "tie_word_embeddings"):
@@ -58,9 +59,10 @@ def replace_linear(
     """Replace linear ``name`` by a :class:`PackedLinear` of ``planes``; False (kept dense, logged at
     debug level) where the kernel cannot take the shape."""
     old = model.get_submodule(name)
-    device = old.weight.device
+    weight, bias = old.weight, old.bias
+    assert isinstance(weight, torch.Tensor) and (bias is None or isinstance(bias, torch.Tensor))
     try:
-        new = PackedLinear(planes, old.bias, group_size, device, kernel_dtype, scheme)
+        new = PackedLinear(planes, bias, group_size, weight.device, kernel_dtype, scheme)
     except ValueError as exc:
         logger.debug("%s stays dense: %s", name, exc)
         return False

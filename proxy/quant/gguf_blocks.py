@@ -93,7 +93,8 @@ def check_rows(num_rows: int) -> torch.Tensor:
     tensors (tests/quant); at load a sample keeps the check under a second for the default model."""
     head = torch.arange(min(num_rows, 256))
     spread = torch.linspace(0, num_rows - 1, steps=min(num_rows, 256)).long()
-    return torch.unique(torch.cat([head, spread]))
+    rows: torch.Tensor = torch.unique(torch.cat([head, spread]))
+    return rows
 
 
 def _equal(planes: list[Int4Plane], weight: torch.Tensor, order: torch.Tensor | None) -> bool:
@@ -142,7 +143,7 @@ def gguf_tensors(path: Path) -> tuple[str, dict[str, GGUFTensor]]:
     import gguf
 
     mm = np.memmap(path, dtype=np.uint8, mode="r")
-    buf = memoryview(mm)
+    buf = mm.data  # a memoryview of the mapping
     if bytes(buf[:4]) != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file")
     version, num_tensors, num_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -228,7 +229,8 @@ def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -
     Returns:
         counts per outcome, e.g. ``{"Q4_1 -> int4 g32": 210, "Q8_0 -> int8 g32": 1}``.
     """
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config: Any = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     arch, tensors = gguf_tensors(path)
     names = hf_to_gguf_names(arch, int(getattr(config, "num_hidden_layers", 0)))
     heads = [h for h in (getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)) if h]

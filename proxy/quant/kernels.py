@@ -104,8 +104,10 @@ def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
             raise ValueError(f"in_features {codes.shape[1]} cannot be packed for CUDA")
         c = codes.to(device=device, dtype=torch.int32)
         as_bytes = ((c[:, ::2] << 4) | c[:, 1::2]).to(torch.uint8)
-        return torch.ops.aten._convert_weight_to_int4pack(as_bytes, tiles)
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).cpu().contiguous(), 1)
+        packed: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack(as_bytes, tiles)
+        return packed
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).cpu().contiguous(), 1)
+    return packed
 
 
 def int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
@@ -118,6 +120,9 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_and_z
     Returns:
         ``[M, N]`` in ``x``'s dtype.
     """
+    y: torch.Tensor
     if x.device.type == "cuda":
-        return torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
-    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)
+        y = torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
+    else:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)
+    return y

@@ -103,6 +103,11 @@ class PackedLinear(nn.Module):
         ValueError: the shape cannot be packed on ``device`` (:func:`kernels.supports_shape`).
     """
 
+    packed0: torch.Tensor  # buffers registered in __init__: plane 0, and plane 1 of int8
+    scales_and_zeros0: torch.Tensor
+    packed1: torch.Tensor
+    scales_and_zeros1: torch.Tensor
+
     def __init__(
         self,
         planes: list[Int4Plane],

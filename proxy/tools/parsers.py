@@ -153,7 +153,7 @@ def _call_of(obj: Any, arg_keys: tuple[str, ...]) -> tuple[str, str] | None:
 def _json_values(text: str, separators: str) -> list[Any] | None:
     """Consecutive JSON values in ``text`` separated by whitespace or ``separators``; None if invalid."""
     decoder = json.JSONDecoder()
-    values = []
+    values: list[Any] = []
     pos, n = 0, len(text)
     while True:
         while pos < n and (text[pos].isspace() or text[pos] in separators):
