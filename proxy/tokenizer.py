@@ -185,7 +185,8 @@ class Tokenizer:
         hf = self.hf_tokenizer
 
         def decode_keeping(ids: list[int]) -> str:
-            return hf.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+            text: str = hf.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+            return text
 
         return RedecodeDetokenizer(decode_keeping, holds_cleanup=True)
 
