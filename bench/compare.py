@@ -73,7 +73,9 @@ class PeerUnavailable(Exception):
     """A peer could not be built, installed or started; it is skipped."""
 
 
-def _run(cmd: list[str], logfile: Path, env: dict[str, str] | None = None, nice: int = 19, cwd: Path | None = None) -> None:
+def _run(
+    cmd: list[str], logfile: Path, env: dict[str, str] | None = None, nice: int = 19, cwd: Path | None = None
+) -> None:
     """Run a build/install command at low priority, output appended to ``logfile``.
 
     Raises:
@@ -131,12 +133,20 @@ def hf_folder(scratch: Path) -> Path:
     if cache.is_dir():
         for cfg in sorted(cache.rglob("config.json")):
             d = cfg.parent
-            if "smollm2" in str(d).lower() and any(d.glob("*.safetensors")) and (d / "tokenizer.json").exists():
+            if (
+                "smollm2" in str(d).lower()
+                and any(d.glob("*.safetensors"))
+                and (d / "tokenizer.json").exists()
+            ):
                 return d
     out = scratch / "smollm2-135m-instruct-hf"
     if not (out / "model.safetensors").exists():
         log(f"converting {gguf_path().name} to an HF folder in {out}")
-        _run([sys.executable, "-c", _CONVERT, str(gguf_path()), str(out)], scratch / "logs" / "convert.log", nice=10)
+        _run(
+            [sys.executable, "-c", _CONVERT, str(gguf_path()), str(out)],
+            scratch / "logs" / "convert.log",
+            nice=10,
+        )
     return out
 
 
@@ -210,9 +220,12 @@ def build_llama_cpp_python(scratch: Path, cuda: bool = False) -> Path:
     log(f"installing llama-cpp-python[server] into {venv} (compiles, about 7 minutes; log {logf})")
     if not py.exists():
         _run([sys.executable, "-m", "venv", str(venv)], logf, nice=0)
-    env = dict(os.environ, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
-               CMAKE_ARGS=" ".join(f for f in LLAMA_CMAKE_FLAGS if "SERVER" not in f and "BUILD_TYPE" not in f)
-               + (" -DGGML_CUDA=ON" if cuda else ""))
+    env = dict(
+        os.environ,
+        CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
+        CMAKE_ARGS=" ".join(f for f in LLAMA_CMAKE_FLAGS if "SERVER" not in f and "BUILD_TYPE" not in f)
+        + (" -DGGML_CUDA=ON" if cuda else ""),
+    )
     _run([str(py), "-m", "pip", "install", f"{tarball}[server]"], logf, env=env)
     return py
 
@@ -346,7 +359,9 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
     if name == "transformers":
         py = transformers_venv(scratch)
         # the `transformers` console script, run by the venv's python (the script lives outside the venv)
-        launcher = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
+        launcher = (
+            "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
+        )
         cli = [str(py), "-c", launcher]
         # its request schema rejects unknown fields (ignore_eos -> 422), so EOS is masked with logit_bias
         cmd = [*cli, "serve", "--continuous-batching", "--device", "cuda" if cuda else "cpu",
@@ -373,7 +388,9 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
                "-t", t, "-tb", t, "--no-webui", *host]
         if cuda:
             cmd += ["-ngl", "99"]
-        return Peer(name, cmd, "smollm2", {}, ["--eos-strategy", "ignore_eos"], note=f"-np {slots}", is_python=False)
+        return Peer(
+            name, cmd, "smollm2", {}, ["--eos-strategy", "ignore_eos"], note=f"-np {slots}", is_python=False
+        )
     if name == "vllm":
         if not cuda:
             raise PeerUnavailable("vllm is a --device cuda peer")
@@ -518,7 +535,9 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
-def comparison_table(summaries: dict[str, dict[str, Any]], skipped: dict[str, str], base: str = "streamproxy") -> str:
+def comparison_table(
+    summaries: dict[str, dict[str, Any]], skipped: dict[str, str], base: str = "streamproxy"
+) -> str:
     """Markdown table, one row per (concurrency, server); ratios are server / streamproxy at the
     same concurrency (output tok/s: > 1 means the peer is faster; p99 TTFT: > 1 means the peer is slower)."""
     head = ("| streams | server | out tok/s | vs streamproxy | p99 TTFT ms | vs streamproxy | mean TPOT ms "
@@ -554,11 +573,17 @@ def comparison_table(summaries: dict[str, dict[str, Any]], skipped: dict[str, st
                 f"| {c} | {name} | {run['mean_ttft_turn1_ms']:.0f} | {later:.0f} | "
                 f"{f'{ratio:.2f}' if ratio is not None else '-'} | {turns} | "
                 f"{f'{100 * hit:.1f}%' if hit is not None else '-'} |"
-                if later is not None else f"| {c} | {name} | {run['mean_ttft_turn1_ms']:.0f} | - | - | {turns} | - |"
+                if later is not None
+                else f"| {c} | {name} | {run['mean_ttft_turn1_ms']:.0f} | - | - | {turns} | - |"
             )
     if turn_rows:
-        lines += ["", "| streams | server | turn 1 mean TTFT ms | turns 2+ mean TTFT ms | ratio | mean TTFT by turn ms "
-                  "| prefix cache hit rate |", "|" + "---|" * 7, *turn_rows]
+        lines += [
+            "",
+            ("| streams | server | turn 1 mean TTFT ms | turns 2+ mean TTFT ms | ratio "
+             "| mean TTFT by turn ms | prefix cache hit rate |"),
+            "|" + "---|" * 7,
+            *turn_rows,
+        ]
     for name, why in skipped.items():
         lines.append(f"\nskipped {name}: {why.splitlines()[0] if why else ''}")
     return "\n".join(lines)
@@ -579,25 +604,35 @@ def machine_info(args: argparse.Namespace) -> str:
     gpu = ""
     if args.device == "cuda" and torch.cuda.is_available():
         gpu = f", GPU {torch.cuda.get_device_name(0)}"
-    return (f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{gpu}, Linux {platform.release()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp); server threads {args.threads}; "
-            f"dataset {args.dataset} in={args.input_len} out={args.output_len}, "
-            f"{args.num_prompts or '4 x streams (>= 8)'} requests per point")
+    return (
+        f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{gpu}, Linux {platform.release()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, "
+        f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp); server threads {args.threads}; "
+        f"dataset {args.dataset} in={args.input_len} out={args.output_len}, "
+        f"{args.num_prompts or '4 x streams (>= 8)'} requests per point"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="streamproxy vs peers, one machine, one run")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--peers", default=None, help=f"comma list; default cpu: {','.join(CPU_PEERS)}; "
-                   f"cuda: {','.join(CUDA_PEERS)} (llama-server / llama-cpp-python can be added, built with CUDA)")
+    p.add_argument(
+        "--peers",
+        default=None,
+        help=f"comma list; default cpu: {','.join(CPU_PEERS)}; "
+        f"cuda: {','.join(CUDA_PEERS)} (llama-server / llama-cpp-python can be added, built with CUDA)",
+    )
     p.add_argument("--concurrency", default="1,4,8,16,32")
     p.add_argument("--num-prompts", type=int, default=0, help="requests per point (0: 4 x streams, >= 8)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--dataset", choices=["random", "conversational", "multiturn"], default="random")
-    p.add_argument("--reuse-prompts", action="store_true",
-                   help="serve_bench sends the same prompts at every point (default: fresh prompts per point)")
+    p.add_argument(
+        "--reuse-prompts",
+        action="store_true",
+        help="serve_bench sends the same prompts at every point (default: fresh prompts per point)",
+    )
     p.add_argument("--multiturn-args", default="",
                    help="extra serve_bench args for --dataset multiturn, e.g. '--multiturn-turns 6'")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="compute threads of every server")
@@ -607,8 +642,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(REPO / "bench" / "out" / "compare"))
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", action="store_true",
-                   help="sample the Python servers with py-spy during their sweep; top frames go in compare.md")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the Python servers with py-spy during their sweep; top frames go in compare.md",
+    )
     p.add_argument("--build-only", action="store_true", help="build/install the peers, run nothing")
     p.add_argument("--no-progress", action="store_true")
     return p

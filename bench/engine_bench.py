@@ -78,7 +78,9 @@ def build_prompts(tokenizer, n: int) -> list[list[int]]:  # type: ignore[no-unty
     prompts = []
     for i in range(n):
         topic = TOPICS[i % len(TOPICS)]
-        msg = f"Please write a detailed, vivid and imaginative short story of several paragraphs about {topic}."
+        msg = (
+            f"Please write a detailed, vivid and imaginative short story of several paragraphs about {topic}."
+        )
         ids = tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
         prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
     return prompts
@@ -169,7 +171,9 @@ def run_hf_cb(model, prompts: list[list[int]], max_new: int) -> dict[str, float]
         start = time.perf_counter()
         cpu_start = time.process_time()
         for i, p in enumerate(prompts):
-            manager.add_request(p, request_id=f"r{i}", max_new_tokens=max_new, streaming=True, eos_token_id=-1)
+            manager.add_request(
+                p, request_id=f"r{i}", max_new_tokens=max_new, streaming=True, eos_token_id=-1
+            )
         first: dict[str, float] = {}
         lengths: dict[str, int] = {}
         done = 0
@@ -220,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     # A separate SDPA instance for the two baselines, so our model keeps the paged attention.
     from transformers import AutoModelForCausalLM
 
-    ref = AutoModelForCausalLM.from_pretrained(loaded.model_path, dtype=loaded.dtype, attn_implementation="sdpa")
+    ref = AutoModelForCausalLM.from_pretrained(
+        loaded.model_path, dtype=loaded.dtype, attn_implementation="sdpa"
+    )
     ref.eval()
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts_all = build_prompts(tokenizer, max(levels))
@@ -244,11 +250,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  hf-cb failed: {type(exc).__name__}: {exc}")
         results[str(c)] = row
         for name, r in row.items():
-            print(f"{c:>4} {name:>8} {r['tok_s']:>8.1f} {r['ttft_s']:>8.3f} {r['wall_s']:>8.1f} {r['cpu_s']:>8.1f}")
+            print(
+                f"{c:>4} {name:>8} {r['tok_s']:>8.1f} {r['ttft_s']:>8.3f} {r['wall_s']:>8.1f} "
+                f"{r['cpu_s']:>8.1f}"
+            )
         ratio = row["ours"]["tok_s"] / row["static"]["tok_s"]
         line = f"     ours/static = {ratio:.2f}x (target >= 0.9 at 16)"
         if "hf-cb" in row:
-            line += f", ours/hf-cb = {row['ours']['tok_s'] / row['hf-cb']['tok_s']:.2f}x (target >= 1.4 at 16)"
+            line += (
+                f", ours/hf-cb = {row['ours']['tok_s'] / row['hf-cb']['tok_s']:.2f}x (target >= 1.4 at 16)"
+            )
         print(line + f", ours {row['ours']['ms_per_step']:.0f} ms/step")
         # Same work, CPU seconds: robust to other processes stealing the cores of a shared machine.
         cpu_line = f"     by CPU time: ours/static = {row['static']['cpu_s'] / row['ours']['cpu_s']:.2f}x"

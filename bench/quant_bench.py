@@ -121,8 +121,14 @@ def interleaved_tpot(configs: list[str], max_new: int, threads: int, rounds: int
             best[config] = min(best[config], 1000 * (one["wall_s"] - one["ttft_s"]) / (max_new - 1))
     base = best[configs[0]]
     for config in configs:
-        print(f"{config:<20} TPOT {best[config]:7.1f} ms  x{base / best[config]:5.2f}  ({models[config].quantization})")
-    print(f"(best of {rounds} alternated runs, {max_new} tokens, threads={threads}; x = speed-up over {configs[0]})")
+        print(
+            f"{config:<20} TPOT {best[config]:7.1f} ms  x{base / best[config]:5.2f}  "
+            f"({models[config].quantization})"
+        )
+    print(
+        f"(best of {rounds} alternated runs, {max_new} tokens, threads={threads}; x = speed-up over "
+        f"{configs[0]})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{'ppl':>7} {'ppl x':>6} {'RSS load':>8} {'RSS end':>7} {'load s':>7}  served")
     print(head)
     for r in rows:
-        print(f"{r['config']:<26} {r['tpot_ms']:8.1f} {base['tpot_ms'] / r['tpot_ms']:6.2f} {r['tok_s_16']:16.1f} "
-              f"{r['tok_s_16'] / base['tok_s_16']:6.2f} {r['cpu_s_16']:7.1f} {r['ppl']:7.3f} "
-              f"{r['ppl'] / base['ppl']:6.3f} {r['rss_load_mb']:8.0f} {r['rss_mb']:7.0f} {r['load_s']:7.1f}  {r['served']}")
+        print(
+            f"{r['config']:<26} {r['tpot_ms']:8.1f} {base['tpot_ms'] / r['tpot_ms']:6.2f} "
+            f"{r['tok_s_16']:16.1f} "
+            f"{r['tok_s_16'] / base['tok_s_16']:6.2f} {r['cpu_s_16']:7.1f} {r['ppl']:7.3f} "
+            f"{r['ppl'] / base['ppl']:6.3f} {r['rss_load_mb']:8.0f} {r['rss_mb']:7.0f} {r['load_s']:7.1f}  "
+            f"{r['served']}"
+        )
     print(f"(max_new_tokens={args.max_new_tokens}, threads={args.threads}; x = speed-up over none:float32, "
           "ppl x = perplexity ratio to none:float32)")
     if args.json:

@@ -79,7 +79,149 @@ DEFAULT_PERCENTILES = (90.0, 99.0)
 METRIC_NAMES = ("ttft", "tpot", "itl", "e2el")
 
 # Common English words; outside a tokenizer each is about one BPE token with its leading space.
-_WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "at", "be", "by", "this", "had", "not", "but", "from", "have", "they", "which", "one", "you", "were", "her", "all", "she", "there", "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three"]
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "are",
+    "with",
+    "as",
+    "at",
+    "be",
+    "by",
+    "this",
+    "had",
+    "not",
+    "but",
+    "from",
+    "have",
+    "they",
+    "which",
+    "one",
+    "you",
+    "were",
+    "her",
+    "all",
+    "she",
+    "there",
+    "would",
+    "their",
+    "we",
+    "him",
+    "been",
+    "has",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "if",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "into",
+    "than",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "do",
+    "first",
+    "any",
+    "my",
+    "now",
+    "such",
+    "like",
+    "our",
+    "over",
+    "man",
+    "me",
+    "even",
+    "most",
+    "made",
+    "after",
+    "also",
+    "did",
+    "many",
+    "before",
+    "must",
+    "through",
+    "back",
+    "years",
+    "where",
+    "much",
+    "your",
+    "way",
+    "well",
+    "down",
+    "should",
+    "because",
+    "each",
+    "just",
+    "those",
+    "people",
+    "how",
+    "too",
+    "little",
+    "state",
+    "good",
+    "very",
+    "make",
+    "world",
+    "still",
+    "own",
+    "see",
+    "men",
+    "work",
+    "long",
+    "get",
+    "here",
+    "between",
+    "both",
+    "life",
+    "being",
+    "under",
+    "never",
+    "day",
+    "same",
+    "another",
+    "know",
+    "while",
+    "last",
+    "might",
+    "us",
+    "great",
+    "old",
+    "year",
+    "off",
+    "come",
+    "since",
+    "against",
+    "go",
+    "came",
+    "right",
+    "used",
+    "take",
+    "three",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -245,7 +387,9 @@ def prefix_cache_hit_rate(results: Sequence[RequestResult]) -> float | None:
     return sum(int(r.cached_tokens or 0) for r in reported) / sum(int(r.prompt_tokens or 0) for r in reported)
 
 
-def turn_metrics(results: Sequence[RequestResult], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+def turn_metrics(
+    results: Sequence[RequestResult], percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> dict[str, Any]:
     """TTFT per conversation turn of a multi-turn run (successful requests with ``turn >= 1``).
 
     Returns:
@@ -371,14 +515,22 @@ class Conversation:
 
 
 def multiturn_conversations(
-    num: int, turns: int, system_len: int, user_len: int, output_len: int, seed: int, fixed_output: bool = True
+    num: int,
+    turns: int,
+    system_len: int,
+    user_len: int,
+    output_len: int,
+    seed: int,
+    fixed_output: bool = True,
 ) -> list[Conversation]:
     """``num`` conversations sharing one system prompt of ``system_len`` common English words (about
     one token each; an agent's or a chat app's fixed preamble), each with ``turns`` user messages of
     ``user_len`` words. Everything is drawn from ``seed``, so another seed gives another system
     prompt (fresh prompts per load point)."""
     rng = random.Random(seed)
-    system = f"[{seed}] You are a helpful assistant. " + " ".join(rng.choice(_WORDS) for _ in range(system_len))
+    system = f"[{seed}] You are a helpful assistant. " + " ".join(
+        rng.choice(_WORDS) for _ in range(system_len)
+    )
     convs = []
     for c in range(num):
         msgs = [f"({c}.{t}) " + " ".join(rng.choice(_WORDS) for _ in range(max(user_len - 2, 1)))
@@ -484,7 +636,11 @@ async def send_request(client: httpx.AsyncClient, cfg: ClientConfig, req: Sample
                     if details.get("cached_tokens") is not None:
                         res.cached_tokens = int(details["cached_tokens"])
                 timings = chunk.get("timings")
-                if isinstance(timings, dict) and timings.get("cache_n") is not None and res.cached_tokens is None:
+                if (
+                    isinstance(timings, dict)
+                    and timings.get("cache_n") is not None
+                    and res.cached_tokens is None
+                ):
                     res.cached_tokens = int(timings["cache_n"])
         res.latency = time.perf_counter() - st
         res.generated_text = "".join(parts)
@@ -621,14 +777,20 @@ def summary_line(m: dict[str, Any]) -> str:
     load = f"c={m['max_concurrency']}" if math.isinf(m["request_rate"]) else f"rate={m['request_rate']}"
     line = (
         f"{load:>8}  ok={m['completed']:>4} fail={m['failed']:>3}  out tok/s={m['output_throughput']:8.1f}  "
-        f"req/s={m['request_throughput']:6.2f}  TTFT mean/p99={m['mean_ttft_ms']:7.1f}/{m['p99_ttft_ms']:7.1f} ms  "
+        f"req/s={m['request_throughput']:6.2f}  TTFT "
+        f"mean/p99={m['mean_ttft_ms']:7.1f}/{m['p99_ttft_ms']:7.1f} ms  "
         f"TPOT={m['mean_tpot_ms']:6.1f} ms  ITL p99={m['p99_itl_ms']:6.1f} ms  "
-        f"E2E p90={m['p90_e2el_ms']:8.1f} ms  mean out len={m['total_output_tokens'] / max(m['completed'], 1):.1f}"
+        f"E2E p90={m['p90_e2el_ms']:8.1f} ms  mean out "
+        f"len={m['total_output_tokens'] / max(m['completed'], 1):.1f}"
     )
     if m.get("ttft_by_turn"):
         turns = " ".join(f"{t}:{v['mean_ttft_ms']:.0f}" for t, v in m["ttft_by_turn"].items())
         ratio = m.get("ttft_later_over_turn1")
-        line += f"\n          TTFT by turn (mean ms) {turns}  turns 2+/turn 1={ratio:.2f}" if ratio is not None else ""
+        line += (
+            f"\n          TTFT by turn (mean ms) {turns}  turns 2+/turn 1={ratio:.2f}"
+            if ratio is not None
+            else ""
+        )
     if m.get("prefix_cache_hit_rate") is not None:
         line += f"\n          prefix cache hit rate {100 * m['prefix_cache_hit_rate']:.1f}%"
     return line
@@ -691,7 +853,9 @@ def plot_runs(summaries: Sequence[dict[str, Any]], out: Path) -> None:
 
 
 def _load_tag(run: dict[str, Any]) -> str:
-    return f"c={run['max_concurrency']}" if math.isinf(run["request_rate"]) else f"{run['request_rate']} req/s"
+    return (
+        f"c={run['max_concurrency']}" if math.isinf(run["request_rate"]) else f"{run['request_rate']} req/s"
+    )
 
 
 def _json_default(o: Any) -> Any:
@@ -737,7 +901,9 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
-    p.add_argument("--endpoint", default="/v1/chat/completions", choices=["/v1/chat/completions", "/v1/completions"])
+    p.add_argument(
+        "--endpoint", default="/v1/chat/completions", choices=["/v1/chat/completions", "/v1/completions"]
+    )
     p.add_argument("--model", default=None, help="model id to send (default: first of GET /v1/models)")
     p.add_argument("--label", default="server", help="name of this run in file names and tables")
     p.add_argument("--dataset", default="random", choices=["random", "conversational", "multiturn"])
@@ -749,17 +915,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--multiturn-user-len", type=int, default=40, help="words per user message")
     p.add_argument("--reuse-prompts", action="store_true",
                    help="send the same prompts at every load point and in the warm-up (default: fresh ones)")
-    p.add_argument("--tokenizer", default=None, help="LOCAL tokenizer folder for prompt lengths (never a hub id)")
-    p.add_argument("--num-prompts", type=int, default=0,
-                   help="requests per load point (0: 4 x concurrency, >= 8); multiturn: conversations (0: 2 x concurrency)")
-    p.add_argument("--max-concurrency", type=_ints, default=[1, 4, 8, 16, 32], help="e.g. 1,4,8,16,32 (a sweep)")
-    p.add_argument("--request-rate", type=_floats, default=[math.inf], help="req/s, e.g. 2,4 (Poisson); inf = closed loop")
+    p.add_argument(
+        "--tokenizer", default=None, help="LOCAL tokenizer folder for prompt lengths (never a hub id)"
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=0,
+        help="requests per load point (0: 4 x concurrency, >= 8); multiturn: conversations "
+        "(0: 2 x concurrency)",
+    )
+    p.add_argument(
+        "--max-concurrency", type=_ints, default=[1, 4, 8, 16, 32], help="e.g. 1,4,8,16,32 (a sweep)"
+    )
+    p.add_argument(
+        "--request-rate",
+        type=_floats,
+        default=[math.inf],
+        help="req/s, e.g. 2,4 (Poisson); inf = closed loop",
+    )
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1.0 = Poisson")
-    p.add_argument("--eos-strategy", default="ignore_eos", choices=["ignore_eos", "min_tokens", "logit_bias", "none"])
-    p.add_argument("--eos-token-ids", type=_ints, default=[], help="ids biased to -100 with --eos-strategy logit_bias")
-    p.add_argument("--no-stream-options", action="store_true", help="do not send stream_options.include_usage")
+    p.add_argument(
+        "--eos-strategy", default="ignore_eos", choices=["ignore_eos", "min_tokens", "logit_bias", "none"]
+    )
+    p.add_argument(
+        "--eos-token-ids", type=_ints, default=[], help="ids biased to -100 with --eos-strategy logit_bias"
+    )
+    p.add_argument(
+        "--no-stream-options", action="store_true", help="do not send stream_options.include_usage"
+    )
     p.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
-    p.add_argument("--num-warmups", type=int, default=2, help="requests sent (and not measured) before each run")
+    p.add_argument(
+        "--num-warmups", type=int, default=2, help="requests sent (and not measured) before each run"
+    )
     p.add_argument("--percentiles", type=_floats, default=list(DEFAULT_PERCENTILES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
@@ -815,7 +1003,13 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             )
             if args.num_warmups:
                 warm_convs = multiturn_conversations(
-                    args.num_warmups, 1, args.multiturn_system_len, args.multiturn_user_len, 16, warm_seed, False
+                    args.num_warmups,
+                    1,
+                    args.multiturn_system_len,
+                    args.multiturn_user_len,
+                    16,
+                    warm_seed,
+                    False,
                 )
                 await run_conversations(cfg, warm_convs, max_conc, show_progress=False)
             results, duration = await run_conversations(
@@ -825,11 +1019,23 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             n = args.num_prompts or max(8, 4 * (max_conc or 4))
             reqs = _dataset(args, n, seed, tokenizer)
             if args.num_warmups:
-                source = reqs if args.reuse_prompts else _dataset(args, args.num_warmups, warm_seed, tokenizer)
-                warm = [SampleRequest(r.messages, min(r.max_tokens, 16), r.prompt_len) for r in source[: args.num_warmups]]
+                source = (
+                    reqs if args.reuse_prompts else _dataset(args, args.num_warmups, warm_seed, tokenizer)
+                )
+                warm = [
+                    SampleRequest(r.messages, min(r.max_tokens, 16), r.prompt_len)
+                    for r in source[: args.num_warmups]
+                ]
                 await run_load_point(cfg, warm, max_conc, show_progress=False)
             results, duration = await run_load_point(
-                cfg, reqs, max_conc, rate, args.burstiness, args.seed, not args.no_progress, f"{args.label} {tag}"
+                cfg,
+                reqs,
+                max_conc,
+                rate,
+                args.burstiness,
+                args.seed,
+                not args.no_progress,
+                f"{args.label} {tag}",
             )
         m = calculate_metrics(results, duration, args.percentiles, count_tokens)
         m.update(turn_metrics(results, args.percentiles))
@@ -873,7 +1079,12 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 def _dataset(args: argparse.Namespace, n: int, seed: int, tokenizer: Any) -> list[SampleRequest]:
     if args.dataset == "random":
         return random_requests(
-            n, args.random_input_len, args.random_output_len, seed, tokenizer, fixed_output=args.eos_strategy != "none"
+            n,
+            args.random_input_len,
+            args.random_output_len,
+            seed,
+            tokenizer,
+            fixed_output=args.eos_strategy != "none",
         )
     return conversational_requests(n, args.max_tokens, tokenizer)
 

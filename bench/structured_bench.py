@@ -60,7 +60,9 @@ def big_schema(tag: str) -> str:
         "count": {"type": "integer", "minimum": 0}, "kind": {"enum": ["alpha", "beta", "gamma", "delta"]},
         "when": {"type": "string", "format": "date"}}, "required": ["code", "count", "kind", "when"],
         "additionalProperties": False} for i in range(60)}
-    return json.dumps({"type": "object", "properties": props, "required": list(props), "additionalProperties": False})
+    return json.dumps(
+        {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    )
 
 
 def in_thread(fn, *args):  # type: ignore[no-untyped-def]
@@ -93,7 +95,9 @@ def prompts_for(tokenizer, n: int) -> list[list[int]]:  # type: ignore[no-untype
 def new_core(loaded, compiler: GrammarCompiler, prompts, max_new: int) -> EngineCore:  # type: ignore[no-untyped-def]
     blocks = sum(-(-(len(p) + max_new) // 16) for p in prompts) + 8
     settings = Settings(num_kv_blocks=blocks, block_size=16, max_num_batched_tokens=2048, max_num_seqs=64)
-    return EngineCore(loaded.model, settings, loaded.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler)
+    return EngineCore(
+        loaded.model, settings, loaded.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler
+    )
 
 
 def run_steps(core: EngineCore, prompts, params: SamplingParams, on_step=None) -> list[float]:  # type: ignore[no-untyped-def]
@@ -131,7 +135,9 @@ def mask_cost(loaded, compiler, prompts, max_new: int) -> dict[str, float]:  # t
             return rows
 
         core.sampler._apply_grammars = timed  # type: ignore[method-assign]
-        params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True, structured_outputs=structured)
+        params = SamplingParams(
+            max_tokens=max_new, temperature=0.0, ignore_eos=True, structured_outputs=structured
+        )
         times = run_steps(core, prompts, params)
         out[f"{name}_ms_step"] = 1000 * statistics.mean(times)
         out[f"{name}_mask_ms_step"] = 1000 * spent[0] / max(1, len(times))
@@ -190,10 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mask cost, 16 streams: plain {best['plain_ms_step']:.1f} ms/step, json_schema "
           f"{best['json_ms_step']:.1f} ms/step (masks {best['json_mask_ms_step']:.2f} ms/step), "
           f"ratio {best['json_ms_step'] / best['plain_ms_step']:.3f} (target <= 1.10)")
-    print(f"compile stall, 15 streams: ITL p50/p99 quiet {best['quiet_p50_ms']:.1f}/{best['quiet_p99_ms']:.1f} ms, "
-          f"while compiling a large schema ({best['compile_s']:.2f} s) {best['compile_p50_ms']:.1f}/"
-          f"{best['compile_p99_ms']:.1f} ms, p99 ratio {best['compile_p99_ms'] / best['quiet_p99_ms']:.3f} "
-          "(target <= 1.20)")
+    print(
+        f"compile stall, 15 streams: ITL p50/p99 quiet "
+        f"{best['quiet_p50_ms']:.1f}/{best['quiet_p99_ms']:.1f} ms, "
+        f"while compiling a large schema ({best['compile_s']:.2f} s) {best['compile_p50_ms']:.1f}/"
+        f"{best['compile_p99_ms']:.1f} ms, p99 ratio {best['compile_p99_ms'] / best['quiet_p99_ms']:.3f} "
+        "(target <= 1.20)"
+    )
     return 0
 
 

@@ -3,8 +3,9 @@
 Every :class:`~proxy.settings.Settings` field is an option ``--field-name`` and an environment
 variable ``STREAMPROXY_FIELD_NAME``; the command line wins over the environment, which wins over
 the default. A boolean setting is a pair ``--field-name`` / ``--no-field-name`` (environment:
-``1``/``true``/``yes``/``on`` or anything else for false). List settings (``--api-key``, ``--allowed-origins``) repeat on the command line and
-are comma-separated in the environment (``STREAMPROXY_API_KEYS``, ``STREAMPROXY_ALLOWED_ORIGINS``).
+``1``/``true``/``yes``/``on`` or anything else for false). List settings (``--api-key``,
+``--allowed-origins``) repeat on the command line and are comma-separated in the environment
+(``STREAMPROXY_API_KEYS``, ``STREAMPROXY_ALLOWED_ORIGINS``).
 
 Shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections; :class:`DrainingServer` first
 tells the app to drain (``ServerState.begin_drain``: new requests 503, open streams get
@@ -101,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
             serve.add_argument(_option(field), dest=field.name, action="append", default=None, help=help_text)
         elif kind == "bool":  # --flag / --no-flag (vLLM's spelling, e.g. --no-enable-prefix-caching)
             serve.add_argument(
-                _option(field), dest=field.name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                _option(field),
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
             )
         else:
             def conv(raw: str, kind: str = kind) -> Any:
@@ -167,11 +172,18 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
 
     from proxy.api.app import create_app
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     app = create_app(settings, enable_test_faults=enable_test_faults)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                            timeout_graceful_shutdown=int(settings.shutdown_grace_s + SHUTDOWN_BACKSTOP_S + 0.999),
-                            access_log=False)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s + SHUTDOWN_BACKSTOP_S + 0.999),
+        access_log=False,
+    )
     _server_class()(config).run()
 
 

@@ -35,7 +35,8 @@ VERIFY_CORPUS: tuple[str, ...] = (
     "Hello, world! This is a test.",
     " leading space, trailing space ",
     "  two leading spaces and\ttabs\tand\nnew\nlines\r\n\n",
-    "vLLM is a high-throughput engine for LLMs. It is designed for production. Don't stop; it's 3.5x faster , really .",
+    ("vLLM is a high-throughput engine for LLMs. It is designed for production. Don't stop; it's 3.5x faster "
+    ", really ."),
     "def f(x):\n    return {'a': [1, 2, 3], \"b\": None}  # comment\n",
     "你是谁？请用中文详细介绍你自己，至少三句话。",
     "我很感动，遐迩闻名的𠮷野家和龘字。",
@@ -58,7 +59,8 @@ VERIFY_CORPUS: tuple[str, ...] = (
 
 
 class Detokenizer(Protocol):
-    """What ``Tokenizer.new_detokenizer()`` returns: the hot path's incremental detokenizer or the fallback."""
+    """What ``Tokenizer.new_detokenizer()`` returns: the hot path's incremental detokenizer or the
+    fallback."""
 
     def feed(self, ids: Sequence[int]) -> str: ...
 
@@ -71,7 +73,9 @@ def bytes_to_unicode() -> dict[int, str]:
     Printable Latin-1 bytes map to themselves; the other 68 bytes map to U+0100 onwards in byte order
     (Radford et al. 2019, GPT-2 ``encoder.py``; the ``tokenizers`` ByteLevel decoder reverses it).
     """
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    )
     mapping = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -185,8 +189,12 @@ def build_decode_table(hf_tokenizer: Any) -> tuple[hotpath.DecodeTable | None, s
                 except ValueError:
                     pass
             token_bytes[i] = piece.replace("\u2581", " ").encode()
-        kind = "SentencePiece" + (" byte-fallback" if uses_byte_fallback else "") + (" strip" if strip else "")
-    table = hotpath.DecodeTable(token_bytes, skipped_special_ids(hf_tokenizer), strip, frozenset(byte_fallback))
+        kind = (
+            "SentencePiece" + (" byte-fallback" if uses_byte_fallback else "") + (" strip" if strip else "")
+        )
+    table = hotpath.DecodeTable(
+        token_bytes, skipped_special_ids(hf_tokenizer), strip, frozenset(byte_fallback)
+    )
     return table, kind
 
 

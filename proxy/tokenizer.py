@@ -88,7 +88,9 @@ class Tokenizer:
             exactly these).
     """
 
-    def __init__(self, hf_tokenizer: Any, *, verify: bool = True, generation_eos_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self, hf_tokenizer: Any, *, verify: bool = True, generation_eos_ids: Iterable[int] = ()
+    ) -> None:
         self.hf_tokenizer = hf_tokenizer
         table, description = build_decode_table(hf_tokenizer)
         if table is not None and verify:

@@ -175,7 +175,9 @@ def test_generation_case(case: dict[str, Any], results: dict[str, dict[str, Any]
     check_chunk_shapes(chunks, n, include_usage)
     assert stream["raw"].endswith(b"data: [DONE]\n\n")  # C16
     body = plain["json"]
-    if req.get("temperature") == 0 or "seed" in req:  # deterministic: stream == non-stream (C01-C12, C25, C27)
+    if (
+        req.get("temperature") == 0 or "seed" in req
+    ):  # deterministic: stream == non-stream (C01-C12, C25, C27)
         for i in range(n):
             content = body["choices"][i]["message"]["content"]
             assert joined(chunks, i) == content
@@ -267,7 +269,10 @@ def test_c26_tool_call(server: Server, tool_choice: str):
     ``tool_choice: "required"`` so that the tool-call branch of the check runs on the real model too.
     The two requests of a variant run one after the other, each alone in the engine."""
     (case,) = [c for c in CASES if c["id"] == "C26"]
-    req = with_model(case["request"], server.model) | {"max_tokens": C26_MAX_TOKENS, "tool_choice": tool_choice}
+    req = with_model(case["request"], server.model) | {
+        "max_tokens": C26_MAX_TOKENS,
+        "tool_choice": tool_choice,
+    }
     plain = {k: v for k, v in req.items() if k != "stream"} | {"stream": False}
 
     async def main() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -275,7 +280,10 @@ def test_c26_tool_call(server: Server, tool_choice: str):
             return await call(client, req), await call(client, plain)
 
     stream, non_stream = asyncio.run(main())
-    assert stream["status"] == 200 and non_stream["status"] == 200, (stream.get("json"), non_stream.get("json"))
+    assert stream["status"] == 200 and non_stream["status"] == 200, (
+        stream.get("json"),
+        non_stream.get("json"),
+    )
     assert stream["raw"].endswith(b"data: [DONE]\n\n")
     branch = check_c26(stream["chunks"], non_stream["json"])
     assert branch == (C26_DEFAULT_BRANCH if tool_choice == "auto" else "tool_calls"), non_stream["json"]
@@ -289,13 +297,17 @@ def test_error_case(case: dict[str, Any], server: Server):
     async def main() -> list[dict[str, Any]]:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
             if case.get("raw_body_hex"):
-                raw = bytes.fromhex(case["raw_body_hex"]).replace(b'"MODEL"', json.dumps(server.model).encode())
+                raw = bytes.fromhex(case["raw_body_hex"]).replace(
+                    b'"MODEL"', json.dumps(server.model).encode()
+                )
                 return [await call(client, None, raw_body=raw, headers=case.get("headers"))]
             req = with_model(case["request"], server.model)
             if case["id"] == "C28l":
                 return [await call(client, None, raw_body=json.dumps(req).encode(), headers=case["headers"])]
             # the C18 lines say "stream or not": send both
-            variants = [req] if case["id"].startswith("C28") else [req, {**req, "stream": not req.get("stream")}]
+            variants = (
+                [req] if case["id"].startswith("C28") else [req, {**req, "stream": not req.get("stream")}]
+            )
             return [await call(client, v) for v in variants]
 
     for res in asyncio.run(main()):
@@ -332,7 +344,9 @@ def test_c22_disconnect_frees_the_engine(server: Server):
 
     def idle() -> bool:
         h = server.health()
-        return h["num_running"] == 0 and h["num_waiting"] == 0 and h["num_free_blocks"] == h["num_total_blocks"]
+        return (
+            h["num_running"] == 0 and h["num_waiting"] == 0 and h["num_free_blocks"] == h["num_total_blocks"]
+        )
 
     def ttft() -> float:
         req = {"model": server.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,

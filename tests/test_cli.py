@@ -20,15 +20,62 @@ def test_defaults_are_the_settings_defaults():
 
 
 def test_options():
-    s = parse(["--model", "/m", "--host", "0.0.0.0", "--port", "9000", "--served-model-name", "x",
-               "--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--dtype",
-               "float32", "--device", "cpu", "--num-kv-blocks", "10", "--block-size", "8", "--max-waiting", "3",
-               "--api-key", "a", "--api-key", "b", "--allowed-origins", "http://x,http://y", "--log-level",
-               "debug", "--keepalive-interval-s", "2.5"])
-    assert s == Settings(model="/m", host="0.0.0.0", port=9000, served_model_name="x", max_model_len=256,
-                         max_num_seqs=4, max_num_batched_tokens=64, dtype="float32", device="cpu", num_kv_blocks=10,
-                         block_size=8, max_waiting=3, api_keys=("a", "b"), allowed_origins=("http://x", "http://y"),
-                         log_level="debug", keepalive_interval_s=2.5)
+    s = parse(
+        [
+            "--model",
+            "/m",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9000",
+            "--served-model-name",
+            "x",
+            "--max-model-len",
+            "256",
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "64",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--num-kv-blocks",
+            "10",
+            "--block-size",
+            "8",
+            "--max-waiting",
+            "3",
+            "--api-key",
+            "a",
+            "--api-key",
+            "b",
+            "--allowed-origins",
+            "http://x,http://y",
+            "--log-level",
+            "debug",
+            "--keepalive-interval-s",
+            "2.5",
+        ]
+    )
+    assert s == Settings(
+        model="/m",
+        host="0.0.0.0",
+        port=9000,
+        served_model_name="x",
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        dtype="float32",
+        device="cpu",
+        num_kv_blocks=10,
+        block_size=8,
+        max_waiting=3,
+        api_keys=("a", "b"),
+        allowed_origins=("http://x", "http://y"),
+        log_level="debug",
+        keepalive_interval_s=2.5,
+    )
 
 
 def test_environment_and_precedence():
@@ -41,7 +88,9 @@ def test_environment_and_precedence():
 def test_boolean_settings_are_flag_pairs():
     assert parse([]).enable_prefix_caching is True
     assert parse(["--no-enable-prefix-caching"]).enable_prefix_caching is False
-    assert parse(["--enable-prefix-caching"], {"STREAMPROXY_ENABLE_PREFIX_CACHING": "0"}).enable_prefix_caching
+    assert parse(
+        ["--enable-prefix-caching"], {"STREAMPROXY_ENABLE_PREFIX_CACHING": "0"}
+    ).enable_prefix_caching
     assert parse([], {"STREAMPROXY_ENABLE_PREFIX_CACHING": "false"}).enable_prefix_caching is False
     s = parse(["--long-prefill-token-threshold", "32", "--max-num-partial-prefills", "2"])
     assert (s.long_prefill_token_threshold, s.max_num_partial_prefills) == (32, 2)
@@ -67,6 +116,8 @@ def test_help_describes_each_option_from_the_settings_docstring() -> None:
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
     helps = {a.dest: a.help for a in serve._actions}
     assert helps["max_num_seqs"].startswith("most requests in the running batch.")
-    assert helps["num_kv_blocks"].startswith("KV blocks on CPU; None: enough for max_num_seqs full contexts, capped by")
+    assert helps["num_kv_blocks"].startswith(
+        "KV blocks on CPU; None: enough for max_num_seqs full contexts, capped by"
+    )
     assert helps["keepalive_interval_s"].startswith("seconds between SSE comment lines")
     assert all(h and "(env STREAMPROXY_" in h for d, h in helps.items() if d != "help")

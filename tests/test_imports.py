@@ -100,7 +100,9 @@ def test_hot_path_is_stdlib_only(mod):
 
 @pytest.mark.parametrize(("library", "allowed"), [("starlette", "proxy.api"), ("uvicorn", "proxy.cli")])
 def test_only_one_place_imports_the_web_stack(library, allowed):
-    users = {m for m, deps in MODULES.items() if any(d == library or d.startswith(library + ".") for d in deps)}
+    users = {
+        m for m, deps in MODULES.items() if any(d == library or d.startswith(library + ".") for d in deps)
+    }
     assert users and all(m == allowed or m.startswith(allowed + ".") for m in users), users
 
 
@@ -117,6 +119,12 @@ def test_scheduler_and_block_manager_never_import_torch():
     code = ("import sys, proxy.engine.scheduler, proxy.engine.block_manager; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')]; "
             "assert not bad, bad")
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
-                         cwd=ROOT.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT.parent,
+    )
     assert out.returncode == 0, out.stderr[-2000:]

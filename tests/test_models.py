@@ -27,7 +27,9 @@ def _tiny_folder(tmp_path: Path) -> Path:
     vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "<eot>", "hello", "world", "a", "b"])}
     tk = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = Whitespace()
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     config = LlamaConfig(
         vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=128, bos_token_id=1, eos_token_id=2,

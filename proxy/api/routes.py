@@ -176,7 +176,9 @@ async def chat_completions(request: Request) -> Response:
             so, so_param = tools.grammar(), "tools"
             metric_kind = "tool_named" if tools.choice.mode == "named" else "tool_required"
     size = sum(len(str(m.get("content") or "")) for m in messages)
-    prompt_ids = await _tokenize(lambda: client.tokenizer.apply_chat_template(messages, **template_kwargs), size)
+    prompt_ids = await _tokenize(
+        lambda: client.tokenizer.apply_chat_template(messages, **template_kwargs), size
+    )
     max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len)
     params = replace(chat.params, max_tokens=max_tokens)
     if tools is not None and tools.is_parsed and parser_name is not None:

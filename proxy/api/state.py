@@ -1,4 +1,5 @@
-"""ServerState: the server's life cycle (``loading`` -> ``ready`` | ``failed`` -> ``draining`` -> ``stopped``).
+"""ServerState: the server's life cycle (``loading`` -> ``ready`` | ``failed`` -> ``draining`` ->
+``stopped``).
 
 Shutdown (``begin_drain``, called when uvicorn starts its graceful shutdown): new requests get
 503, running ones may finish within ``shutdown_grace_s``; then every open response is ended with

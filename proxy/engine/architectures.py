@@ -95,7 +95,9 @@ def check_config(config: Any) -> None:
     if getattr(config, "is_encoder_decoder", False):
         raise _refuse(model_type, "is an encoder-decoder model; only decoder-only models are served")
     if getattr(text, "use_bidirectional_attention", False):
-        raise _refuse(model_type, "uses bidirectional attention (an encoder); only causal decoders are served")
+        raise _refuse(
+            model_type, "uses bidirectional attention (an encoder); only causal decoders are served"
+        )
     layer_types = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None) or []
     kinds = {str(t) for t in layer_types}
     stateful = kinds & STATEFUL_LAYER_TYPES
@@ -103,7 +105,10 @@ def check_config(config: Any) -> None:
         raise _refuse(model_type, f"{STATEFUL_REASON} (layer types {sorted(stateful)})")
     unknown = kinds - ATTENTION_LAYER_TYPES - MLP_LAYER_TYPES
     if unknown:
-        raise _refuse(model_type, f"has attention layers of kind {sorted(unknown)}, which the paged engine does not implement")
+        raise _refuse(
+            model_type,
+            f"has attention layers of kind {sorted(unknown)}, which the paged engine does not implement",
+        )
     if "chunked_attention" in kinds and not getattr(text, "attention_chunk_size", None):
         raise _refuse(model_type, "has chunked-attention layers but no attention_chunk_size")
     if "sliding_attention" in kinds and not getattr(text, "sliding_window", None):

@@ -117,9 +117,16 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """Counters of the core (``/health``, ``/metrics``)."""
         core = self.core
-        return EngineStats(self.num_running, self.num_waiting, core.kv_cache_usage, core.num_free_blocks,
-                           core.num_total_blocks, num_preemptions=core.scheduler.num_preemptions,
-                           prefix_cache_queries=core.prefix_cache_queries, prefix_cache_hits=core.prefix_cache_hits)
+        return EngineStats(
+            self.num_running,
+            self.num_waiting,
+            core.kv_cache_usage,
+            core.num_free_blocks,
+            core.num_total_blocks,
+            num_preemptions=core.scheduler.num_preemptions,
+            prefix_cache_queries=core.prefix_cache_queries,
+            prefix_cache_hits=core.prefix_cache_hits,
+        )
 
     @property
     def num_running(self) -> int:

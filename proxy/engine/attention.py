@@ -207,7 +207,9 @@ class PagedAttentionMetadata:
             if window is not None:
                 mask &= keys > pos - window
             if chunk is not None:
-                mask &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(pos, chunk, rounding_mode="floor")
+                mask &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(
+                    pos, chunk, rounding_mode="floor"
+                )
             self.masks[key] = mask.view(ctx.shape[0], 1, 1, max_len)
         return self.masks[key]
 
@@ -231,7 +233,9 @@ class PagedAttentionMetadata:
             if window is not None:
                 mask &= keys > pos - window
             if chunk is not None:
-                mask &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(pos, chunk, rounding_mode="floor")
+                mask &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(
+                    pos, chunk, rounding_mode="floor"
+                )
             b, q_len = self.prefill_positions.shape
             cached = mask[:, None].expand(b, group, q_len, max_len).reshape(b, 1, group * q_len, max_len)
             self.masks[key] = cached

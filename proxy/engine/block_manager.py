@@ -159,7 +159,9 @@ class BlockManager:
         self._ref_counts[block_id] = 1
         return block_id
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, cached_blocks: list[int] | None = None) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached_blocks: list[int] | None = None
+    ) -> bool:
         """Grow the request's block table to hold ``num_computed_tokens + num_new_tokens`` positions.
 
         Args:

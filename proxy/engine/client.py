@@ -34,8 +34,15 @@ from proxy.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from proxy.engine.structured import GrammarCompiler
 
-__all__ = ["AsyncEngineClient", "ChoiceDelta", "EngineClient", "EngineCoreClient", "EngineStats", "Generation",
-           "ModelInfo"]
+__all__ = [
+    "AsyncEngineClient",
+    "ChoiceDelta",
+    "EngineClient",
+    "EngineCoreClient",
+    "EngineStats",
+    "Generation",
+    "ModelInfo",
+]
 
 OutputsHandler = Callable[[list[RequestOutput]], None]
 FaultInjector = Callable[[], None]
@@ -230,7 +237,9 @@ class AsyncEngineClient:
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1,
                  request_id: str | None = None) -> Generation:
         """See :meth:`EngineClient.generate`; engine request ids are ``f"{request_id}-{i}"``."""
-        resolve_max_tokens(params.max_tokens, len(prompt_token_ids), self.model.max_model_len, prompt_name="prompt")
+        resolve_max_tokens(
+            params.max_tokens, len(prompt_token_ids), self.model.max_model_len, prompt_name="prompt"
+        )
         base = request_id or uuid.uuid4().hex
         mailbox = Mailbox(n)
         added: list[str] = []

@@ -147,7 +147,9 @@ class EngineCore:
         """
         self.check_prompt(len(prompt_token_ids))
         if params.structured_outputs is not None and self.sampler.grammar_compiler is None:
-            raise InvalidRequestError("structured outputs are not enabled on this engine", param="response_format")
+            raise InvalidRequestError(
+                "structured outputs are not enabled on this engine", param="response_format"
+            )
         self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params))
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

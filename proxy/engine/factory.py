@@ -54,12 +54,16 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
     num_logits = logits_width(loaded.model)
     compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
-    core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler)
+    core = EngineCore(
+        loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler
+    )
     if settings.self_check:  # refuse a model the engine would serve wrong text for
         run_self_check(loaded.model, settings, core.max_model_len)
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
-    return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler)
+    return AsyncEngineClient(
+        AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler
+    )
 
 
 def _build_process_client(settings: Settings) -> AsyncEngineClient:

@@ -149,7 +149,10 @@ class ModelRunner:
         num_decodes = scheduler_output.num_decodes
         num_tokens = len(token_ids)
         meta = PagedAttentionMetadata(
-            kv_cache=self.kv_cache, slot_mapping=slot_mapping, num_decodes=num_decodes, num_groups=self.num_groups
+            kv_cache=self.kv_cache,
+            slot_mapping=slot_mapping,
+            num_decodes=num_decodes,
+            num_groups=self.num_groups,
         )
         if num_decodes:
             ctx = starts_t[:num_decodes] + 1

@@ -1,7 +1,8 @@
 """Output processing: engine outputs -> detokenized, stop-checked text in per-request mailboxes.
 
 Runs on the event loop, in the API process, whatever runs the engine core (vLLM's
-``OutputProcessor``, owned by its ``AsyncLLM``; here owned by :class:`~proxy.engine.client.AsyncEngineClient`).
+``OutputProcessor``, owned by its ``AsyncLLM``; here owned by
+:class:`~proxy.engine.client.AsyncEngineClient`).
 For each :class:`~proxy.engine.request.RequestOutput` of a step it feeds the new token ids to the
 hot path's incremental detokenizer and stop checker, and puts the text that is safe to show into
 the request's :class:`~proxy.engine.mailbox.Mailbox`.

@@ -289,7 +289,9 @@ class Scheduler:
                 if num_new == 0:
                     break
             total = request.num_computed_tokens + num_cached + num_new
-            needed = bm.num_blocks_for(total) - len(request.block_ids) - len(cached) + bm.num_free_among(cached)
+            needed = (
+                bm.num_blocks_for(total) - len(request.block_ids) - len(cached) + bm.num_free_among(cached)
+            )
             if self.running and bm.num_free_blocks - needed < watermark:
                 break
             if not bm.allocate_slots(request, num_new, cached):

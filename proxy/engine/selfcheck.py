@@ -183,7 +183,9 @@ def run_self_check(
     start = time.monotonic()
     model_type = _model_type(model)
     specs = layer_specs(model.config, probe_layers(model))
-    spans = [s.sliding_window for s in specs if s.sliding_window] + [s.chunk_size for s in specs if s.chunk_size]
+    spans = [s.sliding_window for s in specs if s.sliding_window] + [
+        s.chunk_size for s in specs if s.chunk_size
+    ]
     spans = [w for w in spans if w < max_model_len]
     prompts = _prompts(model, max_model_len, max(spans) if spans else None)
     long = max(len(p) for p in prompts)
@@ -230,7 +232,11 @@ def run_self_check(
         seconds=time.monotonic() - start,
     )
     logger.info(
-        "self-check passed for '%s': greedy ids of prompts of %s tokens equal generate() (%d near-ties) in %.1f s",
-        model_type, list(report.prompt_lengths), near_ties, report.seconds,
+        "self-check passed for '%s': greedy ids of prompts of %s tokens equal generate() "
+        "(%d near-ties) in %.1f s",
+        model_type,
+        list(report.prompt_lengths),
+        near_ties,
+        report.seconds,
     )
     return report

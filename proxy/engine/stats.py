@@ -1,7 +1,8 @@
 """Per-request Prometheus observations (TTFT, ITL, latency, finish reasons) from engine outputs.
 
 Feeds :class:`proxy.metrics.Metrics` from the :class:`~proxy.engine.output.OutputProcessor`, which
-owns one recorder and calls it for every engine output it routes (and for client aborts). Times are ``time.monotonic()`` seconds, the clock of ``RequestOutput`` timestamps.
+owns one recorder and calls it for every engine output it routes (and for client aborts). Times are
+``time.monotonic()`` seconds, the clock of ``RequestOutput`` timestamps.
 TTFT is the engine's ``first_token_time - arrival_time``; inter-token latency is measured where
 the outputs reach the event loop (what a client can see at best), as vLLM's frontend does.
 """

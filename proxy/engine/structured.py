@@ -154,7 +154,8 @@ class GrammarCompiler:
             max_threads = min(8, max(1, (os.cpu_count() or 1) // 4))
         self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
         self.json_token_mask = _token_mask(
-            vocab_size, [i for i, raw in enumerate(info.decoded_vocab[:vocab_size]) if not _has_control_char(raw)]
+            vocab_size,
+            [i for i, raw in enumerate(info.decoded_vocab[:vocab_size]) if not _has_control_char(raw)],
         )
         self.stop_token_mask = _token_mask(vocab_size, self.stop_token_ids)
         self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
@@ -191,7 +192,9 @@ class GrammarCompiler:
                 try:
                     schema = json.loads(so.spec)
                 except ValueError as exc:
-                    raise InvalidRequestError(f"{param}: the schema is not valid JSON: {exc}", param=param) from None
+                    raise InvalidRequestError(
+                        f"{param}: the schema is not valid JSON: {exc}", param=param
+                    ) from None
                 check_json_schema(schema, param)
                 return c.compile_json_schema(so.spec, any_whitespace=False, strict_mode=True)
             if so.kind == "json_object":
@@ -200,8 +203,14 @@ class GrammarCompiler:
                 return c.compile_regex(so.spec)
             if so.kind == "choice":
                 choices = json.loads(so.spec)
-                if not isinstance(choices, list) or not choices or not all(isinstance(x, str) and x for x in choices):
-                    raise InvalidRequestError(f"{param}: must be a non-empty list of non-empty strings", param=param)
+                if (
+                    not isinstance(choices, list)
+                    or not choices
+                    or not all(isinstance(x, str) and x for x in choices)
+                ):
+                    raise InvalidRequestError(
+                        f"{param}: must be a non-empty list of non-empty strings", param=param
+                    )
                 alts = " | ".join(json.dumps(x, ensure_ascii=False) for x in choices)
                 return c.compile_grammar(f"root ::= {alts}")
             if so.kind == "grammar":
@@ -210,7 +219,9 @@ class GrammarCompiler:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise InvalidRequestError(f"{param}: cannot be compiled to a grammar: {reason}", param=param) from None
+            raise InvalidRequestError(
+                f"{param}: cannot be compiled to a grammar: {reason}", param=param
+            ) from None
         raise InvalidRequestError(f"{param}: unknown structured output kind {so.kind!r}", param=param)
 
     def new_request_grammar(self, so: StructuredOutputParams) -> RequestGrammar:
@@ -275,7 +286,9 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[in
     """
     vocab = logits.shape[-1]
     if len(rows) == logits.shape[0] and list(rows) == list(range(len(rows))):
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), vocab_size=vocab)
+        xgr.apply_token_bitmask_inplace(
+            logits, bitmask.to(logits.device, non_blocking=True), vocab_size=vocab
+        )
         return
     full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=torch.int32)
     full[torch.tensor(list(rows), dtype=torch.long)] = bitmask

@@ -110,7 +110,9 @@ def _content(value: Any, param: str, role: str) -> str:
     if value is None:
         raise _bad(param, f"'{param}' is required for role '{role}'.")
     if not isinstance(value, list):
-        raise _bad(param, f"'{param}' must be a string or an array of content parts, not {_type_name(value)}.")
+        raise _bad(
+            param, f"'{param}' must be a string or an array of content parts, not {_type_name(value)}."
+        )
     texts = []
     for j, part in enumerate(value):
         p = f"{param}[{j}]"
@@ -166,7 +168,9 @@ def _messages(body: dict[str, Any]) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
-def parse_chat_request(body: dict[str, Any], *, max_n: int, vocab_size: int | None = None) -> ChatCompletionRequest:
+def parse_chat_request(
+    body: dict[str, Any], *, max_n: int, vocab_size: int | None = None
+) -> ChatCompletionRequest:
     """Validate a chat completion body (OpenAI "Create chat completion").
 
     Args:
@@ -201,8 +205,18 @@ def parse_chat_request(body: dict[str, Any], *, max_n: int, vocab_size: int | No
     if structured is not None and tools is not None and tools.is_constrained:
         raise _bad(structured_param or "response_format", f"'{structured_param}' cannot be combined with "
                    "tool_choice 'required' or a named function (both constrain the output).")
-    return ChatCompletionRequest(model, messages, n, max_tokens, stream, params, tuple(body["messages"]), tools,
-                                 structured, structured_param)
+    return ChatCompletionRequest(
+        model,
+        messages,
+        n,
+        max_tokens,
+        stream,
+        params,
+        tuple(body["messages"]),
+        tools,
+        structured,
+        structured_param,
+    )
 
 
 def _prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:
@@ -249,7 +263,9 @@ def parse_completion_request(body: dict[str, Any], *, max_n: int,
     assert max_tokens is not None
     logprobs = _opt_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     stream = _stream(body)
-    params = replace(_sampling(body, vocab_size, max_tokens), logprobs=logprobs is not None, top_logprobs=logprobs or 0)
+    params = replace(
+        _sampling(body, vocab_size, max_tokens), logprobs=logprobs is not None, top_logprobs=logprobs or 0
+    )
     return CompletionRequest(model, prompt, n, max_tokens, logprobs, stream, params)
 
 

@@ -25,7 +25,8 @@ FLOAT_METHODS: dict[str, Callable[[torch.Tensor, int], list[Int4Plane]]] = {
 
 
 def named_linears(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
-    """``(qualified name, module)`` of every ``nn.Linear`` (a snapshot list, safe to replace while iterating)."""
+    """``(qualified name, module)`` of every ``nn.Linear`` (a snapshot list, safe to replace while
+    iterating)."""
     return iter([(n, m) for n, m in model.named_modules() if type(m) is nn.Linear])
 
 
@@ -70,7 +71,9 @@ def replace_linear(
     return True
 
 
-def quantize_linears(model: nn.Module, method: str, group_size: int, kernel_dtype: torch.dtype) -> Counter[str]:
+def quantize_linears(
+    model: nn.Module, method: str, group_size: int, kernel_dtype: torch.dtype
+) -> Counter[str]:
     """Quantize every ``nn.Linear`` of ``model`` in place from its float weight.
 
     Args:
@@ -86,7 +89,9 @@ def quantize_linears(model: nn.Module, method: str, group_size: int, kernel_dtyp
     untie_lm_head(model)
     counts: Counter[str] = Counter()
     for name, linear in named_linears(model):
-        planes = FLOAT_METHODS[method](linear.weight, group_size) if linear.in_features % group_size == 0 else None
+        planes = (
+            FLOAT_METHODS[method](linear.weight, group_size) if linear.in_features % group_size == 0 else None
+        )
         ok = planes is not None and replace_linear(model, name, planes, group_size, kernel_dtype,
                                                    f"{method} g{group_size}")
         counts[f"{method} g{group_size}" if ok else "dense"] += 1
@@ -95,4 +100,6 @@ def quantize_linears(model: nn.Module, method: str, group_size: int, kernel_dtyp
 
 def describe(counts: Counter[str]) -> str:
     """``"int4 g32 x210, dense x1"``: what is served, for the log and /v1/models."""
-    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "dense"
+    return (
+        ", ".join(f"{k} x{v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "dense"
+    )

@@ -104,7 +104,9 @@ def _equal(planes: list[Int4Plane], weight: torch.Tensor, order: torch.Tensor | 
     return torch.equal(v.to(weight.dtype), weight.detach()[rows])
 
 
-def match_row_order(planes: list[Int4Plane], weight: torch.Tensor, head_counts: list[int]) -> torch.Tensor | None | bool:
+def match_row_order(
+    planes: list[Int4Plane], weight: torch.Tensor, head_counts: list[int]
+) -> torch.Tensor | None | bool:
     """The row order under which ``planes`` equal ``weight`` exactly (on :func:`check_rows`):
     None (as stored), an index tensor, or False (no match)."""
     if _equal(planes, weight, None):
@@ -233,7 +235,9 @@ def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     arch, tensors = gguf_tensors(path)
     names = hf_to_gguf_names(arch, int(getattr(config, "num_hidden_layers", 0)))
-    heads = [h for h in (getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)) if h]
+    heads = [
+        h for h in (getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)) if h
+    ]
     untie_lm_head(model)
     counts: Counter[str] = Counter()
     for name, linear in named_linears(model):
@@ -271,5 +275,7 @@ def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -
         counts[f"{type_name} -> {scheme}" if ok else f"{type_name} -> dense (shape)"] += 1
     requantized = {k: v for k, v in counts.items() if "re-quantized" in k}
     if requantized:
-        logger.info("GGUF types without a lossless packed layout were re-quantized to int8 g32: %s", requantized)
+        logger.info(
+            "GGUF types without a lossless packed layout were re-quantized to int8 g32: %s", requantized
+        )
     return counts

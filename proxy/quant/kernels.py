@@ -110,7 +110,9 @@ def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
     return packed
 
 
-def int4_mm(x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+def int4_mm(
+    x: torch.Tensor, packed: torch.Tensor, group_size: int, scales_and_zeros: torch.Tensor
+) -> torch.Tensor:
     """``x @ dequant(W).T`` with ``dequant(W)[n, k] = (code - 8) * scale + zero`` of k's group.
 
     Args:

@@ -48,7 +48,11 @@ class Int4Plane:
         """fp32 ``[N, K]`` values, computed as the kernel does (``fma`` in float64, one rounding)."""
         n, k = self.codes.shape
         q = self.codes.reshape(n, k // group_size, group_size).double() - 8.0
-        return torch.addcmul(self.zero.double()[..., None], q, self.scale.double()[..., None]).float().reshape(n, k)
+        return (
+            torch.addcmul(self.zero.double()[..., None], q, self.scale.double()[..., None])
+            .float()
+            .reshape(n, k)
+        )
 
     def select_rows(self, index: torch.Tensor) -> Int4Plane:
         """The same plane with output rows reordered (``index``: long ``[N]``)."""
@@ -131,7 +135,9 @@ class PackedLinear(nn.Module):
         for i, plane in enumerate(planes):
             sz = torch.stack([plane.scale.t(), plane.zero.t()], dim=-1).contiguous()  # [G, N, 2]
             self.register_buffer(f"packed{i}", kernels.pack_int4(plane.codes, device), persistent=False)
-            self.register_buffer(f"scales_and_zeros{i}", sz.to(device=device, dtype=kernel_dtype), persistent=False)
+            self.register_buffer(
+                f"scales_and_zeros{i}", sz.to(device=device, dtype=kernel_dtype), persistent=False
+            )
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(device), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

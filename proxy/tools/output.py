@@ -42,7 +42,9 @@ class ChoiceToolOutput:
         self._calls: list[PendingCall] = []
         self._stream: CallStream | None = None
         if tools.is_constrained:
-            self._stream = CallStream(self._calls, tools.choice.name if tools.choice.mode == "named" else None)
+            self._stream = CallStream(
+                self._calls, tools.choice.name if tools.choice.mode == "named" else None
+            )
         self._content: list[str] = []
 
     @property

@@ -4,8 +4,9 @@ A parser sees the detokenized output of one choice, piece by piece, and splits i
 (text for ``delta.content`` / ``message.content``) and *tool calls* (OpenAI ``tool_calls``). The
 formats and names follow vLLM's ``--tool-call-parser`` options:
 
-- ``hermes`` (Hermes 2/3, Qwen2/2.5/3 templates): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-  repeated for parallel calls; text may come before and between calls.
+- ``hermes`` (Hermes 2/3, Qwen2/2.5/3 templates):
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, repeated for parallel calls; text may
+  come before and between calls.
 - ``llama3_json`` (Llama 3.1/3.2/3.3 templates): the whole output is one or more
   ``{"name": ..., "parameters": {...}}`` objects separated by ``;`` (optionally after
   ``<|python_tag|>``); output that does not start with ``{`` is plain content.
@@ -85,7 +86,11 @@ class ToolCall:
 
     def to_openai(self) -> dict[str, Any]:
         """The non-stream ``message.tool_calls[i]`` object."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass(frozen=True)

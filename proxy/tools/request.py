@@ -46,7 +46,12 @@ __all__ = [
     "tool_system_prompt",
 ]
 
-_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 
 
 def _bad(param: str, message: str) -> InvalidRequestError:
@@ -77,7 +82,9 @@ def _response_format(value: Any) -> StructuredOutputParams | None:
                        "with 'name' and 'schema'.")
         name = js.get("name")
         if name is not None and not isinstance(name, str):
-            raise _bad("response_format.json_schema.name", "'response_format.json_schema.name' must be a string.")
+            raise _bad(
+                "response_format.json_schema.name", "'response_format.json_schema.name' must be a string."
+            )
         schema = js.get("schema", {"type": "object"})
         param = "response_format.json_schema.schema"
         if not isinstance(schema, dict):
@@ -329,8 +336,11 @@ def parse_chat_tools(body: dict[str, Any]) -> ChatTools | None:
             raise _bad("tool_choice", "'tool_choice' must name a function: "
                        "{'type': 'function', 'function': {'name': ...}}.")
         if name not in seen:
-            raise _bad("tool_choice.function.name", f"'tool_choice' names the function {name!r}, which is not "
-                       f"in 'tools' ({', '.join(sorted(seen))}).")
+            raise _bad(
+                "tool_choice.function.name",
+                f"'tool_choice' names the function {name!r}, which is not "
+                f"in 'tools' ({', '.join(sorted(seen))}).",
+            )
         choice = ToolChoice("named", name)
     else:
         raise _bad("tool_choice", f"'tool_choice' must be a string or an object, not {_kind(choice_value)}.")
@@ -348,12 +358,16 @@ def tool_system_prompt(tools: ChatTools, parser_name: str | None = None) -> str:
     listing = "\n".join(json.dumps(t.to_template()["function"], ensure_ascii=False) for t in tools.tools
                         if tools.choice.mode != "named" or t.name == tools.choice.name)
     if tools.choice.mode == "named":
-        return (f"You have access to the following function:\n{listing}\n"
-                f"Call the function {tools.choice.name} now: answer only with its arguments as a JSON object.")
+        return (
+            f"You have access to the following function:\n{listing}\n"
+            f"Call the function {tools.choice.name} now: answer only with its arguments as a JSON object."
+        )
     if tools.choice.mode == "auto":
         shape = CALL_SHAPES[parser_name or "hermes"]
-        return (f"You have access to the following functions:\n{listing}\n"
-                f"To call a function, answer with\n{shape}\nIf no function is needed, answer the user directly.")
+        return (
+            f"You have access to the following functions:\n{listing}\n"
+            f"To call a function, answer with\n{shape}\nIf no function is needed, answer the user directly."
+        )
     return (f"You have access to the following functions:\n{listing}\n"
             'Call one or more of them now: answer only with a JSON array of calls, each '
             '{"name": <function name>, "parameters": <arguments object>}.')
@@ -363,7 +377,11 @@ def tool_system_prompt(tools: ChatTools, parser_name: str | None = None) -> str:
 
 
 def template_messages(
-    messages: list[dict[str, Any]], raw: list[Any], *, template_has_tools: bool, call_format: str | None = None
+    messages: list[dict[str, Any]],
+    raw: list[Any],
+    *,
+    template_has_tools: bool,
+    call_format: str | None = None,
 ) -> list[dict[str, Any]]:
     """Messages for the chat template, with the tool parts of ``raw`` (the request's messages) added.
 
@@ -433,7 +451,9 @@ def _tool_calls(value: Any, p: str) -> list[dict[str, Any]]:
             try:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
-                raise _bad(f"{q}.function.arguments", f"'{q}.function.arguments' must be JSON text.") from None
+                raise _bad(
+                    f"{q}.function.arguments", f"'{q}.function.arguments' must be JSON text."
+                ) from None
         call_id = call.get("id")
         if call_id is not None and not isinstance(call_id, str):
             raise _bad(f"{q}.id", f"'{q}.id' must be a string.")

@@ -67,7 +67,9 @@ def _check(node: Any, param: str, path: str) -> None:
     if isinstance(node, bool):
         return
     if not isinstance(node, dict):
-        raise _refuse(f"{param}: the schema at {path} must be a JSON object, got {type(node).__name__}", param)
+        raise _refuse(
+            f"{param}: the schema at {path} must be a JSON object, got {type(node).__name__}", param
+        )
     for key, value in node.items():
         where = f"{path}/{key}"
         if key in ANNOTATION_KEYWORDS:
@@ -98,7 +100,8 @@ def _check(node: Any, param: str, path: str) -> None:
                 raise _refuse(f"{param}: {where} must be a non-empty array of schemas", param)
             if key == "allOf" and len(value) > 1:
                 raise _refuse(
-                    f"{param}: 'allOf' with more than one schema (at {path}) is not supported; merge them", param
+                    f"{param}: 'allOf' with more than one schema (at {path}) is not supported; merge them",
+                    param,
                 )
             for i, sub in enumerate(value):
                 _check(sub, param, f"{where}/{i}")
@@ -111,7 +114,8 @@ def _check(node: Any, param: str, path: str) -> None:
             missing = [n for n in value if not isinstance(props, dict) or n not in props]
             if missing:
                 raise _refuse(
-                    f"{param}: required property {missing[0]!r} (at {path}) is not listed in 'properties'", param
+                    f"{param}: required property {missing[0]!r} (at {path}) is not listed in 'properties'",
+                    param,
                 )
         elif key == "enum" and (not isinstance(value, list) or not value):
             raise _refuse(f"{param}: {where} must be a non-empty array", param)

@@ -59,7 +59,9 @@ async def serve(engine: FakeEngine | None = None, *, max_model_len: int = MAX_MO
                 break
             await asyncio.sleep(0.01)
         assert state.status == "ready", state.load_error
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as client:
             yield Served(client, app, engine, tokenizer)
 
 

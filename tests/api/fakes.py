@@ -179,7 +179,9 @@ class FakeEngine:
              error: str | None = None, stop_reason: int | None = None) -> RequestOutput:
         lps = None
         if r.params.logprobs:
-            lps = [fake_logprob(r.num_out - len(ids) + j, t, r.params.top_logprobs) for j, t in enumerate(ids)]
+            lps = [
+                fake_logprob(r.num_out - len(ids) + j, t, r.params.top_logprobs) for j, t in enumerate(ids)
+            ]
         return RequestOutput(r.request_id, ids, lps, finished, reason, len(r.prompt), r.num_out, error,
                              stop_reason=stop_reason)
 
@@ -219,7 +221,9 @@ def fake_client(engine: FakeEngine, model: str = "test-model", max_model_len: in
     tok = make_tokenizer()
     engine.eos_token_ids = tok.eos_token_ids
     compiler = grammar_compiler() if with_grammar else None
-    return AsyncEngineClient(engine, tok, ModelInfo(model, max_model_len, vocab_size), grammar_compiler=compiler)
+    return AsyncEngineClient(
+        engine, tok, ModelInfo(model, max_model_len, vocab_size), grammar_compiler=compiler
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -231,8 +235,11 @@ def grammar_compiler() -> Any:
 
 
 @contextlib.contextmanager
-def thread_server(engine: FakeEngine, model: str = "test-model", **settings: Any) -> Iterator[tuple[int, Any]]:
-    """The real app over ``engine`` in uvicorn on a thread, on a free 127.0.0.1 port; yields ``(port, app)``."""
+def thread_server(
+    engine: FakeEngine, model: str = "test-model", **settings: Any
+) -> Iterator[tuple[int, Any]]:
+    """The real app over ``engine`` in uvicorn on a thread, on a free 127.0.0.1 port; yields ``(port,
+    app)``."""
     import uvicorn
 
     from proxy.api.app import create_app

@@ -30,8 +30,12 @@ def test_non_stream_response_shape_and_usage():
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": REPLY},
                                 "logprobs": None, "finish_reason": "stop"}]
     p = _prompt_len(tok)
-    assert body["usage"] == {"prompt_tokens": p, "completion_tokens": num_reply, "total_tokens": p + num_reply,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+    assert body["usage"] == {
+        "prompt_tokens": p,
+        "completion_tokens": num_reply,
+        "total_tokens": p + num_reply,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     # max_tokens absent: the rest of the context (vLLM)
     (_, prompt, params), = engine.submitted
     assert params.max_tokens == 128 - p and len(prompt) == p
@@ -58,7 +62,9 @@ def test_stream_events_and_headers():
                                  "logprobs": None, "finish_reason": None}]
     assert last["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]
     middle = chunks[1:-1]
-    assert all(c["choices"][0]["finish_reason"] is None and "role" not in c["choices"][0]["delta"] for c in middle)
+    assert all(
+        c["choices"][0]["finish_reason"] is None and "role" not in c["choices"][0]["delta"] for c in middle
+    )
     assert "".join(c["choices"][0]["delta"]["content"] for c in middle) == REPLY
     assert len(middle) > 3  # streamed piecewise, not in one lump
 
@@ -84,7 +90,9 @@ def test_max_tokens_gives_length():
     async def main():
         async with serve() as s:
             a = await s.client.post("/v1/chat/completions", json=chat_body(max_tokens=3))
-            b = await s.client.post("/v1/chat/completions", json=chat_body(max_completion_tokens=2, stream=True))
+            b = await s.client.post(
+                "/v1/chat/completions", json=chat_body(max_completion_tokens=2, stream=True)
+            )
             return a, b, s.tokenizer
 
     a, b, tok = run(main())
@@ -121,8 +129,10 @@ def test_stop_string_cuts_text_and_aborts_engine_request():
 def test_n2_each_choice_own_request_seed_and_index():
     async def main():
         async with serve() as s:
-            a = await s.client.post("/v1/chat/completions", json=chat_body(n=2, seed=7, stream=True,
-                                                                            stream_options={"include_usage": True}))
+            a = await s.client.post(
+                "/v1/chat/completions",
+                json=chat_body(n=2, seed=7, stream=True, stream_options={"include_usage": True}),
+            )
             b = await s.client.post("/v1/chat/completions", json=chat_body(n=2, max_tokens=4))
             return a, b, s.engine, s.tokenizer
 
@@ -159,7 +169,9 @@ def test_logprobs_stream_and_non_stream_agree():
     n_tok = len(tok.encode(REPLY)) + 1
     assert len(entries) == n_tok == a.json()["usage"]["completion_tokens"]
     assert [e["logprob"] for e in entries] == [-0.5 * (i + 1) for i in range(n_tok)]
-    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["logprob"] == e["logprob"] for e in entries)
+    assert all(
+        len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["logprob"] == e["logprob"] for e in entries
+    )
     assert bytes(b for e in entries for b in e["bytes"]) == choice["message"]["content"].encode()
     chunks = sse_json(b.content)
     streamed = [e for c in chunks[1:-1] for e in c["choices"][0]["logprobs"]["content"]]
@@ -219,9 +231,17 @@ def test_text_plain_content_type_is_accepted():
 def test_content_parts_and_developer_role_reach_template():
     async def main():
         async with serve() as s:
-            body = {"model": MODEL, "max_tokens": 1, "messages": [
-                {"role": "developer", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]}
+            body = {
+                "model": MODEL,
+                "max_tokens": 1,
+                "messages": [
+                    {"role": "developer", "content": "Be brief."},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}],
+                    },
+                ],
+            }
             r = await s.client.post("/v1/chat/completions", json=body)
             return r, s.engine, s.tokenizer
 

@@ -67,7 +67,9 @@ def test_aclose_aborts_every_running_choice_once():
         return engine, client, first
 
     engine, client, first = asyncio.run(main())
-    assert first and sorted(engine.aborted) == sorted(r for r, _, _ in engine.submitted) and not engine.running
+    assert (
+        first and sorted(engine.aborted) == sorted(r for r, _, _ in engine.submitted) and not engine.running
+    )
     assert len(engine.aborted) == 3 and client.stats().num_tracked_outputs == 0
 
 

@@ -30,9 +30,16 @@ def test_string_prompt_non_stream():
 def test_token_prompt_stream(prompt):
     async def main():
         async with serve() as s:
-            r = await s.client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4,
-                                                             "stream": True,
-                                                             "stream_options": {"include_usage": True}})
+            r = await s.client.post(
+                "/v1/completions",
+                json={
+                    "model": MODEL,
+                    "prompt": prompt,
+                    "max_tokens": 4,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
             return r, s.engine, s.tokenizer
 
     r, engine, tok = run(main())
@@ -62,8 +69,10 @@ def test_legacy_logprobs():
     tokens = [tok.token_text(i) for i in ids]
     assert lp["tokens"] == tokens
     assert lp["token_logprobs"] == [-0.5, -1.0, -1.5]
-    assert lp["top_logprobs"] == [{tok.token_text(i): -0.5 * (k + 1), tok.token_text(i + 1): -0.5 * (k + 1) - 1}
-                                  for k, i in enumerate(ids)]
+    assert lp["top_logprobs"] == [
+        {tok.token_text(i): -0.5 * (k + 1), tok.token_text(i + 1): -0.5 * (k + 1) - 1}
+        for k, i in enumerate(ids)
+    ]
     assert lp["text_offset"] == [0, len(tokens[0]), len(tokens[0]) + len(tokens[1])]
     chunks = sse_json(b.content)[:-1]
     streamed = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}

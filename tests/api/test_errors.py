@@ -12,27 +12,52 @@ U = [{"role": "user", "content": "hi"}]
 
 # (name, body, status, param) for POST /v1/chat/completions; each is also sent with stream=true.
 CHAT_CASES = [
-    ("unknown role", {"model": MODEL, "messages": [{"role": "xyz", "content": "hi"}]}, 400, "messages[0].role"),
+    (
+        "unknown role",
+        {"model": MODEL, "messages": [{"role": "xyz", "content": "hi"}]},
+        400,
+        "messages[0].role",
+    ),
     ("role not a string", {"model": MODEL, "messages": [{"role": 0, "content": 0}]}, 400, "messages[0].role"),
     ("missing role", {"model": MODEL, "messages": [{"content": "hi"}]}, 400, "messages[0].role"),
-    ("content wrong type", {"model": MODEL, "messages": [{"role": "user", "content": 0}]}, 400,
-     "messages[0].content"),
+    (
+        "content wrong type",
+        {"model": MODEL, "messages": [{"role": "user", "content": 0}]},
+        400,
+        "messages[0].content",
+    ),
     ("missing content", {"model": MODEL, "messages": [{"role": "user"}]}, 400, "messages[0].content"),
     ("empty messages", {"model": MODEL, "messages": []}, 400, "messages"),
     ("messages null item", {"model": MODEL, "messages": [None]}, 400, "messages[0]"),
     ("messages missing", {"model": MODEL}, 400, "messages"),
     ("messages not array", {"model": MODEL, "messages": "hi"}, 400, "messages"),
-    ("text part not string", {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 0}]}]},
-     400, "messages[0].content[0].text"),
-    ("image part", {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     400, "messages[0].content[0].type"),
-    ("tool role without tool_call_id", {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400,
-     "messages[0].tool_call_id"),
+    (
+        "text part not string",
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 0}]}]},
+        400,
+        "messages[0].content[0].text",
+    ),
+    (
+        "image part",
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        400,
+        "messages[0].content[0].type",
+    ),
+    (
+        "tool role without tool_call_id",
+        {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]},
+        400,
+        "messages[0].tool_call_id",
+    ),
     ("max_tokens -1", {"model": MODEL, "messages": U, "max_tokens": -1}, 400, "max_tokens"),
     ("max_tokens 0", {"model": MODEL, "messages": U, "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens string", {"model": MODEL, "messages": U, "max_tokens": "5"}, 400, "max_tokens"),
-    ("max_completion_tokens 0", {"model": MODEL, "messages": U, "max_completion_tokens": 0}, 400,
-     "max_completion_tokens"),
+    (
+        "max_completion_tokens 0",
+        {"model": MODEL, "messages": U, "max_completion_tokens": 0},
+        400,
+        "max_completion_tokens",
+    ),
     ("temperature -3", {"model": MODEL, "messages": U, "temperature": -3}, 400, "temperature"),
     ("temperature 2.5", {"model": MODEL, "messages": U, "temperature": 2.5}, 400, "temperature"),
     ("temperature string", {"model": MODEL, "messages": U, "temperature": "hot"}, 400, "temperature"),
@@ -40,13 +65,33 @@ CHAT_CASES = [
     ("top_p 1.5", {"model": MODEL, "messages": U, "top_p": 1.5}, 400, "top_p"),
     ("n 0", {"model": MODEL, "messages": U, "n": 0}, 400, "n"),
     ("n too big", {"model": MODEL, "messages": U, "n": 1000}, 400, "n"),
-    ("top_logprobs 21", {"model": MODEL, "messages": U, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-    ("top_logprobs without logprobs", {"model": MODEL, "messages": U, "top_logprobs": 2}, 400, "top_logprobs"),
+    (
+        "top_logprobs 21",
+        {"model": MODEL, "messages": U, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "top_logprobs without logprobs",
+        {"model": MODEL, "messages": U, "top_logprobs": 2},
+        400,
+        "top_logprobs",
+    ),
     ("logit_bias 101", {"model": MODEL, "messages": U, "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ("logit_bias bad key", {"model": MODEL, "messages": U, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
-    ("logit_bias id outside vocab", {"model": MODEL, "messages": U, "logit_bias": {"999999": 1}}, 400, "logit_bias"),
+    (
+        "logit_bias id outside vocab",
+        {"model": MODEL, "messages": U, "logit_bias": {"999999": 1}},
+        400,
+        "logit_bias",
+    ),
     ("presence_penalty 3", {"model": MODEL, "messages": U, "presence_penalty": 3}, 400, "presence_penalty"),
-    ("frequency_penalty -3", {"model": MODEL, "messages": U, "frequency_penalty": -3}, 400, "frequency_penalty"),
+    (
+        "frequency_penalty -3",
+        {"model": MODEL, "messages": U, "frequency_penalty": -3},
+        400,
+        "frequency_penalty",
+    ),
     ("stop wrong type", {"model": MODEL, "messages": U, "stop": 5}, 400, "stop"),
     ("stop list of ints", {"model": MODEL, "messages": U, "stop": [5]}, 400, "stop"),
     ("seed string", {"model": MODEL, "messages": U, "seed": "x"}, 400, "seed"),
@@ -54,24 +99,44 @@ CHAT_CASES = [
     ("seed below -2**63", {"model": MODEL, "messages": U, "seed": -(2**63) - 1}, 400, "seed"),
     ("stream not bool", {"model": MODEL, "messages": U, "stream": "yes"}, 400, "stream"),
     ("tool_choice", {"model": MODEL, "messages": U, "tool_choice": "auto"}, 400, "tool_choice"),
-    ("response_format json", {"model": MODEL, "messages": U, "response_format": {"type": "json_object"}}, 400,
-     "response_format"),
+    (
+        "response_format json",
+        {"model": MODEL, "messages": U, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+    ),
     ("audio", {"model": MODEL, "messages": U, "audio": {"voice": "x"}}, 400, "audio"),
     ("model missing", {"messages": U}, 400, "model"),
     ("model not string", {"model": 5, "messages": U}, 400, "model"),
     ("unknown model", {"model": "gpt-9", "messages": U}, 404, "model"),
     ("max_tokens over context", {"model": MODEL, "messages": U, "max_tokens": 10_000_000}, 400, "max_tokens"),
-    ("prompt over context", {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 300}]}, 400,
-     "messages"),
-    ("min_tokens over max_tokens", {"model": MODEL, "messages": U, "max_tokens": 3, "min_tokens": 5}, 400,
-     "min_tokens"),
+    (
+        "prompt over context",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 300}]},
+        400,
+        "messages",
+    ),
+    (
+        "min_tokens over max_tokens",
+        {"model": MODEL, "messages": U, "max_tokens": 3, "min_tokens": 5},
+        400,
+        "min_tokens",
+    ),
     ("best_of on chat", {"model": MODEL, "messages": U, "best_of": 2}, 400, "best_of"),
     # lone UTF-16 surrogate escapes are valid JSON but no Unicode text (httpx sends them as "\ud83d")
     ("lone surrogate in model", {"model": "\ud83d", "messages": U}, 400, "model"),
-    ("lone surrogate in content", {"model": MODEL, "messages": [{"role": "user", "content": "\ud800 hi"}]}, 400,
-     "messages[0].content"),
-    ("lone surrogate in part type", {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "\ud800"}]}]},
-     400, "messages[0].content[0].type"),
+    (
+        "lone surrogate in content",
+        {"model": MODEL, "messages": [{"role": "user", "content": "\ud800 hi"}]},
+        400,
+        "messages[0].content",
+    ),
+    (
+        "lone surrogate in part type",
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "\ud800"}]}]},
+        400,
+        "messages[0].content[0].type",
+    ),
     ("lone surrogate in stop", {"model": MODEL, "messages": U, "stop": ["ok", "\udfff"]}, 400, "stop[1]"),
 ]
 
@@ -114,12 +179,19 @@ def test_context_length_message_gives_the_numbers():
     a, b, p, big = run(main())
     assert a.status_code == 400 and a.headers["content-type"] == "application/json"
     assert a.json()["error"] == {
-        "message": f"This model's maximum context length is 128 tokens. However, you requested {p + 200} tokens "
-                   f"({p} in the messages, 200 in the completion). Please reduce the length of the messages "
-                   "or the completion.",
-        "type": "invalid_request_error", "param": "max_tokens", "code": "context_length_exceeded"}
+        "message": f"This model's maximum context length is 128 tokens. However, you requested {p + 200} "
+        "tokens "
+        f"({p} in the messages, 200 in the completion). Please reduce the length of the messages "
+        "or the completion.",
+        "type": "invalid_request_error",
+        "param": "max_tokens",
+        "code": "context_length_exceeded",
+    }
     assert b.json()["error"]["code"] == "context_length_exceeded"
-    assert f"you requested {big + 1} tokens ({big} in the messages, 1 in the completion)" in b.json()["error"]["message"]
+    assert (
+        f"you requested {big + 1} tokens ({big} in the messages, 1 in the completion)"
+        in b.json()["error"]["message"]
+    )
 
 
 @pytest.mark.parametrize(("raw", "needle"), [
@@ -224,7 +296,9 @@ def test_completions_lone_surrogate_prompt_is_400_json():
     async def main():
         async with serve() as s:
             body = json.dumps({"model": MODEL, "prompt": "\udfff", "max_tokens": 2})
-            return await s.client.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+            return await s.client.post(
+                "/v1/completions", content=body, headers={"Content-Type": "application/json"}
+            )
 
     r = run(main())
     assert r.status_code == 400

@@ -79,7 +79,10 @@ def test_failed_load_is_503_with_reason():
 
     r = run(main())
     assert r.status_code == 503
-    assert r.json() == {"status": "failed", "error": "Loading the model failed: FileNotFoundError: no such model"}
+    assert r.json() == {
+        "status": "failed",
+        "error": "Loading the model failed: FileNotFoundError: no such model",
+    }
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -118,8 +121,15 @@ def test_model_card_and_ready_line_say_what_is_served():
 
     served = "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
     card = model_card("m", 7, 128, dtype="bfloat16", quantization=served)
-    assert card == {"id": "m", "object": "model", "created": 7, "owned_by": "streamproxy", "max_model_len": 128,
-                    "dtype": "bfloat16", "quantization": served}
+    assert card == {
+        "id": "m",
+        "object": "model",
+        "created": 7,
+        "owned_by": "streamproxy",
+        "max_model_len": 128,
+        "dtype": "bfloat16",
+        "quantization": served,
+    }
     assert "dtype" not in model_card("m", 7, 128)
     line = ready_message(Settings(), "m", f"dtype bfloat16, quantization {served}")
     assert line.startswith(f"streamproxy ready: serving 'm' (dtype bfloat16, quantization {served}) at http://")

@@ -30,13 +30,22 @@ def _post_all(bodies: list[tuple[bytes, dict[str, str]]], **settings) -> list:
 
 def test_utf8_bom_before_the_json_is_skipped():
     raw = json.dumps(chat_body("Hi")).encode()
-    plain, bom, bom_stream = _post_all([
-        (raw, {"Content-Type": "application/json"}),
-        (b"\xef\xbb\xbf" + raw, {"Content-Type": "application/json"}),
-        (b"\xef\xbb\xbf" + json.dumps(chat_body("Hi", stream=True)).encode(), {"Content-Type": "application/json"}),
-    ])
+    plain, bom, bom_stream = _post_all(
+        [
+            (raw, {"Content-Type": "application/json"}),
+            (b"\xef\xbb\xbf" + raw, {"Content-Type": "application/json"}),
+            (
+                b"\xef\xbb\xbf" + json.dumps(chat_body("Hi", stream=True)).encode(),
+                {"Content-Type": "application/json"},
+            ),
+        ]
+    )
     assert plain.status_code == bom.status_code == bom_stream.status_code == 200, bom.text
-    assert bom.json()["choices"][0]["message"]["content"] == plain.json()["choices"][0]["message"]["content"] == REPLY
+    assert (
+        bom.json()["choices"][0]["message"]["content"]
+        == plain.json()["choices"][0]["message"]["content"]
+        == REPLY
+    )
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in sse_json(bom_stream.content)
                    if c["choices"]) == REPLY
 
@@ -79,7 +88,10 @@ def test_decompressed_size_is_limited_413():
     (b,) = _post_all([(bomb, {"Content-Encoding": "gzip"})], max_body_bytes=1 << 20)
     for r in (a, b):
         assert r.status_code == 413, r.text
-        assert r.json()["error"]["code"] == "payload_too_large" and "decompressed" in r.json()["error"]["message"]
+        assert (
+            r.json()["error"]["code"] == "payload_too_large"
+            and "decompressed" in r.json()["error"]["message"]
+        )
     assert c.status_code == 200
 
 
@@ -118,7 +130,9 @@ def test_admitted_stream_gets_headers_and_role_chunk_within_the_header_timeout()
     assert Settings().stream_headers_timeout_s == 1.0 and Settings().keepalive_interval_s == 15.0
     engine = _NeverStartsEngine(reply_ids=reply_ids(make_tokenizer()))
     with thread_server(engine) as (port, _):
-        sock = post_stream(port, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True})
+        sock = post_stream(
+            port, {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        )
         sock.settimeout(10)  # without the header timeout nothing arrives for 15 s
         raw = b""
         while b'"role":"assistant"' not in raw:

@@ -166,7 +166,7 @@ def test_cached_tokens_come_from_choice_zero():
     """``usage`` counts the prompt once, so its ``cached_tokens`` is choice 0's prefix-cache hit; a
     later choice reusing the blocks choice 0 computed does not change it."""
     async def main():
-        tok, proc, box, _ = setup(n=2)
+        _, proc, box, _ = setup(n=2)
         assert box.num_cached_tokens == 0
         proc.process(RequestOutput("r-1", [5], None, False, None, 40, 1, num_cached_tokens=32))
         proc.process(RequestOutput("r-0", [5], None, False, None, 40, 1, num_cached_tokens=16))

@@ -51,10 +51,14 @@ def test_preemptions_in_health_and_metrics(model_dir: Path) -> None:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
                                          timeout=120) as client:
                 before = (await client.get("/health")).json()
-                before_metric = _counter((await client.get("/metrics")).text, "streamproxy:num_preemptions_total")
+                before_metric = _counter(
+                    (await client.get("/metrics")).text, "streamproxy:num_preemptions_total"
+                )
                 body = {"model": NAME, "messages": [{"role": "user", "content": "Hello there, how are you"}],
                         "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-                replies = await asyncio.gather(*[client.post("/v1/chat/completions", json=body) for _ in range(4)])
+                replies = await asyncio.gather(
+                    *[client.post("/v1/chat/completions", json=body) for _ in range(4)]
+                )
                 after = (await client.get("/health")).json()
                 metric = _counter((await client.get("/metrics")).text, "streamproxy:num_preemptions_total")
                 return before, before_metric, replies, after, metric
@@ -62,6 +66,8 @@ def test_preemptions_in_health_and_metrics(model_dir: Path) -> None:
     before, before_metric, replies, after, metric = asyncio.run(main())
     assert before["num_preemptions"] == 0 and before_metric == 0
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
-    assert all(r.json()["usage"]["completion_tokens"] == 24 for r in replies)  # preempted requests still finish
+    assert all(
+        r.json()["usage"]["completion_tokens"] == 24 for r in replies
+    )  # preempted requests still finish
     assert after["num_preemptions"] > 0
     assert metric == after["num_preemptions"]

@@ -43,8 +43,17 @@ def engine_process(request: pytest.FixtureRequest) -> bool:
 
 
 async def with_app(model_dir: Path, fn, engine_process: bool = False):
-    settings = Settings(model=str(model_dir), served_model_name=NAME, max_model_len=256, num_kv_blocks=64,
-                        block_size=16, num_threads=1, device="cpu", dtype="float32", engine_process=engine_process)
+    settings = Settings(
+        model=str(model_dir),
+        served_model_name=NAME,
+        max_model_len=256,
+        num_kv_blocks=64,
+        block_size=16,
+        num_threads=1,
+        device="cpu",
+        dtype="float32",
+        engine_process=engine_process,
+    )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         state = app.state.server
@@ -78,11 +87,16 @@ def test_real_engine_end_to_end(model_dir: Path, engine_process: bool):
         out = {}
         plain, streamed = await asyncio.gather(
             client.post("/v1/chat/completions", json=body()),
-            client.post("/v1/chat/completions", json=body(stream=True, stream_options={"include_usage": True})))
+            client.post(
+                "/v1/chat/completions", json=body(stream=True, stream_options={"include_usage": True})
+            ),
+        )
         out["plain"], out["stream"] = plain.json(), sse_json(streamed.content)
         n2 = body(n=2, temperature=1.0, seed=11, max_tokens=6)
         out["n2_plain"] = (await client.post("/v1/chat/completions", json=n2)).json()
-        out["n2_stream"] = sse_json((await client.post("/v1/chat/completions", json={**n2, "stream": True})).content)
+        out["n2_stream"] = sse_json(
+            (await client.post("/v1/chat/completions", json={**n2, "stream": True})).content
+        )
         raw = out["plain"]["choices"][0]["message"]["content"]
         stop = raw[len(raw) // 2: len(raw) // 2 + 2]
         out["stop"] = stop
@@ -152,7 +166,9 @@ def test_context_is_lowered_to_what_the_kv_pool_holds(model_dir: Path):
     assert resolve_max_tokens(None, 10, client.model.max_model_len) == 54
 
 
-def test_end_of_turn_token_stops_a_model_whose_config_names_only_endoftext(tmp_path: Path, engine_process: bool):
+def test_end_of_turn_token_stops_a_model_whose_config_names_only_endoftext(
+    tmp_path: Path, engine_process: bool
+):
     """One EOS rule (``find_eos_token_ids``): config and tokenizer say ``<|endoftext|>``, the chat
     template ends turns with ``<|im_end|>``; the engine must stop at either."""
     from proxy.engine.factory import build_engine_client

@@ -39,16 +39,21 @@ def test_auto_tool_call_non_stream_and_stream() -> None:
         mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
         assert "".join(c["delta"].get("content") or "" for c in mine) == "Sure."
         calls = [d for c in mine for d in c["delta"].get("tool_calls") or []]
-        assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith("call_")
+        assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith(
+            "call_"
+        )
         assert "".join(d["function"]["arguments"] for d in calls) == '{"city": "Oslo"}'
         assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["tool_calls"]
 
 
 def test_required_and_named_use_a_grammar() -> None:
     async def main():
-        async with _serve_reply('[{"name": "get_weather", "parameters": {"city": "Rome"}}]', with_grammar=True,
-                                max_model_len=2048) as s:
-            r1 = await s.client.post("/v1/chat/completions", json=chat_body(tools=[TOOL], tool_choice="required"))
+        async with _serve_reply(
+            '[{"name": "get_weather", "parameters": {"city": "Rome"}}]', with_grammar=True, max_model_len=2048
+        ) as s:
+            r1 = await s.client.post(
+                "/v1/chat/completions", json=chat_body(tools=[TOOL], tool_choice="required")
+            )
             r2 = await s.client.post("/v1/chat/completions", json=chat_body(
                 tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}))
             r3 = await s.client.post("/v1/chat/completions", json=chat_body(
@@ -82,7 +87,9 @@ def test_structured_400s() -> None:
             out = []
             for body in (
                 chat_body(guided_regex="(unclosed"),
-                chat_body(response_format={"type": "json_schema", "json_schema": {"schema": {"oneOf": [{}]}}}),
+                chat_body(
+                    response_format={"type": "json_schema", "json_schema": {"schema": {"oneOf": [{}]}}}
+                ),
                 chat_body(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}),
             ):
                 r = await s.client.post("/v1/chat/completions", json=body)
@@ -174,9 +181,14 @@ def test_auto_on_a_template_without_tools_is_taught_hermes() -> None:
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     chunks = sse_json(streamed.content)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "Let me look."
+    assert (
+        "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        == "Let me look."
+    )
     _check_streamed_call(chunks, "get_weather", call["function"]["arguments"])
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == ["tool_calls"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == [
+        "tool_calls"
+    ]
 
 
 def test_grammar_tool_calls_stream_their_arguments() -> None:
@@ -185,8 +197,10 @@ def test_grammar_tool_calls_stream_their_arguments() -> None:
 
     async def main():
         out = []
-        for reply, choice in ((required_reply, "required"),
-                              ('{"city": "Bern"}', {"type": "function", "function": {"name": "get_weather"}})):
+        for reply, choice in (
+            (required_reply, "required"),
+            ('{"city": "Bern"}', {"type": "function", "function": {"name": "get_weather"}}),
+        ):
             engine = FakeEngine(reply_ids=reply_ids(make_tokenizer(), reply), step_s=0.002)
             async with serve(engine, with_grammar=True, max_model_len=2048) as s:
                 body = chat_body(tools=[TOOL], tool_choice=choice)
@@ -196,7 +210,10 @@ def test_grammar_tool_calls_stream_their_arguments() -> None:
         return out
 
     (req_full, req_chunks), (named_full, named_chunks) = run(main())
-    for full, chunks, args in ((req_full, req_chunks, '{"city": "Rome"}'), (named_full, named_chunks, '{"city": "Bern"}')):
+    for full, chunks, args in (
+        (req_full, req_chunks, '{"city": "Rome"}'),
+        (named_full, named_chunks, '{"city": "Bern"}'),
+    ):
         choice = full["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
         assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": args}

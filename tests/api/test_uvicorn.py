@@ -76,5 +76,8 @@ def test_client_disconnect_aborts_engine_request(stream, caplog):
         client = app.state.server.client
         wait_until(lambda: client.stats().num_tracked_outputs == 0, 1.0)
         metrics = client.metrics.render().decode()
-        assert 'streamproxy:request_success_total{finished_reason="abort",model_name="test-model"} 1.0' in metrics
+        assert (
+            'streamproxy:request_success_total{finished_reason="abort",model_name="test-model"} 1.0'
+            in metrics
+        )
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]  # a disconnect is no error

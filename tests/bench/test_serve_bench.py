@@ -116,7 +116,9 @@ def test_payload_eos_strategies() -> None:
         "stream_options": {"include_usage": True}, "ignore_eos": True,
     }
     cfg.eos_strategy, cfg.stream_options = "min_tokens", False
-    assert sb.build_payload(cfg, req)["min_tokens"] == 32 and "stream_options" not in sb.build_payload(cfg, req)
+    assert sb.build_payload(cfg, req)["min_tokens"] == 32 and "stream_options" not in sb.build_payload(
+        cfg, req
+    )
     cfg.eos_strategy, cfg.eos_token_ids = "logit_bias", (0, 2)
     assert sb.build_payload(cfg, req)["logit_bias"] == {"0": -100, "2": -100}
     req.fixed_output = False
@@ -130,7 +132,9 @@ def test_random_requests_without_tokenizer() -> None:
     b = sb.random_requests(3, 20, 7, seed=1)
     assert [r.messages for r in a] == [r.messages for r in b]
     assert len({r.messages[0]["content"] for r in a}) == 3
-    assert all(len(r.messages[0]["content"].split()) == 19 and r.max_tokens == 7 and r.fixed_output for r in a)
+    assert all(
+        len(r.messages[0]["content"].split()) == 19 and r.max_tokens == 7 and r.fixed_output for r in a
+    )
 
 
 def test_conversational_set_cycles() -> None:
@@ -175,14 +179,22 @@ def _make_app(received: list[dict[str, Any]]) -> Any:
                 yield frame({"content": f"t{i} "})
             yield frame({}, "length")
             if usage:
-                u = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n, "total_tokens": PROMPT_TOKENS + n,
-                     "prompt_tokens_details": {"cached_tokens": CACHED_LATER_TURNS if len(body["messages"]) > 2 else 0}}
+                u = {
+                    "prompt_tokens": PROMPT_TOKENS,
+                    "completion_tokens": n,
+                    "total_tokens": PROMPT_TOKENS + n,
+                    "prompt_tokens_details": {
+                        "cached_tokens": CACHED_LATER_TURNS if len(body["messages"]) > 2 else 0
+                    },
+                }
                 yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': u})}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
-    return Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
+    return Starlette(
+        routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +205,9 @@ def fake_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(_make_app(received), host="127.0.0.1", port=port, log_level="error"))
+    server = uvicorn.Server(
+        uvicorn.Config(_make_app(received), host="127.0.0.1", port=port, log_level="error")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -245,12 +259,41 @@ def test_sweep_against_fake_server(fake_server: tuple[str, list[dict[str, Any]]]
     assert summary["runs"][1]["max_concurrent_requests"] == 4
     assert summary["runs"][1]["duration"] < summary["runs"][0]["duration"]
     on_disk = json.loads((tmp_path / "fake-c4.json").read_text())
-    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
-                "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                "p90_ttft_ms", "std_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
-                "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms",
-                "duration", "input_lens", "output_lens", "ttfts", "itls", "latencies", "errors",
-                "max_concurrency", "request_rate", "num_prompts", "model_id"):
+    for key in (
+        "completed",
+        "failed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "p90_ttft_ms",
+        "std_ttft_ms",
+        "mean_tpot_ms",
+        "median_tpot_ms",
+        "p99_tpot_ms",
+        "mean_itl_ms",
+        "median_itl_ms",
+        "p99_itl_ms",
+        "mean_e2el_ms",
+        "median_e2el_ms",
+        "p90_e2el_ms",
+        "p99_e2el_ms",
+        "duration",
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "latencies",
+        "errors",
+        "max_concurrency",
+        "request_rate",
+        "num_prompts",
+        "model_id",
+    ):
         assert key in on_disk, key
     assert on_disk["request_rate"] == "inf"
     assert (tmp_path / "fake.json").exists()
@@ -296,26 +339,41 @@ def test_multiturn_conversations_grow_and_report_per_turn(fake_server, tmp_path:
         by_len.setdefault(len(b["messages"]), []).append(b)
     assert sorted(by_len) == [2, 4, 6] and all(len(v) == 3 for v in by_len.values())
     for b in by_len[6]:  # the earlier replies are the server's own text, in order
-        assert [m["role"] for m in b["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
+        assert [m["role"] for m in b["messages"]] == [
+            "system",
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+            "user",
+        ]
         assert b["messages"][2]["content"] == "t0 t1 t2 t3 t4 "
         assert b["messages"][1]["content"].split()[0].endswith(".1)")
         assert b["messages"][5]["content"].split()[0].endswith(".3)")
     run = summary["runs"][0]
     assert run["completed"] == 9 and run["turns"] == [1, 2, 3] * 3
-    assert set(run["ttft_by_turn"]) == {1, 2, 3} and all(v["count"] == 3 for v in run["ttft_by_turn"].values())
+    assert set(run["ttft_by_turn"]) == {1, 2, 3} and all(
+        v["count"] == 3 for v in run["ttft_by_turn"].values()
+    )
     assert run["mean_ttft_turn1_ms"] > 0 and run["ttft_later_over_turn1"] is not None
     assert run["prefix_cache_hit_rate"] == pytest.approx(6 * CACHED_LATER_TURNS / (9 * PROMPT_TOKENS))
     assert run["max_concurrent_requests"] == 2
 
 
 def test_turn_metrics_and_hit_rate_exact() -> None:
-    rs = [_res(0, 1.0, 2.0, [], 1, turn=1, cached_tokens=0), _res(0, 0.2, 1.0, [], 1, turn=2, cached_tokens=8),
-          _res(0, 0.4, 1.0, [], 1, turn=3, cached_tokens=None), _res(0, 3.0, 4.0, [], 1, turn=1, cached_tokens=2)]
+    rs = [
+        _res(0, 1.0, 2.0, [], 1, turn=1, cached_tokens=0),
+        _res(0, 0.2, 1.0, [], 1, turn=2, cached_tokens=8),
+        _res(0, 0.4, 1.0, [], 1, turn=3, cached_tokens=None),
+        _res(0, 3.0, 4.0, [], 1, turn=1, cached_tokens=2),
+    ]
     m = sb.turn_metrics(rs)
     assert m["mean_ttft_turn1_ms"] == pytest.approx(2000.0)
     assert m["mean_ttft_later_turns_ms"] == pytest.approx(300.0)
     assert m["ttft_later_over_turn1"] == pytest.approx(0.15)
-    assert m["ttft_by_turn"][1]["median_ttft_ms"] == pytest.approx(2000.0) and m["ttft_by_turn"][3]["count"] == 1
+    assert (
+        m["ttft_by_turn"][1]["median_ttft_ms"] == pytest.approx(2000.0) and m["ttft_by_turn"][3]["count"] == 1
+    )
     assert sb.prefix_cache_hit_rate(rs) == pytest.approx(10 / 30)  # the turn without a report is left out
     assert sb.prefix_cache_hit_rate(rs[2:3]) is None
     assert sb.turn_metrics([_res(0, 1.0, 2.0, [], 1)]) == {}
@@ -364,8 +422,17 @@ def test_comparison_table_ratios() -> None:
     cmp = _load_compare()
 
     def run(c: int, tput: float, ttft: float) -> dict[str, Any]:
-        return {"max_concurrency": c, "output_throughput": tput, "p99_ttft_ms": ttft, "mean_tpot_ms": 50.0,
-                "p99_itl_ms": 60.0, "p90_e2el_ms": 900.0, "total_output_tokens": 256, "completed": 2, "failed": 0}
+        return {
+            "max_concurrency": c,
+            "output_throughput": tput,
+            "p99_ttft_ms": ttft,
+            "mean_tpot_ms": 50.0,
+            "p99_itl_ms": 60.0,
+            "p90_e2el_ms": 900.0,
+            "total_output_tokens": 256,
+            "completed": 2,
+            "failed": 0,
+        }
 
     table = cmp.comparison_table(
         {"streamproxy": {"runs": [run(1, 40.0, 100.0), run(8, 200.0, 400.0)]},

@@ -79,7 +79,9 @@ def get_server(tmp_dir: Path, engine_process: bool = False) -> Server:
         _stop(process)
         raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
     card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
-    _SERVERS[engine_process] = server = Server(base, port, card["id"], card["max_model_len"], process, log_path)
+    _SERVERS[engine_process] = server = Server(
+        base, port, card["id"], card["max_model_len"], process, log_path
+    )
     return server
 
 

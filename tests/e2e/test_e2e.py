@@ -22,8 +22,14 @@ def test_openai_sdk_sync_stream_equals_non_stream(server: Server):
 
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
     full = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=16, temperature=0)
-    stream = client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=16, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=server.model,
+        messages=MESSAGES,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content and text
@@ -56,8 +62,9 @@ def test_openai_sdk_async_and_completions(server: Server):
         parts = [c.choices[0].text async for c in stream]
         chat = await client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=8,
                                                     temperature=0)
-        chat_stream = await client.chat.completions.create(model=server.model, messages=MESSAGES, max_tokens=8,
-                                                           temperature=0, stream=True)
+        chat_stream = await client.chat.completions.create(
+            model=server.model, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+        )
         chat_parts = [c.choices[0].delta.content or "" async for c in chat_stream]
         return full, parts, chat, chat_parts
 
@@ -97,8 +104,13 @@ def test_raw_sse_bytes_and_headers(server: Server):
         raw = b"".join(r.iter_raw())
     chunks = sse_chunks(raw)
     assert raw.endswith(b"\n\ndata: [DONE]\n\n")
-    canonical = b"".join(b"data: " + json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-                         for c in chunks) + b"data: [DONE]\n\n"
+    canonical = (
+        b"".join(
+            b"data: " + json.dumps(c, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+            for c in chunks
+        )
+        + b"data: [DONE]\n\n"
+    )
     assert raw == canonical  # compact JSON, one event per chunk, nothing else
 
 

@@ -44,7 +44,9 @@ def test_python_examples(server: Server, needle: str):
     (code,) = blocks("python", needle)
     assert server.model in code
     code = code.replace(DEFAULT_URL, f"127.0.0.1:{server.port}")
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip()
 

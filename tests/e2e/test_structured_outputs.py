@@ -35,13 +35,23 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
                    "required": ["city", "unit"], "additionalProperties": False}}}
-TIME_TOOL = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
-                                       "required": ["tz"]}}}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "maxLength": 10}},
+            "required": ["tz"],
+        },
+    },
+}
 
 
 def post(server: Server, body: dict) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/v1/chat/completions", json={"model": server.model, **body}, timeout=300)
+    return httpx.post(
+        f"{server.base_url}/v1/chat/completions", json={"model": server.model, **body}, timeout=300
+    )
 
 
 def test_openai_sdk_parse_and_stream(server: Server) -> None:
@@ -64,7 +74,11 @@ def test_langchain_structured_output_methods(server: Server) -> None:
     llm = ChatOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", model=server.model, temperature=0,
                      max_tokens=80)
     for method in (None, "json_schema", "function_calling"):
-        runnable = llm.with_structured_output(City) if method is None else llm.with_structured_output(City, method=method)
+        runnable = (
+            llm.with_structured_output(City)
+            if method is None
+            else llm.with_structured_output(City, method=method)
+        )
         assert isinstance(runnable.invoke("Describe the capital of France."), City), method
     result = llm.with_structured_output(None, method="json_mode").invoke(
         "Describe the capital of France as a JSON object.")
@@ -93,18 +107,37 @@ def test_langchain_bind_tools_invoke_stream_and_round_trip(server: Server) -> No
 
 
 SCHEMAS = [
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": -5, "maximum": 5}},
-     "required": ["ok", "n"]},
+    {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": -5, "maximum": 5}},
+        "required": ["ok", "n"],
+    },
     {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3},
-    {"type": "object", "properties": {"person": {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 12}, "email": {"type": "string", "format": "email", "maxLength": 30}},
-        "required": ["name"]}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2}},
-     "required": ["person", "tags"]},
+    {
+        "type": "object",
+        "properties": {
+            "person": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 12},
+                    "email": {"type": "string", "format": "email", "maxLength": 30},
+                },
+                "required": ["name"],
+            },
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2},
+        },
+        "required": ["person", "tags"],
+    },
     {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 100}, {"type": "null"}]},
-    {"type": "object", "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1},
-                                      "when": {"type": "string", "format": "date"},
-                                      "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"}},
-     "required": ["score", "when", "code"]},
+    {
+        "type": "object",
+        "properties": {
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "when": {"type": "string", "format": "date"},
+            "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"},
+        },
+        "required": ["score", "when", "code"],
+    },
 ]
 
 
@@ -137,7 +170,9 @@ def test_tool_call_shapes_stream_and_non_stream(server: Server) -> None:
     assert calls and all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
     tools = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}
     for c in calls:
-        jsonschema.validate(json.loads(c["function"]["arguments"]), tools[c["function"]["name"]]["function"]["parameters"])
+        jsonschema.validate(
+            json.loads(c["function"]["arguments"]), tools[c["function"]["name"]]["function"]["parameters"]
+        )
     raw = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=300,
                      json={"model": server.model, **body, "stream": True}).content
     chunks = [c for c in sse_chunks(raw) if c["choices"]]
@@ -145,7 +180,10 @@ def test_tool_call_shapes_stream_and_non_stream(server: Server) -> None:
     for c in chunks:
         for d in c["choices"][0]["delta"].get("tool_calls") or []:
             if "id" in d:
-                streamed[d["index"]] = {"name": d["function"]["name"], "arguments": d["function"]["arguments"]}
+                streamed[d["index"]] = {
+                    "name": d["function"]["name"],
+                    "arguments": d["function"]["arguments"],
+                }
             else:
                 streamed[d["index"]]["arguments"] += d["function"]["arguments"]
     assert [streamed[i] for i in sorted(streamed)] == [
@@ -159,12 +197,28 @@ def test_tool_call_shapes_stream_and_non_stream(server: Server) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}},
-         "response_format.json_schema.schema"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}}},
-         "response_format.json_schema.schema"),
-        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-         "tool_choice.function.name"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "strng"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice.function.name",
+        ),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"messages": [*ASK_WEATHER, {"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
     ],

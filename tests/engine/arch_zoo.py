@@ -104,7 +104,8 @@ def build_config(name: str, overrides: dict[str, Any] | None = None) -> Any:
 
 
 def build_model(name: str, seed: int = 0) -> torch.nn.Module:
-    """A tiny random causal LM (eager attention, eval mode), weights ~ N(0, 0.15) so logits are far from ties."""
+    """A tiny random causal LM (eager attention, eval mode), weights ~ N(0, 0.15) so logits are far from
+    ties."""
     from transformers import AutoModelForCausalLM
 
     config = build_config(name)
@@ -118,7 +119,8 @@ def build_model(name: str, seed: int = 0) -> torch.nn.Module:
 
 
 def save_tiny_folder(name: str, folder: Any) -> Any:
-    """:func:`build_model` of ``name`` saved as a Hugging Face folder with a 97-word tokenizer; returns ``folder``."""
+    """:func:`build_model` of ``name`` saved as a Hugging Face folder with a 97-word tokenizer; returns
+    ``folder``."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace

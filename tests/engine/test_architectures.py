@@ -101,7 +101,9 @@ def test_layer_specs_and_cache_shapes_come_from_the_layers(name: str) -> None:
 
 
 def test_gemma2_layers_carry_their_softcap() -> None:
-    core = EngineCore(_engine_model(build_model("gemma2")), Settings(num_kv_blocks=8, block_size=4), [EOS], 256)
+    core = EngineCore(
+        _engine_model(build_model("gemma2")), Settings(num_kv_blocks=8, block_size=4), [EOS], 256
+    )
     cap = build_config("gemma2").attn_logit_softcapping
     assert cap and [s.softcap for s in core.runner.layers] == [cap, cap]
 
@@ -120,7 +122,10 @@ def test_refused_at_load_with_reason(name: str) -> None:
 
 def test_unknown_layer_kinds_are_refused() -> None:
     config = build_config("gemma3_text", {"layer_types": ["sliding_attention", "indexed_attention"]})
-    with pytest.raises(UnsupportedArchitectureError, match=r"'gemma3_text' has attention layers of kind \['indexed_attention'\]"):
+    with pytest.raises(
+        UnsupportedArchitectureError,
+        match=r"'gemma3_text' has attention layers of kind \['indexed_attention'\]",
+    ):
         check_config(config)
 
 
@@ -133,7 +138,10 @@ def test_a_layer_without_attention_is_refused_when_the_engine_is_built() -> None
         return torch.zeros_like(hidden_states), None
 
     attn.forward = no_attention
-    with pytest.raises(UnsupportedArchitectureError, match=r"'llama' has decoder layers that do not use the attention function \(layers \[1\] of 2\)"):
+    with pytest.raises(
+        UnsupportedArchitectureError,
+        match=r"'llama' has decoder layers that do not use the attention function \(layers \[1\] of 2\)",
+    ):
         EngineCore(model, Settings(num_kv_blocks=8, block_size=4), [EOS], 256)
 
 
@@ -143,7 +151,9 @@ def test_paged_attention_outside_the_engine_still_refuses() -> None:
         model(torch.tensor([[3, 4, 5]]))
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "llama4_text", "deepseek_v3", "phi3_window_beyond_context"])
+@pytest.mark.parametrize(
+    "name", ["gemma2", "gpt_oss", "llama4_text", "deepseek_v3", "phi3_window_beyond_context"]
+)
 def test_self_check_passes(name: str) -> None:
     model = _engine_model(build_model(name))
     report = run_self_check(model, Settings(block_size=4), 256)
@@ -170,12 +180,16 @@ def _drop_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _drop_softcap(monkeypatch: pytest.MonkeyPatch) -> None:
     attend = attention._attend
-    monkeypatch.setattr(attention, "_attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, None, sinks))
+    monkeypatch.setattr(
+        attention, "_attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, None, sinks)
+    )
 
 
 def _drop_sinks(monkeypatch: pytest.MonkeyPatch) -> None:
     attend = attention._attend
-    monkeypatch.setattr(attention, "_attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, cap, None))
+    monkeypatch.setattr(
+        attention, "_attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, cap, None)
+    )
 
 
 @pytest.mark.parametrize(("name", "sabotage"), [
@@ -187,7 +201,11 @@ def test_self_check_refuses_an_attention_that_ignores_a_feature(name, sabotage, 
     model = _engine_model(build_model(name))
     sabotage(monkeypatch)
     model_type = build_config(name).model_type
-    with pytest.raises(SelfCheckError, match=rf"self-check failed for model type '{model_type}': prompt \d \(\d+ tokens.*first differs at generated token \d+"):
+    with pytest.raises(
+        SelfCheckError,
+        match=rf"self-check failed for model type '{model_type}': prompt \d \(\d+ tokens.*"
+        r"first differs at generated token \d+",
+    ):
         run_self_check(model, Settings(block_size=4), 256)
 
 
@@ -198,7 +216,9 @@ def test_self_check_refuses_when_the_engine_raises(monkeypatch) -> None:
         raise IndexError("index_copy_(): shape mismatch")
 
     monkeypatch.setattr(attention, "_attend", broken)
-    with pytest.raises(SelfCheckError, match=r"'llama': the engine failed on prompt \d: engine step failed: IndexError"):
+    with pytest.raises(
+        SelfCheckError, match=r"'llama': the engine failed on prompt \d: engine step failed: IndexError"
+    ):
         run_self_check(model, Settings(block_size=4), 256)
 
 

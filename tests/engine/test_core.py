@@ -102,7 +102,9 @@ def test_logprobs_match_reference_forward(tiny_pair) -> None:
     _, ref, model = tiny_pair
     core = EngineCore(model, SETTINGS, [EOS], max_model_len=256)
     prompt = prompts(1, seed=5)[0]
-    core.add_request("a", prompt, SamplingParams(max_tokens=3, temperature=0.0, logprobs=True, top_logprobs=3))
+    core.add_request(
+        "a", prompt, SamplingParams(max_tokens=3, temperature=0.0, logprobs=True, top_logprobs=3)
+    )
     outs = []
     while core.has_unfinished():
         outs += core.step()

@@ -44,7 +44,9 @@ def test_logprobs_are_raw_model_logprobs() -> None:
 def test_logprobs_only_for_rows_that_ask() -> None:
     s = Sampler(CPU, [0])
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
-    _, lps = s.sample(logits, [r(SamplingParams(temperature=0.0)), r(SamplingParams(temperature=0.0, logprobs=True))])
+    _, lps = s.sample(
+        logits, [r(SamplingParams(temperature=0.0)), r(SamplingParams(temperature=0.0, logprobs=True))]
+    )
     assert lps is not None and lps[0] is None and lps[1].token_id == 0 and lps[1].top == []
 
 
@@ -62,7 +64,9 @@ def test_repetition_presence_frequency_penalties() -> None:
     s = Sampler(CPU, [99])
     logits = torch.tensor([[2.0, 1.9, -1.0, 1.0]])
     # repetition penalty 2 over prompt token 0: 2.0 -> 1.0, so 1 wins
-    assert s.sample(logits, [r(SamplingParams(temperature=0.0, repetition_penalty=2.0), prompt=[0])])[0] == [1]
+    assert s.sample(logits, [r(SamplingParams(temperature=0.0, repetition_penalty=2.0), prompt=[0])])[0] == [
+        1
+    ]
     proc = s._process(logits, [r(SamplingParams(repetition_penalty=2.0), prompt=[0, 2])])
     assert proc[0].tolist() == [1.0, 1.899999976158142, -2.0, 1.0]
     # frequency 0.5 x2 occurrences + presence 0.25 on token 0: 2.0 - 1.0 - 0.25 = 0.75

@@ -92,8 +92,12 @@ def test_eos_stop_ids_min_tokens_and_length() -> None:
     assert not outs[0].finished
     _, outs = fake_step(sched, token=2)
     assert outs[0].finished and outs[0].finish_reason == "length" and outs[0].num_output_tokens == 2
-    sched.add_request(req("min", 2, SamplingParams(max_tokens=9, temperature=0.0, min_tokens=2, stop_token_ids=(5,))))
-    for _ in range(2):  # min_tokens=2: two tokens before a stop token may end it (SamplingParams.is_stop_allowed)
+    sched.add_request(
+        req("min", 2, SamplingParams(max_tokens=9, temperature=0.0, min_tokens=2, stop_token_ids=(5,)))
+    )
+    for _ in range(
+        2
+    ):  # min_tokens=2: two tokens before a stop token may end it (SamplingParams.is_stop_allowed)
         _, outs = fake_step(sched, token=5)
         assert not outs[0].finished
     _, outs = fake_step(sched, token=5)

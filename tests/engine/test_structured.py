@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 import torch
-from conftest import build_tiny, engine_copy
+from conftest import engine_copy
 
 from proxy.engine.core import EngineCore
 from proxy.engine.request import Request
@@ -40,13 +40,19 @@ def hf_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    corpus = [json.dumps({"name": "ab", "n": i, "ok": i % 2 == 0, "tags": ["red", "blue"][: i % 3], "kind": None})
-              for i in range(50)] + ["Hello world, plain text answers too.", '{"a": [1, 2.5, -3e4], "b": "x\\ny"}']
+    corpus = [
+        json.dumps({"name": "ab", "n": i, "ok": i % 2 == 0, "tags": ["red", "blue"][: i % 3], "kind": None})
+        for i in range(50)
+    ] + ["Hello world, plain text answers too.", '{"a": [1, 2.5, -3e4], "b": "x\\ny"}']
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|endoftext|>")
 
@@ -180,22 +186,38 @@ def test_unconstrained_rows_are_untouched() -> None:
     """An unconstrained row samples exactly what it samples without constrained neighbours."""
     greedy = SamplingParams(temperature=0.0)
     seeded = SamplingParams(temperature=1.0, seed=7)
-    mixed = run_sampler([greedy.__class__(**{**greedy.__dict__, "structured_outputs": JSON}), greedy, seeded], 30)
-    alone = run_sampler([SamplingParams(temperature=0.0, structured_outputs=StructuredOutputParams("json_object")),
-                         greedy, seeded], 30)
+    mixed = run_sampler(
+        [greedy.__class__(**{**greedy.__dict__, "structured_outputs": JSON}), greedy, seeded], 30
+    )
+    alone = run_sampler(
+        [
+            SamplingParams(temperature=0.0, structured_outputs=StructuredOutputParams("json_object")),
+            greedy,
+            seeded,
+        ],
+        30,
+    )
     assert mixed[1] == alone[1] and mixed[2] == alone[2]
 
 
 def test_json_object_regex_choice_and_grammar_kinds() -> None:
     cases = [
         (StructuredOutputParams("json_object"), lambda t: isinstance(json.loads(t), dict)),
-        (StructuredOutputParams("regex", "[a-c]{2,4}-[0-9]"), lambda t: __import__("re").fullmatch("[a-c]{2,4}-[0-9]", t)),
-        (StructuredOutputParams("choice", '["red", "blue", "gr\\"een"]'), lambda t: t in ("red", "blue", 'gr"een')),
+        (
+            StructuredOutputParams("regex", "[a-c]{2,4}-[0-9]"),
+            lambda t: __import__("re").fullmatch("[a-c]{2,4}-[0-9]", t),
+        ),
+        (
+            StructuredOutputParams("choice", '["red", "blue", "gr\\"een"]'),
+            lambda t: t in ("red", "blue", 'gr"een'),
+        ),
         (StructuredOutputParams("grammar", 'root ::= "yes" | "no"'), lambda t: t in ("yes", "no")),
     ]
     for so, ok in cases:
         for seed in range(3):
-            ids = run_sampler([SamplingParams(temperature=1.0, seed=seed, structured_outputs=so)], 200, seed)[0]
+            ids = run_sampler([SamplingParams(temperature=1.0, seed=seed, structured_outputs=so)], 200, seed)[
+                0
+            ]
             if so.kind != "json_object":
                 assert ids[-1] == eos(), so
             if ids[-1] == eos():
@@ -205,7 +227,9 @@ def test_json_object_regex_choice_and_grammar_kinds() -> None:
 # ---- the engine -----------------------------------------------------------------------------------
 
 
-def run_engine(core: EngineCore, jobs: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, tuple[list[int], str]]:
+def run_engine(
+    core: EngineCore, jobs: dict[str, tuple[list[int], SamplingParams]]
+) -> dict[str, tuple[list[int], str]]:
     for rid, (prompt, params) in jobs.items():
         core.add_request(rid, prompt, params)
     out: dict[str, list[int]] = {rid: [] for rid in jobs}
@@ -289,7 +313,7 @@ def test_logits_width_of_a_head_without_weight() -> None:
     class Wrapper(torch.nn.Module):
         config = m.config
 
-        def get_output_embeddings(self):  # noqa: ANN202
+        def get_output_embeddings(self):
             return Packed()
 
     assert logits_width(Wrapper()) == 123

@@ -15,7 +15,8 @@ except ImportError:  # pytest run without the repository root on sys.path
 FFFD = "\ufffd"
 
 # A small table: 0 'a', 1 ' b', 2-4 the bytes of 很 (E5 BE 88) as raw byte-level tokens, 5-7 the same
-# bytes as byte-fallback tokens, 8 '<s>' special, 9 ' ' (space), 10 '\xff' invalid byte, 11 '\xf0\x9f' (half of
+# bytes as byte-fallback tokens, 8 '<s>' special, 9 ' ' (space), 10 '\xff' invalid byte, 11 '\xf0\x9f' (half
+# of
 # an emoji), 12 '\xa4\x97' (its other half: 🤗 = F0 9F A4 97), 13 fallback <0x20>, 14 fallback <0xFF>.
 TOKENS = [b"a", b" b", b"\xe5", b"\xbe", b"\x88", b"\xe5", b"\xbe", b"\x88", b"<s>", b" ", b"\xff",
           b"\xf0\x9f", b"\xa4\x97", b" ", b"\xff"]

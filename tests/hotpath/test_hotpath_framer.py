@@ -72,7 +72,9 @@ class TestChat:
         assert f.usage(12, 30, 8) == sse(d)
         with pytest.raises(TypeError):  # the cached count is never left out by accident
             f.usage(12, 30)  # type: ignore[call-arg]
-        e = {"error": {"message": 'boom "x"\n', "type": "server_error", "param": None, "code": "engine_error"}}
+        e = {
+            "error": {"message": 'boom "x"\n', "type": "server_error", "param": None, "code": "engine_error"}
+        }
         assert f.error('boom "x"\n', "server_error", "engine_error") == sse(e)
         assert f.done() == b"data: [DONE]\n\n"
 

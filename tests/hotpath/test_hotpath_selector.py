@@ -15,7 +15,10 @@ from proxy.hotpath import python
 
 def test_compiled_loaded_when_required():
     """With STREAMPROXY_REQUIRE_COMPILED=1 (``make test``), a missing or broken build fails here."""
-    if os.environ.get("STREAMPROXY_REQUIRE_COMPILED") != "1" or os.environ.get("STREAMPROXY_PURE_PYTHON") == "1":
+    if (
+        os.environ.get("STREAMPROXY_REQUIRE_COMPILED") != "1"
+        or os.environ.get("STREAMPROXY_PURE_PYTHON") == "1"
+    ):
         assert hotpath.IS_COMPILED == (hotpath.COMPILED_IMPORT_ERROR is None
                                        and os.environ.get("STREAMPROXY_PURE_PYTHON") != "1")
         return

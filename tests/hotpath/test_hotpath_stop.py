@@ -115,7 +115,9 @@ ALPHA = st.text(alphabet="ab c\n很🛑", max_size=6)
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 @settings(max_examples=400, deadline=None)
-@given(stop=st.lists(ALPHA, max_size=4), chunks=st.lists(st.text(alphabet="ab c\n很🛑", max_size=5), max_size=12))
+@given(
+    stop=st.lists(ALPHA, max_size=4), chunks=st.lists(st.text(alphabet="ab c\n很🛑", max_size=5), max_size=12)
+)
 def test_stop_matches_oracle(impl, stop, chunks):
     sc = impl.StopChecker(stop)
     emitted = ""
@@ -138,6 +140,8 @@ def test_stop_matches_oracle(impl, stop, chunks):
 
 @pytest.mark.skipif(compiled is None, reason="compiled hot path not built")
 @settings(max_examples=300, deadline=None)
-@given(stop=st.lists(ALPHA, max_size=4), chunks=st.lists(st.text(alphabet="ab c\n很🛑", max_size=5), max_size=12))
+@given(
+    stop=st.lists(ALPHA, max_size=4), chunks=st.lists(st.text(alphabet="ab c\n很🛑", max_size=5), max_size=12)
+)
 def test_differential_compiled_vs_python(stop, chunks):
     assert run(compiled, stop, chunks) == run(python, stop, chunks)

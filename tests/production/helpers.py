@@ -152,8 +152,11 @@ def nginx(tmp: Path, upstream_ports: list[int]) -> Iterator[int]:
     for p in (tmp, prefix):
         p.chmod(0o755)  # worker processes may run as an unprivileged user
     log = open(prefix / "stderr.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen([binary, "-p", str(prefix) + "/", "-c", str(prefix / "nginx.conf"), "-e", "stderr"],
-                               stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [binary, "-p", str(prefix) + "/", "-c", str(prefix / "nginx.conf"), "-e", "stderr"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:

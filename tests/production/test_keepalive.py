@@ -85,8 +85,9 @@ def test_openai_sdk_ignores_comments():
     with thread_server(engine, keepalive_interval_s=0.05) as (port, _):
         raw = read_all(post_stream(port, BODY))
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-        stream = client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "Hi"}],
-                                                stream=True)
+        stream = client.chat.completions.create(
+            model="test-model", messages=[{"role": "user", "content": "Hi"}], stream=True
+        )
         pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
         completion = client.completions.create(model="test-model", prompt="Hi", stream=True)
         text = "".join(c.choices[0].text for c in completion)

@@ -58,7 +58,9 @@ def test_queue_full_is_429_and_admitted_requests_finish_exactly(model_dir: Path)
 
         admitted = []
         for i, p in enumerate(PROMPTS):  # 2 running, then 2 waiting: the queue is full
-            admitted.append(asyncio.create_task(client.post("/v1/completions", json=body(p, stream=i % 2 == 0))))
+            admitted.append(
+                asyncio.create_task(client.post("/v1/completions", json=body(p, stream=i % 2 == 0)))
+            )
             await until(min(i + 1, 2), max(0, i - 1))
         flood = await asyncio.gather(*[client.post("/v1/completions", json=body("Hello", stream=i % 2 == 0))
                                        for i in range(24)])
@@ -75,7 +77,11 @@ def test_queue_full_is_429_and_admitted_requests_finish_exactly(model_dir: Path)
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
     for i, (r, ref) in enumerate(zip(done, refs)):
         assert r.status_code == 200, (i, r.text[:300])
-        text = stream_text(chunks_and_done(r.content), chat=False) if i % 2 == 0 else r.json()["choices"][0]["text"]
+        text = (
+            stream_text(chunks_and_done(r.content), chat=False)
+            if i % 2 == 0
+            else r.json()["choices"][0]["text"]
+        )
         assert text == ref
     assert sample(metrics, "streamproxy:request_rejected_total", reason="queue_full") == 24
 
@@ -102,7 +108,9 @@ def test_metrics_move_with_requests(model_dir: Path):
             await asyncio.sleep(0.002)
         during = (await client.get("/metrics")).text
         await long
-        plain = [(await client.post("/v1/completions", json=body(p, max_tokens=8))).json() for p in PROMPTS[:2]]
+        plain = [
+            (await client.post("/v1/completions", json=body(p, max_tokens=8))).json() for p in PROMPTS[:2]
+        ]
         ref = plain[0]["choices"][0]["text"]
         stop = ref[3:5]
         stopped = (await client.post("/v1/completions", json=body("Hello", max_tokens=8, stop=[stop]))).json()

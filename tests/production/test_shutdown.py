@@ -95,7 +95,9 @@ def _stream_in_thread(url: str, body: dict, out: dict, first: threading.Event) -
 @pytest.mark.parametrize("mode", [[], ["--engine-process"]], ids=["engine-thread", "engine-process"])
 def test_sigterm_real_process(model_dir: Path, tmp_path: Path, mode: list[str]):
     grace = 2.0
-    proc = start_server(tmp_path, ["--model", str(model_dir), *TINY_ARGS, "--shutdown-grace-s", str(grace), *mode])
+    proc = start_server(
+        tmp_path, ["--model", str(model_dir), *TINY_ARGS, "--shutdown-grace-s", str(grace), *mode]
+    )
     url = f"{proc.base_url}/v1/completions"
     base = {"model": TINY, "prompt": "Hello", "temperature": 0, "ignore_eos": True}
     reference = httpx.post(url, json={**base, "max_tokens": 40}, timeout=60).json()["choices"][0]["text"]

@@ -1,4 +1,5 @@
-"""Bounded soak test (about 60 s, loopback only), run alone: ``pytest -m soak tests/production/test_soak.py -s``.
+"""Bounded soak test (about 60 s, loopback only), run alone: ``pytest -m soak tests/production/test_soak.py
+-s``.
 
 64 concurrent clients stream from a real server with the default model for SOAK_S seconds: some
 disconnect at a random point, some read slowly, the rest read normally (and a few ask non-stream).
@@ -69,8 +70,12 @@ async def _soak(proc: Proc) -> dict:
     async with httpx.AsyncClient(base_url=proc.base_url, timeout=300, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         refs = {}
-        for spec, r in zip(SPECS, await asyncio.gather(*[client.post("/v1/chat/completions",
-                                                                     json=body(model, s, False)) for s in SPECS])):
+        for spec, r in zip(
+            SPECS,
+            await asyncio.gather(
+                *[client.post("/v1/chat/completions", json=body(model, s, False)) for s in SPECS]
+            ),
+        ):
             refs[spec] = r.json()["choices"][0]["message"]["content"]
         stats = {"completed_streams": 0, "completed_plain": 0, "disconnected": 0, "slow": 0, "rejected": 0,
                  "chunks": 0}
@@ -103,7 +108,9 @@ async def _soak(proc: Proc) -> dict:
                 disconnect_after = r.randint(1, 12) if mode < 0.35 else None
                 slow = 0.35 <= mode < 0.55
                 raw = b""
-                async with client.stream("POST", "/v1/chat/completions", json=body(model, spec, True)) as resp:
+                async with client.stream(
+                    "POST", "/v1/chat/completions", json=body(model, spec, True)
+                ) as resp:
                     if resp.status_code == 429:
                         stats["rejected"] += 1
                         await resp.aread()
@@ -140,7 +147,9 @@ async def _soak(proc: Proc) -> dict:
     first = [v for t, v in rss if t <= 10.0]
     last = [v for t, v in rss if t >= rss[-1][0] - 10.0]
     rss_first, rss_last = statistics.mean(first), statistics.mean(last)
-    gen_line = next(line for line in metrics.splitlines() if line.startswith("streamproxy:generation_tokens_total"))
+    gen_line = next(
+        line for line in metrics.splitlines() if line.startswith("streamproxy:generation_tokens_total")
+    )
     return {
         **stats,
         "elapsed_s": round(elapsed, 1),

@@ -69,7 +69,9 @@ def tiny_gguf(tmp_path_factory) -> tuple[Path, nn.Module, dict[str, np.ndarray]]
         deq = stored if qtype == T.F32 else dequantize(data, qtype).reshape(stored.shape)
         values[name] = deq
         with torch.no_grad():
-            model.get_submodule(hf_name).weight.copy_(torch.from_numpy(_hf_order(deq, heads) if heads else deq))
+            model.get_submodule(hf_name).weight.copy_(
+                torch.from_numpy(_hf_order(deq, heads) if heads else deq)
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -87,7 +89,9 @@ def test_header_index_matches_gguf_reader(tiny_gguf) -> None:
         mine = tensors[t.name]
         assert mine.type_name == t.tensor_type.name
         assert mine.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
-        assert np.array_equal(np.asarray(mine.data).reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1))
+        assert np.array_equal(
+            np.asarray(mine.data).reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1)
+        )
 
 
 @pytest.mark.parametrize("name", ["blk.0.attn_q", "blk.0.attn_k", "blk.0.attn_v"])

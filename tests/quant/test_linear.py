@@ -27,7 +27,9 @@ def test_fp32_kernel_computes_planes_values_exactly() -> None:
     plane = Int4Plane(codes, scale, zero)
     layer = PackedLinear([plane], None, 32, CPU, torch.float32, "t")
     assert torch.equal(layer.dequantize(), plane.dequantize(32))
-    expected = (codes.double() - 8) * scale.double().repeat_interleave(32, 1) + zero.double().repeat_interleave(32, 1)
+    expected = (codes.double() - 8) * scale.double().repeat_interleave(
+        32, 1
+    ) + zero.double().repeat_interleave(32, 1)
     assert torch.equal(plane.dequantize(32), expected.float())
 
 
@@ -57,7 +59,8 @@ def test_quantize_error_is_within_half_a_step(quantize, bound) -> None:
 @pytest.mark.parametrize("method", ["int4", "int8"])
 @pytest.mark.parametrize("kernel_dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_matches_dense_of_its_own_weights(method, kernel_dtype) -> None:
-    """``PackedLinear(x)`` == ``x @ dequant(W).T + b`` (shapes [2, 3, K] in, [2, 3, N] out, input dtype kept)."""
+    """``PackedLinear(x)`` == ``x @ dequant(W).T + b`` (shapes [2, 3, K] in, [2, 3, N] out, input dtype
+    kept)."""
     w, b = _weight(64, 96), torch.randn(64) * 0.1
     planes = (quantize_int4 if method == "int4" else quantize_int8)(w, 32)
     layer = PackedLinear(planes, b, 32, CPU, kernel_dtype, method)

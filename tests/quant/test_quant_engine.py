@@ -11,13 +11,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the engine tests' helpers
-from engine_helpers import assert_greedy_matches, reference_greedy, run_staggered  # noqa: E402
+from engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
-from proxy.engine.attention import register  # noqa: E402
-from proxy.engine.core import EngineCore  # noqa: E402
-from proxy.quant import PackedLinear, kernel_dtype, quantize_linears  # noqa: E402
-from proxy.sampling import SamplingParams  # noqa: E402
-from proxy.settings import Settings  # noqa: E402
+from proxy.engine.attention import register
+from proxy.engine.core import EngineCore
+from proxy.quant import PackedLinear, kernel_dtype, quantize_linears
+from proxy.sampling import SamplingParams
+from proxy.settings import Settings
 
 EOS = 2
 MAX_NEW = 20

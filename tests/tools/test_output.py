@@ -34,7 +34,9 @@ def test_auto_hermes_stream_and_message() -> None:
 
 def test_required_named_and_cut() -> None:
     required = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "required"}), None)
-    text, deltas, reason = run(required, ['[{"name": "get_weather", ', '"parameters": {"city": "Rome"}}]'], "stop")
+    text, deltas, reason = run(
+        required, ['[{"name": "get_weather", ', '"parameters": {"city": "Rome"}}]'], "stop"
+    )
     assert text == "" and reason == "tool_calls" and required.message()["content"] is None
     assert json.loads(required.message()["tool_calls"][0]["function"]["arguments"]) == {"city": "Rome"}
     named = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": {
@@ -51,7 +53,10 @@ def test_none_and_plain_auto_text() -> None:
     none = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "none"}), "hermes")
     assert run(none, ["<tool_call>x"], "stop") == ("<tool_call>x", [], "stop")
     auto = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER]}), "hermes")
-    assert run(auto, ["Just text."], "stop") == ("Just text.", [], "stop") and auto.message()["content"] == "Just text."
+    assert (
+        run(auto, ["Just text."], "stop") == ("Just text.", [], "stop")
+        and auto.message()["content"] == "Just text."
+    )
 
 
 def test_chunk_shape() -> None:
@@ -84,9 +89,17 @@ def test_required_streams_arguments_per_token() -> None:
     pieces, reason = feed_each(out, head + ARGS_TOKENS + ["}]"], "stop")
     assert pieces[: len(head) - 1] == [[]] * (len(head) - 1)
     header, first = pieces[len(head) - 1]
-    assert header["function"] == {"name": "get_weather", "arguments": ""} and first["function"] == {"arguments": "{"}
-    assert pieces[len(head):] == [[{"index": 0, "function": {"arguments": t}}] for t in ARGS_TOKENS] + [[], []]
-    assert reason == "tool_calls" and out.message()["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
+    assert header["function"] == {"name": "get_weather", "arguments": ""} and first["function"] == {
+        "arguments": "{"
+    }
+    assert pieces[len(head) :] == [[{"index": 0, "function": {"arguments": t}}] for t in ARGS_TOKENS] + [
+        [],
+        [],
+    ]
+    assert (
+        reason == "tool_calls"
+        and out.message()["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
+    )
 
 
 def test_named_streams_arguments_per_token_and_a_cut_call_stays() -> None:
@@ -94,10 +107,21 @@ def test_named_streams_arguments_per_token_and_a_cut_call_stays() -> None:
     out = ChoiceToolOutput(parse_chat_tools(named), None)
     pieces, reason = feed_each(out, ["{", *ARGS_TOKENS], "stop")
     header, first = pieces[0]
-    assert header["function"] == {"name": "get_weather", "arguments": ""} and first["function"] == {"arguments": "{"}
+    assert header["function"] == {"name": "get_weather", "arguments": ""} and first["function"] == {
+        "arguments": "{"
+    }
     assert pieces[1:] == [[{"index": 0, "function": {"arguments": t}}] for t in ARGS_TOKENS] + [[]]
-    assert reason == "tool_calls" and out.message() == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": header["id"], "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
+    assert reason == "tool_calls" and out.message() == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": header["id"],
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+            }
+        ],
+    }
     # max_tokens cut it after its arguments started: the call stays, "length" (as OpenAI answers)
     cut = ChoiceToolOutput(parse_chat_tools(named), None)
     pieces, reason = feed_each(cut, ["{", *ARGS_TOKENS[:4]], "length")

@@ -39,32 +39,82 @@ def chunkings(text: str, seed: int) -> list[list[str]]:
 
 CASES = [
     # (parser, output text, expected content, expected [(name, arguments object)])
-    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-     "Let me check.", [("get_weather", {"city": "Paris"})]),
-    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n'
-     '{"name": "b", "arguments": {"y": [1, 2]}}\n</tool_call>', None, [("a", {"x": 1}), ("b", {"y": [1, 2]})]),
-    ("hermes", "Plain answer with < and <tool and </tool_call> bits.", "Plain answer with < and <tool and </tool_call> bits.", []),
+    (
+        "hermes",
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        "Let me check.",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    (
+        "hermes",
+        ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n'
+        '{"name": "b", "arguments": {"y": [1, 2]}}\n</tool_call>'),
+        None,
+        [("a", {"x": 1}), ("b", {"y": [1, 2]})],
+    ),
+    (
+        "hermes",
+        "Plain answer with < and <tool and </tool_call> bits.",
+        "Plain answer with < and <tool and </tool_call> bits.",
+        [],
+    ),
     # Streamed once its arguments started: the call stays, with the arguments text that came (cut).
     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1</tool_call>', None, [("f", '{"a": 1')]),
     # Not a call before anything was streamed: content, marker included.
-    ("hermes", '<tool_call>{"name": f, "arguments": {"a": 1}}</tool_call>',
-     '<tool_call>{"name": f, "arguments": {"a": 1}}</tool_call>', []),
+    (
+        "hermes",
+        '<tool_call>{"name": f, "arguments": {"a": 1}}</tool_call>',
+        '<tool_call>{"name": f, "arguments": {"a": 1}}</tool_call>',
+        [],
+    ),
     # Not the streamed shape (no arguments object after the name): sent whole when it closes.
     ("hermes", 'Hi <tool_call>{"name": "f", "extra": {}}</tool_call>', "Hi", [("f", {})]),
-    ("hermes", '<tool_call>{"arguments": {"a": [1, "}"]}, "name": "f"}</tool_call>', None, [("f", {"a": [1, "}"]})]),
+    (
+        "hermes",
+        '<tool_call>{"arguments": {"a": [1, "}"]}, "name": "f"}</tool_call>',
+        None,
+        [("f", {"a": [1, "}"]})],
+    ),
     ("hermes", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
-    ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 2}"}</tool_call> done', "done", [("f", {"a": 2})]),
-    ("hermes", '<tool_call>{"name": "f", "arguments": {"q": "ü"}}', None, [("f", {"q": "ü"})]),  # unclosed at EOS
+    (
+        "hermes",
+        '<tool_call>{"name": "f", "arguments": "{\\"a\\": 2}"}</tool_call> done',
+        "done",
+        [("f", {"a": 2})],
+    ),
+    (
+        "hermes",
+        '<tool_call>{"name": "f", "arguments": {"q": "ü"}}',
+        None,
+        [("f", {"q": "ü"})],
+    ),  # unclosed at EOS
     ("hermes", "Trailing spaces kept  \n", "Trailing spaces kept  \n", []),
-    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo"}}', None, [("get_weather", {"city": "Oslo"})]),
-    ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"k": "v"}}', None,
-     [("a", {}), ("b", {"k": "v"})]),
+    (
+        "llama3_json",
+        '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+        None,
+        [("get_weather", {"city": "Oslo"})],
+    ),
+    (
+        "llama3_json",
+        '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"k": "v"}}',
+        None,
+        [("a", {}), ("b", {"k": "v"})],
+    ),
     ("llama3_json", 'The answer is {"name": "x"}', 'The answer is {"name": "x"}', []),
     ("llama3_json", '{"name": "a", "parameters": {"k": ', None, [("a", '{"k": ')]),  # cut by max_tokens
-    ("mistral", 'Sure. [TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
-     "Sure.", [("a", {"x": 1}), ("b", {})]),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}[TOOL_CALLS]time[ARGS]{}', None,
-     [("get_weather", {"city": "Rome"}), ("time", {})]),
+    (
+        "mistral",
+        'Sure. [TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
+        "Sure.",
+        [("a", {"x": 1}), ("b", {})],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}[TOOL_CALLS]time[ARGS]{}',
+        None,
+        [("get_weather", {"city": "Rome"}), ("time", {})],
+    ),
     ("mistral", "[TOOL_CALLS] not json", "[TOOL_CALLS] not json", []),
     ("mistral", "[TOOL_CALL is not the marker", "[TOOL_CALL is not the marker", []),
 ]
@@ -118,7 +168,10 @@ def test_held_prefix_released_when_not_a_marker() -> None:
 
 def test_delta_shape_and_indices() -> None:
     parser = get_parser("hermes")
-    _, deltas = parser.feed('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"z": 0}}</tool_call>')
+    _, deltas = parser.feed(
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {"z": '
+        '0}}</tool_call>'
+    )
     dicts = [d.to_openai() for d in deltas]
     assert [d["index"] for d in dicts] == [0, 0, 1, 1]
     assert dicts[0]["function"] == {"name": "a", "arguments": ""} and dicts[0]["type"] == "function"
@@ -152,15 +205,66 @@ def feed_each(parser: ToolCallParser, tokens: list[str]) -> list[list[dict]]:
     return [*out, [d.to_openai() for d in parser.flush()[1]]]
 
 
-@pytest.mark.parametrize(("name", "tokens", "head", "tail"), [
-    ("hermes", ["Sure", ".", "\n<", "tool", "_call", ">\n", '{"', "name", '":', ' "', "get", "_weather", '",', ' "',
-                "arguments", '":', ' {"'], ' {"', ["}\n", "</", "tool", "_call", ">"]),
-    ("llama3_json", ['{"', "name", '":', ' "', "get", "_weather", '",', ' "', "parameters", '":', ' {"'], ' {"', ["}"]),
-    ("mistral", ["[TOOL_CALLS]", '[{"', "name", '":', ' "', "get", "_weather", '",', ' "', "arguments", '":', ' {"'],
-     ' {"', ["}]"]),
-    ("mistral", ["[TOOL_CALLS]", "get", "_weather", "[ARGS]", '{"'], '{"',
-     ["[TOOL_CALLS]", "time", "[ARGS]", "{}"]),
-])
+@pytest.mark.parametrize(
+    ("name", "tokens", "head", "tail"),
+    [
+        (
+            "hermes",
+            [
+                "Sure",
+                ".",
+                "\n<",
+                "tool",
+                "_call",
+                ">\n",
+                '{"',
+                "name",
+                '":',
+                ' "',
+                "get",
+                "_weather",
+                '",',
+                ' "',
+                "arguments",
+                '":',
+                ' {"',
+            ],
+            ' {"',
+            ["}\n", "</", "tool", "_call", ">"],
+        ),
+        (
+            "llama3_json",
+            ['{"', "name", '":', ' "', "get", "_weather", '",', ' "', "parameters", '":', ' {"'],
+            ' {"',
+            ["}"],
+        ),
+        (
+            "mistral",
+            [
+                "[TOOL_CALLS]",
+                '[{"',
+                "name",
+                '":',
+                ' "',
+                "get",
+                "_weather",
+                '",',
+                ' "',
+                "arguments",
+                '":',
+                ' {"',
+            ],
+            ' {"',
+            ["}]"],
+        ),
+        (
+            "mistral",
+            ["[TOOL_CALLS]", "get", "_weather", "[ARGS]", '{"'],
+            '{"',
+            ["[TOOL_CALLS]", "time", "[ARGS]", "{}"],
+        ),
+    ],
+)
 def test_arguments_stream_token_by_token(name: str, tokens: list[str], head: str, tail: list[str]) -> None:
     """Each token inside the arguments object is sent as one fragment, as it comes: the fragments are
     exactly the arguments text of their tokens (nothing repeated, nothing held), and join to the

@@ -8,7 +8,12 @@ import pytest
 
 from proxy.errors import InvalidRequestError
 from proxy.sampling import StructuredOutputParams
-from proxy.tools.request import parse_chat_tools, parse_structured_outputs, template_messages, tool_system_prompt
+from proxy.tools.request import (
+    parse_chat_tools,
+    parse_structured_outputs,
+    template_messages,
+    tool_system_prompt,
+)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -23,11 +28,21 @@ def test_response_format_kinds() -> None:
         StructuredOutputParams("json_object"), "response_format")
     schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}
     so, field = parse_structured_outputs(
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}})
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema, "strict": True},
+            }
+        }
+    )
     assert field == "response_format" and so.kind == "json" and json.loads(so.spec) == schema
     assert list(json.loads(so.spec)["properties"]) == ["b", "a"]  # property order kept
-    assert parse_structured_outputs({"guided_choice": ["a", "b"]})[0] == StructuredOutputParams("choice", '["a", "b"]')
-    assert parse_structured_outputs({"guided_regex": "[0-9]+"})[0] == StructuredOutputParams("regex", "[0-9]+")
+    assert parse_structured_outputs({"guided_choice": ["a", "b"]})[0] == StructuredOutputParams(
+        "choice", '["a", "b"]'
+    )
+    assert parse_structured_outputs({"guided_regex": "[0-9]+"})[0] == StructuredOutputParams(
+        "regex", "[0-9]+"
+    )
     assert parse_structured_outputs({"guided_json": '{"type": "integer"}'})[0].kind == "json"
     assert parse_structured_outputs({"structured_outputs": {"regex": "a+"}}) == (
         StructuredOutputParams("regex", "a+"), "structured_outputs")
@@ -39,15 +54,33 @@ def test_response_format_kinds() -> None:
         ({"response_format": "json"}, "response_format", "must be an object"),
         ({"response_format": {"type": "xml"}}, "response_format.type", "'xml'"),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "must be an object"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}},
-         "response_format.json_schema.schema", "must be a JSON Schema object"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "array", "uniqueItems": True}}}},
-         "response_format.json_schema.schema", "'uniqueItems'"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "strng"}}}},
-         "response_format.json_schema.schema", "invalid JSON Schema type"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}},
+            "response_format.json_schema.schema",
+            "must be a JSON Schema object",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "array", "uniqueItems": True}},
+                }
+            },
+            "response_format.json_schema.schema",
+            "'uniqueItems'",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "strng"}}}},
+            "response_format.json_schema.schema",
+            "invalid JSON Schema type",
+        ),
         ({"guided_choice": []}, "guided_choice", "non-empty array"),
         ({"guided_json": "{nope"}, "guided_json", "must be a JSON Schema"),
-        ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "cannot be used together"),
+        (
+            {"guided_regex": "a", "response_format": {"type": "json_object"}},
+            "guided_regex",
+            "cannot be used together",
+        ),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
     ],
 )
@@ -67,12 +100,16 @@ def test_tools_and_choices() -> None:
                                         "parameters": {"type": "object", "properties": {}}}}
     named = parse_chat_tools({"tools": [WEATHER, TIME], "tool_choice": {"type": "function",
                               "function": {"name": "get_weather"}}})
-    assert named.choice.name == "get_weather" and [t["function"]["name"] for t in named.template_tools()] == ["get_weather"]
+    assert named.choice.name == "get_weather" and [t["function"]["name"] for t in named.template_tools()] == [
+        "get_weather"
+    ]
     assert json.loads(named.grammar().spec) == WEATHER["function"]["parameters"]
     calls = named.calls_from_output('{"city": "Paris"}')
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
     assert named.calls_from_output('{"city": "Pa') is None
-    required = parse_chat_tools({"tools": [WEATHER, TIME], "tool_choice": "required", "parallel_tool_calls": False})
+    required = parse_chat_tools(
+        {"tools": [WEATHER, TIME], "tool_choice": "required", "parallel_tool_calls": False}
+    )
     schema = json.loads(required.grammar().spec)
     assert schema["minItems"] == 1 and schema["maxItems"] == 1 and len(schema["items"]["anyOf"]) == 2
     calls = required.calls_from_output('[{"name": "get_time", "parameters": {}}, {"name": "get_weather", '
@@ -118,22 +155,44 @@ def test_unenforceable_tool_parameters_refused_only_when_constrained() -> None:
 def test_agent_loop_messages() -> None:
     raw = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     validated = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": None},
                  {"role": "tool", "content": "sunny"}]
     with_tools = template_messages(validated, raw, template_has_tools=True)
-    assert with_tools[1]["content"] == "" and with_tools[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
-    assert with_tools[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"}
+    assert with_tools[1]["content"] == "" and with_tools[1]["tool_calls"][0]["function"]["arguments"] == {
+        "city": "Paris"
+    }
+    assert with_tools[2] == {
+        "role": "tool",
+        "content": "sunny",
+        "tool_call_id": "call_1",
+        "name": "get_weather",
+    }
     plain = template_messages(validated, raw, template_has_tools=False)
     assert "tool_calls" not in plain[1]
     assert json.loads(plain[1]["content"]) == [{"name": "get_weather", "parameters": {"city": "Paris"}}]
     with pytest.raises(InvalidRequestError) as info:
-        template_messages(validated, [raw[0], raw[1], {"role": "tool", "content": "x"}], template_has_tools=True)
+        template_messages(
+            validated, [raw[0], raw[1], {"role": "tool", "content": "x"}], template_has_tools=True
+        )
     assert info.value.param == "messages[2].tool_call_id"
-    bad = [raw[0], {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}, raw[2]]
+    bad = [
+        raw[0],
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]},
+        raw[2],
+    ]
     with pytest.raises(InvalidRequestError) as info:
         template_messages(validated, bad, template_has_tools=True)
     assert info.value.param == "messages[1].tool_calls[0].function.arguments"

@@ -176,7 +176,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.skip("Chromium and chromedriver are not installed (apt-get install chromium chromium-driver; "
                     "make setup does it when run as root)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is not installed (pip install selenium)"
+    )
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()

@@ -76,7 +76,8 @@ def send(driver: Any, text: str) -> None:
 
 
 def last(driver: Any, role: str) -> dict:
-    """The last message of ``role``: its ``text``, ``state`` (streaming, done, stopped, failed) and ``info``."""
+    """The last message of ``role``: its ``text``, ``state`` (streaming, done, stopped, failed) and
+    ``info``."""
     return driver.execute_script(
         "const all = document.querySelectorAll('#log .message.' + arguments[0]);"
         "const m = all[all.length - 1];"
@@ -144,7 +145,9 @@ def test_page_loads_without_console_errors(browser: Any, fake_server: FakeServer
     browser.get_log("browser")
     open_page(browser, fake_server.base)
     assert browser.title == "streamproxy chat"
-    models = browser.execute_script("return [...document.querySelectorAll('#model option')].map(o => o.value);")
+    models = browser.execute_script(
+        "return [...document.querySelectorAll('#model option')].map(o => o.value);"
+    )
     assert models == [MODEL]
     assert browser.execute_script("return document.getElementById('stop').disabled") is True
     assert console_errors(browser) == []
@@ -170,14 +173,18 @@ def test_reply_streams_in_incrementally(page: Any, fake_server: FakeServer) -> N
     assert console_errors(page) == []
 
 
-def test_cjk_and_emoji_arrive_intact_when_characters_are_split_on_the_wire(page: Any, fake_server: FakeServer) -> None:
+def test_cjk_and_emoji_arrive_intact_when_characters_are_split_on_the_wire(
+    page: Any, fake_server: FakeServer
+) -> None:
     fake_server.app.split_characters()
     send(page, "cjk please")
     assert wait_reply(page)["text"] == CJK
     assert console_errors(page) == []
 
 
-def test_html_injection_in_a_reply_is_shown_as_text_and_never_runs(page: Any, fake_server: FakeServer) -> None:
+def test_html_injection_in_a_reply_is_shown_as_text_and_never_runs(
+    page: Any, fake_server: FakeServer
+) -> None:
     fake_server.engine.burst = True  # the whole reply in one delta: whole tags, were they parsed as HTML
     send(page, "inject something")
     assert wait_reply(page)["text"] == INJECTION
@@ -201,15 +208,20 @@ def test_history_system_prompt_settings_and_clear(page: Any, fake_server: FakeSe
     send(page, "cjk two")
     wait_reply(page)
     prompt = prompt_text(engine)
-    assert prompt.startswith("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nhello one<|im_end|>\n"
-                             f"<|im_start|>assistant\n{HELLO}<|im_end|>\n<|im_start|>user\ncjk two<|im_end|>\n")
+    assert prompt.startswith(
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nhello one<|im_end|>\n"
+        f"<|im_start|>assistant\n{HELLO}<|im_end|>\n<|im_start|>user\ncjk two<|im_end|>\n"
+    )
     params = engine.submitted[-1][2]
     assert (params.temperature, params.max_tokens) == (0.2, 40)
     assert page.execute_script("return document.querySelectorAll('#log .message').length") == 4
 
     send(page, "long reply")  # Clear while it streams: the request is aborted, its turn forgotten
-    wait_for(page, "const m = [...document.querySelectorAll('#log .message.assistant')].pop();"
-                   "return m.dataset.state === 'streaming' && m.querySelector('.text').textContent.length > 20")
+    wait_for(
+        page,
+        "const m = [...document.querySelectorAll('#log .message.assistant')].pop();"
+        "return m.dataset.state === 'streaming' && m.querySelector('.text').textContent.length > 20",
+    )
     long_id = engine.submitted[-1][0]
     page.find_element("id", "clear").click()
     assert page.execute_script("return document.querySelectorAll('#log .message').length") == 0
@@ -222,14 +234,18 @@ def test_history_system_prompt_settings_and_clear(page: Any, fake_server: FakeSe
 
 
 def test_copy_puts_the_message_on_the_clipboard(page: Any, fake_server: FakeServer) -> None:
-    page.execute_cdp_cmd("Browser.grantPermissions", {"origin": fake_server.base,
-                                                      "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+    page.execute_cdp_cmd(
+        "Browser.grantPermissions",
+        {"origin": fake_server.base, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]},
+    )
     send(page, "cjk copy")
     wait_reply(page)
     page.execute_script("[...document.querySelectorAll('#log .message.assistant .copy')].pop().click();")
     wait_for(page, "return [...document.querySelectorAll('#log .message.assistant .copy')].pop().textContent"
                    " === 'Copied'")
-    clip = page.execute_async_script("navigator.clipboard.readText().then(arguments[0], e => arguments[0]('!' + e));")
+    clip = page.execute_async_script(
+        "navigator.clipboard.readText().then(arguments[0], e => arguments[0]('!' + e));"
+    )
     assert clip == CJK
     assert console_errors(page) == []
 
@@ -239,8 +255,11 @@ def test_sse_parser_handles_any_split_comments_and_crlf(page: Any) -> None:
     got = page.execute_script(
         "const out = []; const p = new window.streamproxyChat.SseParser(d => out.push(d));"
         "for (const ch of arguments[0]) p.push(ch);"  # one character at a time: every split point
-        "const whole = []; const q = new window.streamproxyChat.SseParser(d => whole.push(d)); q.push(arguments[0]);"
-        "return [out, whole];", raw)
+        "const whole = []; const q = new window.streamproxyChat.SseParser(d => whole.push(d)); "
+        "q.push(arguments[0]);"
+        "return [out, whole];",
+        raw,
+    )
     assert got == [['{"a":1}', "x\ny", "[DONE]"]] * 2
 
 
@@ -271,7 +290,9 @@ def test_400_shows_the_servers_message(page: Any, fake_server: FakeServer) -> No
     assert console_errors(page, allowed=("status of 400",)) == []
 
 
-def test_error_event_in_the_stream_is_shown_and_the_partial_reply_kept(page: Any, fake_server: FakeServer) -> None:
+def test_error_event_in_the_stream_is_shown_and_the_partial_reply_kept(
+    page: Any, fake_server: FakeServer
+) -> None:
     fake_server.engine.fail_after = 4
     send(page, "hello fail")
     reply = wait_reply(page, ("failed",))
@@ -395,7 +416,8 @@ def test_stop_ends_the_stream_and_frees_the_kv_blocks(browser: Any, engine_serve
 
 
 def test_screenshot(browser: Any, fake_server: FakeServer, tmp_path: Path) -> None:
-    """A screenshot of a short conversation, the second reply still streaming. Written to docs/img/chat-ui.png (for the README) when
+    """A screenshot of a short conversation, the second reply still streaming. Written to
+    docs/img/chat-ui.png (for the README) when
     ``STREAMPROXY_UPDATE_SCREENSHOT=1``, else to a temp folder, so a test run leaves the tree clean."""
     open_page(browser, fake_server.base)
     browser.find_element("id", "settings-toggle").click()
@@ -403,8 +425,11 @@ def test_screenshot(browser: Any, fake_server: FakeServer, tmp_path: Path) -> No
     send(browser, "hello")
     wait_reply(browser)
     send(browser, "a long reply, please")
-    wait_for(browser, "const m = [...document.querySelectorAll('#log .message.assistant')].pop();"
-                      "return m.dataset.state === 'streaming' && m.querySelector('.text').textContent.length > 150")
+    wait_for(
+        browser,
+        "const m = [...document.querySelectorAll('#log .message.assistant')].pop();"
+        "return m.dataset.state === 'streaming' && m.querySelector('.text').textContent.length > 150",
+    )
     path = SCREENSHOT if os.environ.get(UPDATE_SCREENSHOT_ENV) == "1" else tmp_path / "chat-ui.png"
     assert browser.save_screenshot(str(path))
     png = path.read_bytes()

@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 def get(path: str, **settings: object) -> httpx.Response:
     async def main() -> httpx.Response:
         app = create_app(Settings(**settings))  # static routes: no model is loaded (no lifespan)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as client:
             return await client.get(path)
 
     return asyncio.run(main())
@@ -46,7 +48,9 @@ def test_page_files_are_served_with_a_strict_csp(path: str, media_type: str, nam
     assert r.headers["referrer-policy"] == "no-referrer"
 
 
-@pytest.mark.parametrize("path", ["/ui/__init__.py", "/ui/index.htm", "/ui/..%2F__init__.py", "/ui/", "/index.html"])
+@pytest.mark.parametrize(
+    "path", ["/ui/__init__.py", "/ui/index.htm", "/ui/..%2F__init__.py", "/ui/", "/index.html"]
+)
 def test_other_paths_are_404_error_objects(path: str) -> None:
     r = get(path)
     assert r.status_code == 404
@@ -93,7 +97,9 @@ def test_every_element_id_the_script_uses_is_in_the_page() -> None:
 def test_package_data_ships_every_page_file() -> None:
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     section = pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
-    globs = re.findall(r'"([^"]+)"', re.search(r'^"proxy\.api\.ui" = \[(.*)\]$', section, re.MULTILINE).group(1))
+    globs = re.findall(
+        r'"([^"]+)"', re.search(r'^"proxy\.api\.ui" = \[(.*)\]$', section, re.MULTILINE).group(1)
+    )
     files = {p.name for p in UI_DIR.iterdir() if p.is_file() and p.suffix != ".py"}
     assert files == set(ui.MEDIA_TYPES)
     assert all(any(fnmatch(f, g) for g in globs) for f in files)

@@ -28,7 +28,8 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-"""Headers of every UI response (``no-cache``: the browser revalidates, so an upgraded server's page is seen)."""
+"""Headers of every UI response (``no-cache``: the browser revalidates, so an upgraded server's page is
+seen)."""
 
 MEDIA_TYPES = {
     "index.html": "text/html; charset=utf-8",
