@@ -16,8 +16,6 @@ import dataclasses
 
 import pytest
 import torch
-from arch_zoo import REFUSED, SERVED, WINDOW, build_config, build_model
-from engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 from proxy import models
 from proxy.engine import attention
@@ -26,6 +24,9 @@ from proxy.engine.core import EngineCore
 from proxy.engine.selfcheck import SelfCheckError, run_self_check
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+
+from .arch_zoo import REFUSED, SERVED, WINDOW, build_config, build_model
+from .engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 EOS = 2
 MAX_NEW = 16
@@ -224,9 +225,9 @@ def test_self_check_refuses_when_the_engine_raises(monkeypatch) -> None:
 
 def test_engine_factory_runs_the_self_check_unless_disabled(tmp_path, monkeypatch) -> None:
     """The served engine is built only after the self-check passed; ``self_check=False`` skips it."""
-    from arch_zoo import save_tiny_folder
-
     from proxy.engine.factory import build_engine_client
+
+    from .arch_zoo import save_tiny_folder
 
     folder = str(save_tiny_folder("gemma2", tmp_path / "tiny-gemma2"))
     settings = Settings(model=folder, dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=256)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import run_staggered
 
 from proxy.engine.core import EngineCore
 from proxy.errors import ContextLengthExceededError, InvalidRequestError
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+
+from .engine_helpers import run_staggered
 
 EOS = 2
 SETTINGS = Settings(num_kv_blocks=64, block_size=4, max_num_batched_tokens=64, seed=0)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 from proxy.engine.attention import ATTN_IMPLEMENTATION
 from proxy.engine.core import EngineCore
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+
+from .engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 pytestmark = pytest.mark.slow
 

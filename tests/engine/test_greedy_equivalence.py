@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny, engine_copy
-from engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 from proxy.engine.core import EngineCore
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+
+from .conftest import build_tiny, engine_copy
+from .engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 EOS = 2
 MAX_NEW = 24

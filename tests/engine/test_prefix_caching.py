@@ -7,11 +7,12 @@ import dataclasses
 
 import pytest
 import torch
-from engine_helpers import assert_blocks_conserved, assert_greedy_matches, reference_greedy, run_staggered
 
 from proxy.engine.core import EngineCore
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+
+from .engine_helpers import assert_blocks_conserved, assert_greedy_matches, reference_greedy, run_staggered
 
 EOS = 2
 ON = Settings(num_kv_blocks=128, block_size=4, max_num_batched_tokens=64, seed=0)

@@ -8,7 +8,6 @@ import json
 import jsonschema
 import pytest
 import torch
-from conftest import engine_copy
 
 from proxy.engine.core import EngineCore
 from proxy.engine.request import Request
@@ -17,6 +16,8 @@ from proxy.engine.structured import GrammarCompiler, check_json_schema
 from proxy.errors import InvalidRequestError
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings
+
+from .conftest import engine_copy
 
 SCHEMA = {
     "type": "object",

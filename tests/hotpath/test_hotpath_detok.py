@@ -7,10 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-try:
-    from tests.hotpath._impls import IMPL_IDS, IMPLS, compiled, python
-except ImportError:  # pytest run without the repository root on sys.path
-    from _impls import IMPL_IDS, IMPLS, compiled, python  # type: ignore[no-redef]
+from ._impls import IMPL_IDS, IMPLS, compiled, python
 
 FFFD = "\ufffd"
 

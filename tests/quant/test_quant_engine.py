@@ -4,14 +4,10 @@ arrivals, chunked prefill, a tiny KV pool) equals greedy ``generate()`` of the s
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the engine tests' helpers
-from engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
+from engine.engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
