@@ -248,8 +248,13 @@ def test_detokenizer_keeps_only_the_asked_special_tokens() -> None:
     marker, args = (tok.hf_tokenizer.convert_tokens_to_ids(t) for t in ("[TOOL_CALLS]", "[ARGS]"))
     (eos,) = tok.special_ids_of(["<|im_end|>"])
     assert tok.special_ids_of(["[TOOL_CALLS]", "[ARGS]", "<tool_call>", "hello"]) == {marker, args}
-    ids = [marker, *tok.encode("f", add_special_tokens=False), args, *tok.encode('{"a": 1}', add_special_tokens=False),
-           eos]
+    ids = [
+        marker,
+        *tok.encode("f", add_special_tokens=False),
+        args,
+        *tok.encode('{"a": 1}', add_special_tokens=False),
+        eos,
+    ]
     assert tok.decode(ids) == 'f{"a": 1}'  # skip_special_tokens=True drops the markers
     for table_path in (True, False):
         if not table_path:
@@ -289,6 +294,12 @@ def test_mistral_marker_special_token_reaches_the_parser(monkeypatch) -> None:
     assert [p.keep_special_ids for _, _, p in engine.submitted] == [markers, markers, frozenset()]
     choice = full.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None, choice
-    assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert choice["message"]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo"}',
+    }
     _check_streamed_call(sse_json(streamed.content), "get_weather", '{"city": "Oslo"}')
-    assert plain.json()["choices"][0]["message"]["content"] == '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    assert (
+        plain.json()["choices"][0]["message"]["content"]
+        == '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    )

@@ -100,7 +100,9 @@ def test_load_failure_in_the_engine_process_is_reported(tmp_path: Path):
         EngineProcClient(Settings(model=str(tmp_path / "missing"), device="cpu", engine_process=True))
 
 
-def test_engine_process_runs_torch_with_passive_openmp_waiting(model_dir: Path, monkeypatch: pytest.MonkeyPatch):
+def test_engine_process_runs_torch_with_passive_openmp_waiting(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
     """The child sets ``OMP_WAIT_POLICY=PASSIVE`` before it loads torch (spinning OpenMP workers made
     its steps 5-10x slower on a busy 2-core machine), unless the environment chose a policy."""
     from proxy.engine.core_proc import EngineProcClient
