@@ -32,6 +32,20 @@ attention and mask functions define them (``masking_utils``):
 
 Soft-capped and sink layers use an explicit ``softmax(q k^T)`` (SDPA cannot express either); all
 other layers use ``scaled_dot_product_attention``.
+
+**Batch invariance.** The model runner pads every step's key length to a multiple of
+:data:`KEY_PAD` (64) tokens, padding masked. A softmax row's reductions then cover the same vector
+lanes whatever the other sequences of the step are: measured on torch 2.13's CPU kernels, a row's
+output is the same bits alone or beside sequences of any length, for any number of query rows
+(decode rows, prefill chunks on top of cached or prefix-cached tokens), in bf16 through SDPA and
+the explicit path. With the key length left at the step's longest context, a row whose real keys
+ended inside the kernel's vector tail summed in another order when a longer sequence joined the
+step; at bf16 that changed greedy tokens (8 of 36 concurrent requests of the public cases: a
+request's temperature-0 text depended on the load). The packed int4/int8 linears are row-invariant
+too, so the default serving's T0 output does not depend on the batch. Not covered: fp32 dense
+matmuls (a one-row product takes another kernel than a many-row one) and a few fp32 SDPA key
+lengths; fp32 serving keeps differences at near-ties ("Defeating Nondeterminism in LLM
+Inference", Thinking Machines, 2025, describes the same problem on GPUs).
 """
 
 from __future__ import annotations
@@ -240,6 +254,18 @@ class PagedAttentionMetadata:
             cached = mask[:, None].expand(b, group, q_len, max_len).reshape(b, 1, group * q_len, max_len)
             self.masks[key] = cached
         return cached
+
+
+KEY_PAD = 64
+"""Every step's key length is padded to a multiple of this many tokens (:func:`padded_key_length`),
+which makes attention batch invariant; see the module docstring."""
+
+
+def padded_key_length(length: int) -> int:
+    """The key length (tokens) of a step whose longest context is ``length`` tokens: the next
+    multiple of :data:`KEY_PAD` (the model runner gathers that many slots per sequence, the padding
+    masked)."""
+    return -(-length // KEY_PAD) * KEY_PAD
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ from proxy.engine.attention import (
     PagedAttentionMetadata,
     PagedKVCache,
     active_metadata,
+    padded_key_length,
     probe_layers,
 )
 from proxy.engine.scheduler import SchedulerOutput
@@ -157,9 +158,11 @@ class ModelRunner:
         if num_decodes:
             ctx = starts_t[:num_decodes] + 1
             meta.decode_context_lens = ctx
-            max_len = int(ctx.max())
+            real_len = int(ctx.max())
+            max_len = padded_key_length(real_len)
             ar = torch.arange(max_len)
-            meta.decode_gather = block_tables[:num_decodes, ar // bs] * bs + ar % bs
+            ar_real = ar.clamp_max(real_len - 1)  # padding keys read a real slot and are masked
+            meta.decode_gather = block_tables[:num_decodes, ar_real // bs] * bs + ar_real % bs
             if int(ctx.min()) != max_len:
                 meta.decode_mask = (ar[None, :] < ctx[:, None]).view(num_decodes, 1, 1, max_len)
         if num_decodes < len(requests):
@@ -169,12 +172,14 @@ class ModelRunner:
             num_seqs = len(requests) - num_decodes
             q_len = int(p_nums.max())
             ctx = p_starts + p_nums
-            max_len = int(ctx.max())
+            real_len = int(ctx.max())
+            max_len = padded_key_length(real_len)
             qa = torch.arange(q_len)
             ka = torch.arange(max_len)
+            ka_real = ka.clamp_max(real_len - 1)
             q_clamped = torch.minimum(qa[None, :], p_nums[:, None] - 1)  # [B_p, Q_p]
             meta.prefill_query_index = (p_first[:, None] + q_clamped).reshape(-1)
-            meta.prefill_gather = block_tables[num_decodes:, ka // bs] * bs + ka % bs
+            meta.prefill_gather = block_tables[num_decodes:, ka_real // bs] * bs + ka_real % bs
             # bottom-right causal: query j of row i sees keys k <= start_i + j
             meta.prefill_positions = p_starts[:, None] + q_clamped  # [B_p, Q_p]
             mask = ka[None, None, :] <= meta.prefill_positions[:, :, None]  # [B_p, Q_p, L_p]

@@ -1,0 +1,119 @@
+"""Batch invariance: a request's greedy (T0) tokens do not depend on what else the engine runs.
+
+The text invariants of the public cases (stream == non-stream at T0, the stop-prefix invariant,
+tests/data/cases/log.md) compare two requests that the server runs at the same time, next to
+others: they hold only if a sequence's logits are the same bits whatever the batch, the padding,
+the prefill chunking and the prefix-cache hits around it. The packed int4/int8 linears of the
+default serving are row-invariant (checked on the default model below); attention is made so by
+padding every step's keys to a multiple of ``proxy.engine.attention.KEY_PAD``. Before, the key
+length was the step's longest context, and where a row's real keys ended inside the kernel's
+vector tail its softmax sums changed with the other sequences: at bf16 that changed the greedy
+tokens of 8 of 36 concurrent requests of the public cases.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from testdata import CASES_PUBLIC
+
+from proxy.engine import attention
+from proxy.engine.core import EngineCore
+from proxy.sampling import SamplingParams
+from proxy.settings import Settings
+
+from .engine_helpers import run_staggered
+
+
+def _sequence(length: int, rows: int, heads: int, dim: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(heads, rows, dim, generator=g).to(dtype)
+    k = torch.randn(heads, length, dim, generator=g).to(dtype)
+    v = torch.randn(heads, length, dim, generator=g).to(dtype)
+    return q, k, v
+
+
+def _batch(seqs, padded_len: int, causal: bool):
+    """Stack sequences (q [H, R_i, D], k/v [H, L_i, D]) padded to ``padded_len`` keys and the
+    largest R; causal: row j of a sequence of length L sees keys <= L - R_i + j (a chunk on top of
+    cached tokens, bottom-right aligned); else every real key."""
+    heads, dim = seqs[0][0].shape[0], seqs[0][0].shape[-1]
+    rows = max(q.shape[1] for q, _, _ in seqs)
+    dtype = seqs[0][0].dtype
+    q = torch.zeros(len(seqs), heads, rows, dim, dtype=dtype)
+    k = torch.zeros(len(seqs), heads, padded_len, dim, dtype=dtype)
+    v = torch.zeros(len(seqs), heads, padded_len, dim, dtype=dtype)
+    mask = torch.zeros(len(seqs), 1, rows, padded_len, dtype=torch.bool)
+    for i, (qi, ki, vi) in enumerate(seqs):
+        r, length = qi.shape[1], ki.shape[1]
+        q[i, :, :r], k[i, :, :length], v[i, :, :length] = qi, ki, vi
+        for j in range(rows):
+            last = length - r + min(j, r - 1) if causal else length - 1
+            mask[i, 0, j, : last + 1] = True
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_rows_attention_is_the_same_bits_in_any_batch(causal: bool, softcap: float | None) -> None:
+    """bf16 (the activation dtype served on CPUs with BF16 instructions and on CUDA): one sequence
+    (3 query rows, 90 keys) alone, and beside sequences of up to 400 keys and 40 query rows, each
+    step padded as the model runner pads it: its output rows are bit-identical, through SDPA and
+    through the explicit path (soft-capping); and equal to unpadded SDPA within rounding."""
+    dtype, heads, dim = torch.bfloat16, 3, 64
+    seq = _sequence(90, 3, heads, dim, dtype, seed=0)
+    q, k, v, mask = _batch([seq], attention.padded_key_length(90), causal)
+    alone = attention._attend(q, k, v, mask, None, softcap, None)
+    others = [_sequence(length, rows, heads, dim, dtype, seed=i + 1)
+              for i, (length, rows) in enumerate([(400, 40), (17, 1), (128, 7)])]
+    for longest in (400, 401, 1000):
+        qb, kb, vb, mb = _batch([others[0], seq, *others[1:]], attention.padded_key_length(longest), causal)
+        batched = attention._attend(qb, kb, vb, mb, None, softcap, None)
+        assert torch.equal(batched[1, :, :3], alone[0, :, :3]), (causal, softcap, longest)
+    if softcap is None:
+        q0, k0, v0, m0 = _batch([seq], 90, causal)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q0, k0, v0, attn_mask=m0)
+        torch.testing.assert_close(alone, sdpa, atol=2e-2, rtol=2e-2)
+
+
+def test_the_runner_pads_every_step_to_the_key_multiple() -> None:
+    """Padding is what makes the kernel's reductions fixed: a multiple of KEY_PAD, never shorter."""
+    assert attention.KEY_PAD == 64
+    lengths = (1, 63, 64, 65, 130, 1000)
+    assert [attention.padded_key_length(n) for n in lengths] == [64, 64, 64, 128, 192, 1024]
+
+
+@pytest.mark.slow
+def test_default_model_tokens_do_not_depend_on_the_batch() -> None:
+    """The default model as served (bf16 + the GGUF's int4/int8 on this CPU, fp32 elsewhere): the
+    generation prompts of the public cases, each alone, then all of them twice at once (16 running,
+    the rest queued; the second copy of each hits the prefix cache) and a long prompt arriving
+    mid-way (chunked prefill beside decodes): every request's greedy tokens equal its alone run."""
+    from proxy.models import load_model
+
+    loaded = load_model(Settings())
+    tok = loaded.hf_tokenizer
+    lines = CASES_PUBLIC.read_text(encoding="utf-8").splitlines()
+    cases = [json.loads(line) for line in lines if line.strip()]
+    prompts = []
+    for case in cases:
+        request = case.get("request") or {}
+        if request.get("temperature") == 0 and "tools" not in request and "messages" in request:
+            ids = tok.apply_chat_template(request["messages"], add_generation_prompt=True)
+            prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+    prompts = [p for p in prompts if len(p) < 400][:16]
+    long_prompt = tok("Once upon a time, " * 60)["input_ids"][:300]
+    settings = Settings(max_num_seqs=16, num_kv_blocks=512, block_size=16)
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+
+    def run(batch: list[list[int]], arrivals: list[int]) -> dict[str, list[int]]:
+        core = EngineCore(loaded.model, settings, loaded.eos_token_ids, loaded.max_model_len)
+        return run_staggered(core, batch, params, arrivals)
+
+    alone = [run([p], [0])["0"] for p in [*prompts, long_prompt]]
+    together = run([*prompts, *prompts, long_prompt], [0] * (2 * len(prompts)) + [3])
+    differing = [i for i, p in enumerate([*prompts, *prompts, long_prompt])
+                 if together[str(i)] != alone[i % len(prompts) if i < 2 * len(prompts) else -1]]
+    assert len(prompts) >= 10 and differing == []
