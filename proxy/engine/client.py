@@ -13,7 +13,6 @@ output processing staying in the API process.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -232,7 +231,7 @@ class AsyncEngineClient:
         """See :meth:`EngineClient.prepare_structured_output`."""
         if self.grammar_compiler is None:
             raise InvalidRequestError("Structured outputs are not available on this server.", param=param)
-        await asyncio.to_thread(self.grammar_compiler.compile, so, param)
+        await self.grammar_compiler.compile_async(so, param)
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1,
                  request_id: str | None = None) -> Generation:

@@ -136,6 +136,30 @@ def test_compile_cache_and_errors() -> None:
     assert small.compile(JSON) is not a and small.num_compiled == 3  # LRU evicted, recompiled
 
 
+def test_compile_async_compiles_a_miss_at_the_lowest_priority_and_returns_a_hit_at_once() -> None:
+    """A miss runs on the compiler's executor, whose threads run at nice 19 (Linux), so a large
+    compile takes only the CPU the engine leaves; a hit never queues behind it."""
+    import asyncio
+    import os
+    import threading
+
+    c = GrammarCompiler(hf_tokenizer(), MODEL_VOCAB, [eos()])
+    seen: list[tuple[str, int]] = []
+    compile_ = c._compile
+
+    def recording(so: StructuredOutputParams, param: str):  # type: ignore[no-untyped-def]
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        seen.append((threading.current_thread().name, nice))
+        return compile_(so, param)
+
+    c._compile = recording  # type: ignore[method-assign]
+    first = asyncio.run(c.compile_async(JSON))
+    c.executor.shutdown(wait=True)  # a hit must not need the executor
+    assert asyncio.run(c.compile_async(StructuredOutputParams("json", json.dumps(SCHEMA)))) is first
+    assert len(seen) == 1 and seen[0][0].startswith("grammar-compile")
+    assert seen[0][1] == 19 or not hasattr(os, "setpriority")
+
+
 # ---- the sampler --------------------------------------------------------------------------------
 
 
