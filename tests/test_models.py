@@ -157,6 +157,48 @@ def test_default_model_served_at_its_gguf_precision() -> None:
     assert dense.quantization == "none" and type(dense.model.lm_head) is torch.nn.Linear
 
 
+@pytest.mark.slow
+def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14 (peak RSS): auto builds the skeleton on ``meta`` and packs each linear straight from
+    the GGUF's blocks, so no packed linear ever had a dense weight; what is served equals the
+    dense-then-pack path (from_pretrained + apply_quantization) tensor for tensor, packed buffers,
+    embedding, norms and RoPE buffers included."""
+    from transformers import AutoModelForCausalLM
+
+    from proxy.quant import gguf_blocks, is_fast
+
+    settings = Settings()
+    folder, _, gguf = models.resolve_model_source(settings)
+    device, dtype = models.resolve_device_dtype(settings)
+    if not is_fast(device):
+        pytest.skip("auto serves dense on a CPU without BF16 instructions")
+    replaced: dict[str, str] = {}
+    real_replace = gguf_blocks.replace_linear
+
+    def spy(model: torch.nn.Module, name: str, *args: object, **kwargs: object) -> bool:
+        replaced[name] = model.get_submodule(name).weight.device.type
+        return real_replace(model, name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gguf_blocks, "replace_linear", spy)
+    loaded = models.load_model(settings)
+    monkeypatch.undo()
+    assert len(replaced) == 211 and set(replaced.values()) == {"meta"}
+    assert loaded.quantization == "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
+    assert gguf is not None
+
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
+    )
+    reference.eval()
+    assert models.apply_quantization(reference, settings, gguf, device) == loaded.quantization
+    got = dict(loaded.model.named_parameters()) | dict(loaded.model.named_buffers())
+    want = dict(reference.named_parameters()) | dict(reference.named_buffers())
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    assert loaded.eos_token_ids == models.eos_ids_of(reference, loaded.hf_tokenizer)
+
+
 def test_default_gguf_is_located_without_importing_the_package() -> None:
     import sys
 

@@ -19,18 +19,20 @@ and keeps any tensor it cannot match exactly dense, with a warning.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-from proxy.quant.apply import named_linears, replace_linear, untie_lm_head
+from proxy.quant.apply import named_linears, replace_linear, trim_heap, untie_lm_head
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -97,23 +99,60 @@ def check_rows(num_rows: int) -> torch.Tensor:
     return rows
 
 
-def _equal(planes: list[Int4Plane], weight: torch.Tensor, order: torch.Tensor | None) -> bool:
-    rows = check_rows(weight.shape[0])
+WeightRows = Callable[[torch.Tensor], torch.Tensor]
+"""``rows (long [R]) -> the reference weight's rows [R, K]`` in the model's dtype."""
+
+
+class WeightSource(Protocol):
+    """Where :func:`load_gguf_linears` reads the dense reference of a linear (``name``: the
+    parameter's qualified name, e.g. ``"model.layers.0.mlp.up_proj.weight"``), in the model's dtype."""
+
+    def rows(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (long ``[R]``) of the weight: ``[R, K]``."""
+        ...
+
+    def full(self, name: str) -> torch.Tensor:
+        """The whole weight ``[N, K]`` (only for types re-quantized from the dense weight)."""
+        ...
+
+
+class ModuleWeights:
+    """:class:`WeightSource` over a model's own (materialized) weights."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def full(self, name: str) -> torch.Tensor:
+        return self.model.get_parameter(name).detach()
+
+    def rows(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        return self.full(name)[rows]
+
+
+def _equal(
+    planes: list[Int4Plane], sample: torch.Tensor, rows: torch.Tensor, order: torch.Tensor | None
+) -> bool:
     src = rows if order is None else order[rows]
     v = planes_value([p.select_rows(src) for p in planes], slice(None))
-    return torch.equal(v.to(weight.dtype), weight.detach()[rows])
+    return torch.equal(v.to(sample.dtype), sample)
 
 
 def match_row_order(
-    planes: list[Int4Plane], weight: torch.Tensor, head_counts: list[int]
+    planes: list[Int4Plane], weight: torch.Tensor | WeightRows, head_counts: list[int]
 ) -> torch.Tensor | None | bool:
     """The row order under which ``planes`` equal ``weight`` exactly (on :func:`check_rows`):
-    None (as stored), an index tensor, or False (no match)."""
-    if _equal(planes, weight, None):
+    None (as stored), an index tensor, or False (no match).
+
+    ``weight``: the dense weight ``[N, K]``, or a function returning its rows (so that a loader
+    that never materializes the dense weight reads only the sampled rows)."""
+    num_rows = planes[0].codes.shape[0]
+    rows = check_rows(num_rows)
+    sample = weight.detach()[rows] if isinstance(weight, torch.Tensor) else weight(rows)
+    if _equal(planes, sample, rows, None):
         return None
     for heads in head_counts:
-        order = llama_row_order(weight.shape[0], heads)
-        if order is not None and _equal(planes, weight, order):
+        order = llama_row_order(num_rows, heads)
+        if order is not None and _equal(planes, sample, rows, order):
             return order
     return False
 
@@ -219,11 +258,21 @@ def hf_to_gguf_names(arch: str, num_layers: int) -> Any:
     return gguf.get_tensor_name_map(by_name[arch], num_layers)
 
 
-def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -> Counter[str]:
+def load_gguf_linears(
+    model: nn.Module,
+    path: Path,
+    kernel_dtype: torch.dtype,
+    weights: WeightSource | None = None,
+    device: torch.device | None = None,
+) -> Counter[str]:
     """Replace ``model``'s linears by packed layers built from the GGUF file's own blocks.
 
-    ``model`` must be the dense model transformers converted from this file (its weights are the
-    reference each tensor is matched against). Per linear: ``Q4_0``/``Q4_1`` -> int4 g32 and
+    ``weights`` is the dense reference each tensor is matched against: the folder transformers
+    converted from this file. By default the model's own weights (a dense model); with a source
+    that reads the folder (``proxy.models``' low-memory path) the model's linears may sit on the
+    ``meta`` device (then ``device`` says where to pack), and only the sampled rows of each
+    reference are ever read (no dense copy of a packed linear exists; its ``meta`` weight is
+    dropped with the module). Per linear: ``Q4_0``/``Q4_1`` -> int4 g32 and
     ``Q8_0`` -> int8 g32, lossless; other quantized types -> int8 g32 re-quantized from the
     dequantized weight; float types, unknown names and shapes the kernel refuses stay dense.
     A tied lm_head uses ``token_embd`` (the embedding itself stays dense).
@@ -239,8 +288,11 @@ def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -
         h for h in (getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)) if h
     ]
     untie_lm_head(model)
+    source: WeightSource = ModuleWeights(model) if weights is None else weights
+    device = device or next(model.parameters()).device
     counts: Counter[str] = Counter()
     for name, linear in named_linears(model):
+        pname = f"{name}.weight"
         gname = names.get_name(name) if names is not None else None
         tensor = tensors.get(f"{gname}.weight") if gname else None
         if tensor is None and gname == "output":
@@ -256,7 +308,7 @@ def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -
             continue
         if type_name in LOSSLESS_TYPES and k % GROUP_SIZE == 0:
             planes = decode_blocks(type_name, tensor.data, (n, k))
-            order = match_row_order(planes, linear.weight, heads)
+            order = match_row_order(planes, functools.partial(source.rows, pname), heads)
             if order is False:
                 logger.warning("%s: %s blocks do not match the dense weight, stays dense", name, type_name)
                 counts[f"{type_name} -> dense (no match)"] += 1
@@ -266,12 +318,18 @@ def load_gguf_linears(model: nn.Module, path: Path, kernel_dtype: torch.dtype) -
                 planes = [p.select_rows(order) for p in planes]
             scheme = "int4 g32" if type_name != "Q8_0" else "int8 g32"
         elif k % GROUP_SIZE == 0:
-            planes = quantize_int8(linear.weight, GROUP_SIZE)
+            planes = quantize_int8(source.full(pname), GROUP_SIZE)
             scheme = "int8 g32 (re-quantized)"
         else:
             counts[f"{type_name} -> dense"] += 1
             continue
-        ok = replace_linear(model, name, planes, GROUP_SIZE, kernel_dtype, f"{type_name} as {scheme}")
+        bias: torch.Tensor | None = linear.bias
+        if bias is not None and bias.is_meta:
+            bias = source.full(f"{name}.bias")
+        ok = replace_linear(model, name, planes, GROUP_SIZE, kernel_dtype, f"{type_name} as {scheme}",
+                            device, bias)
+        del planes
+        trim_heap()
         counts[f"{type_name} -> {scheme}" if ok else f"{type_name} -> dense (shape)"] += 1
     requantized = {k: v for k, v in counts.items() if "re-quantized" in k}
     if requantized:

@@ -90,6 +90,10 @@ def _cuda_inner_k_tiles(in_features: int) -> int | None:
     return None
 
 
+#: rows packed at a time on the CPU (a multiple of 16, the kernel's N granularity).
+PACK_ROWS = 4096
+
+
 def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Pack int4 codes for the kernel on ``device``.
 
@@ -106,8 +110,15 @@ def pack_int4(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
         as_bytes = ((c[:, ::2] << 4) | c[:, 1::2]).to(torch.uint8)
         packed: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack(as_bytes, tiles)
         return packed
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).cpu().contiguous(), 1)
-    return packed
+    # The CPU layout is row-wise ([N, K / 2]): packing PACK_ROWS rows at a time gives the same bytes
+    # and bounds the int32 copy the op needs (113 MB for the default model's lm_head at once).
+    parts = [
+        torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            codes[i:i + PACK_ROWS].to(torch.int32).cpu().contiguous(), 1
+        )
+        for i in range(0, codes.shape[0], PACK_ROWS)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def int4_mm(

@@ -66,13 +66,13 @@ def int8_planes(q: torch.Tensor, d: torch.Tensor) -> list[Int4Plane]:
         q: int8 ``[N, K]`` codes.
         d: fp32 ``[N, K / group_size]`` per-group scales.
     """
-    q16 = q.to(torch.int16)
-    hi = torch.div(q16, 16, rounding_mode="floor")  # -8..7
-    lo = q16 - 16 * hi  # 0..15
+    q = q.to(torch.int8)
+    hi = (q >> 4).add_(8).view(torch.uint8)  # floor(q / 16) + 8: 0..15 (arithmetic shift)
+    lo = (q & 15).view(torch.uint8)  # q - 16 * floor(q / 16): 0..15
     zeros = torch.zeros_like(d)
     return [
-        Int4Plane((hi + 8).to(torch.uint8), d * 16.0, zeros),
-        Int4Plane(lo.to(torch.uint8), d.clone(), d * 8.0),
+        Int4Plane(hi, d * 16.0, zeros),
+        Int4Plane(lo, d.clone(), d * 8.0),
     ]
 
 
