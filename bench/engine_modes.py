@@ -10,6 +10,11 @@ the top concurrency and the same shape. Printed: output tok/s, mean TTFT and ITL
 the ratio process / thread, and served tok/s at the top concurrency / static ``generate()`` tok/s.
 All numbers come from this one run; on a shared machine compare the ratios, not the absolutes.
 
+It fails loudly (exit status 1, the server log's tail on stderr, no table) when a mode cannot load
+the model (``/health`` reports ``failed`` or the server exits), does not become healthy within
+``--load-timeout`` seconds, or a measured point has a failed request: a half-measured comparison is
+worse than none.
+
 Usage: ``python bench/engine_modes.py [--shapes 32x128,128x64] [--concurrency 1,8,16]
 [--threads 2] [--num-prompts N] [--model PATH] [--extra-args "..."]``.
 """
@@ -45,26 +50,44 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class BenchError(RuntimeError):
+    """A mode failed to load or to serve; the message carries the server log's tail."""
+
+
+def _log_tail(log_dir: Path, mode: str) -> str:
+    return (log_dir / f"{mode}.log").read_text(errors="replace")[-3000:]
+
+
 def start_server(mode: str, args: argparse.Namespace, log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m proxy serve`` in ``mode``; waits for ``/health`` 200; returns (process, base URL)."""
+    """``python -m proxy serve`` in ``mode``; waits for ``/health`` 200; returns (process, base URL).
+
+    Raises:
+        BenchError: the server exited, its load failed (``/health`` status ``failed``), or it was not
+            healthy after ``args.load_timeout`` seconds (the server is stopped first).
+    """
     port = _free_port()
     cmd = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", str(args.threads),
            MODES[mode], *(["--model", args.model] if args.model else []), *shlex.split(args.extra_args)]
     log = open(log_dir / f"{mode}.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + args.load_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{mode} server exited: {(log_dir / f'{mode}.log').read_text()[-2000:]}")
+            raise BenchError(f"{mode} server exited with {proc.returncode}:\n{_log_tail(log_dir, mode)}")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base
+            r = httpx.get(f"{base}/health", timeout=2)
         except httpx.HTTPError:
-            pass
+            r = None
+        if r is not None and r.status_code == 200:
+            return proc, base
+        if r is not None and r.json().get("status") in ("failed", "dead"):
+            stop_server(proc)
+            raise BenchError(f"{mode} server could not load the model: {r.json().get('error')}\n"
+                             f"{_log_tail(log_dir, mode)}")
         time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{mode} server did not become healthy")
+    stop_server(proc)
+    raise BenchError(f"{mode} server not healthy after {args.load_timeout:.0f} s:\n{_log_tail(log_dir, mode)}")
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
@@ -90,7 +113,11 @@ def serve_points(base: str, label: str, shape: tuple[int, int], args: argparse.N
                 "--max-concurrency", str(conc), "--num-prompts", str(n), "--num-warmups", "2",
                 "--result-dir", str(out_dir), "--no-plot", "--no-progress"]
         summary = asyncio.run(serve_bench.run_benchmark(serve_bench.build_parser().parse_args(argv)))
-        results[conc] = summary["runs"][0]
+        run = summary["runs"][0]
+        if run["failed"] or run["completed"] != n:
+            raise BenchError(f"{label}: {run['failed']} of {n} requests failed at {conc} streams "
+                             f"(shape {shape[0]}x{shape[1]})")
+        results[conc] = run
     return results
 
 
@@ -121,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--extra-args", default="", help="more `proxy serve` options for both modes")
     p.add_argument("--result-dir", default=None)
+    p.add_argument("--load-timeout", type=float, default=600.0, help="seconds a server may take to load")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -132,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         table[shape] = {}
         order = list(MODES) if k % 2 == 0 else list(MODES)[::-1]  # alternate who goes first
         for mode in order:
-            proc, base = start_server(mode, args, out_dir)
             try:
-                table[shape][mode] = serve_points(base, mode, shape, args, out_dir)
-            finally:
-                stop_server(proc)
+                proc, base = start_server(mode, args, out_dir)
+                try:
+                    table[shape][mode] = serve_points(base, mode, shape, args, out_dir)
+                finally:
+                    stop_server(proc)
+            except BenchError as exc:
+                print(f"engine_modes: FAILED in mode {mode}: {exc}", file=sys.stderr)
+                return 1
     statics = {shape: static_generate(shape, top, args) for shape in shapes}
 
     print(f"\nengine modes, {args.threads} threads, results in {out_dir}")
