@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from proxy.engine.generation import Generation
 from proxy.engine.mailbox import ChoiceDelta, Mailbox
@@ -29,9 +29,6 @@ from proxy.metrics import Metrics
 from proxy.protocol import choice_params, resolve_max_tokens
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from proxy.engine.structured import GrammarCompiler
 
 __all__ = [
     "AsyncEngineClient",
@@ -171,6 +168,18 @@ class EngineClient(Protocol):
         """
 
 
+class StructuredOutputCompiler(Protocol):
+    """Compiles (and caches, for the engine core) the grammar of a constrained request: the engine's
+    ``GrammarCompiler`` (thread mode) or ``core_proc.ChildGrammarCompiler`` (compiles in the engine
+    process). Blocking; called in a worker thread.
+
+    Raises:
+        InvalidRequestError: the spec cannot be enforced (the message names ``param``).
+    """
+
+    def compile(self, so: StructuredOutputParams, param: str) -> object: ...
+
+
 class AsyncEngineClient:
     """:class:`EngineClient` over any :class:`EngineCoreClient`; owns output processing.
 
@@ -178,11 +187,12 @@ class AsyncEngineClient:
         core: the engine core's client (``AsyncEngine`` for the in-process thread).
         tokenizer: the served model's tokenizer (detokenization here, chat templates in the API).
         model: facts of the served model.
-        grammar_compiler: the engine core's grammar compiler (structured outputs); None: none served.
+        grammar_compiler: compiles grammars for the engine core (structured outputs): its
+            ``GrammarCompiler``, or a ``ChildGrammarCompiler`` in engine-process mode; None: none served.
     """
 
     def __init__(self, core: EngineCoreClient, tokenizer: Tokenizer, model: ModelInfo,
-                 grammar_compiler: GrammarCompiler | None = None) -> None:
+                 grammar_compiler: StructuredOutputCompiler | None = None) -> None:
         self.core = core
         self.grammar_compiler = grammar_compiler
         self.tokenizer = tokenizer

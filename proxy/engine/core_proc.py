@@ -17,10 +17,22 @@ pyzmq's multi-peer sockets buy nothing with one peer).
 Messages (tuples, first item the kind):
 
 - parent -> child: ``("add", request_id, prompt_token_ids, params)``, ``("abort", [request_id, ...])``,
-  ``("stop",)``.
+  ``("compile", token, StructuredOutputParams, param)``, ``("stop",)``.
 - child -> parent: ``("progress", text)`` and one ``("ready", ReadyInfo)`` or ``("failed", text)``
   while loading; then ``("step", [RequestOutput, ...], counters)`` after every engine step and after
-  commands that change the counters (an abort frees blocks).
+  commands that change the counters (an abort frees blocks), and ``("compiled", token, error)``
+  (``error`` None, or ``(kind, message, param)``) when a compile finished.
+
+Grammars (structured outputs, tool calls) are compiled once, in the child, where the masks are
+applied: the API process has no grammar compiler of its own. ``ChildGrammarCompiler.compile`` (what
+``AsyncEngineClient.prepare_structured_output`` runs in a worker thread before ``generate``) sends
+``("compile", ...)`` and blocks until the child answers; the child compiles on a worker thread
+(xgrammar releases the GIL), so its engine loop keeps stepping, caches the grammar and answers. A
+refused spec is a 400 naming ``param`` before the request is sent, as in thread mode; the ``add``
+that follows finds the grammar in the child's cache. Why not compile in the API process and ship the
+result: xgrammar's ``CompiledGrammar.serialize_json`` of a 60-field schema is 27 MB and took 2.5 s
+(1 s to load back) against 64 ms to compile it; compiling in both processes (as before) spent the
+time twice, the second time on the child's engine loop, stalling every stream.
 
 Recovery when the child dies (SIGKILL, the OOM killer, a crash in native code): the reader thread sees
 the pipe close; on the event loop every open request gets a final ``finish_reason="error"`` output
@@ -56,7 +68,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
+import itertools
 import logging
 import multiprocessing
 import os
@@ -71,8 +85,8 @@ from typing import Any
 
 from proxy.engine.client import EngineStats, FaultInjector, OutputsHandler
 from proxy.engine.request import RequestOutput
-from proxy.errors import EngineDeadError, RateLimitError
-from proxy.sampling import SamplingParams
+from proxy.errors import EngineDeadError, InvalidRequestError, RateLimitError
+from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -185,13 +199,35 @@ def _child_main(settings: Settings, conn: Connection) -> None:
                                   tuple(sorted(loaded.eos_token_ids)), num_logits,
                                   str(loaded.dtype).removeprefix("torch."), loaded.quantization,
                                   time.monotonic() - start, omp_wait_policy)))
+    send_lock = threading.Lock()  # the compile thread answers while the engine loop sends steps
+
+    def send(msg: tuple[Any, ...]) -> None:
+        with send_lock:
+            conn.send(msg)
+
+    compiles = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamproxy-grammar")
     try:
-        _serve(core, conn)
+        _serve(core, conn, send, lambda *job: compiles.submit(_compile, compiler, send, *job))
     except (EOFError, BrokenPipeError):  # the API process is gone
         pass
+    finally:
+        compiles.shutdown(wait=False, cancel_futures=True)
 
 
-def _serve(core: Any, conn: Connection) -> None:
+def _compile(compiler: Any, send: Any, token: int, so: StructuredOutputParams, param: str) -> None:
+    """Compile thread of the child: compile (cached for the ``add`` that follows), then answer."""
+    error: tuple[str, str, str | None] | None = None
+    try:
+        compiler.compile(so, param)
+    except InvalidRequestError as exc:
+        error = ("invalid", exc.message, exc.param)
+    except Exception as exc:  # noqa: BLE001 - reported to that request (a 500 there)
+        error = ("error", f"{type(exc).__name__}: {exc}", None)
+    with contextlib.suppress(OSError):
+        send(("compiled", token, error))
+
+
+def _serve(core: Any, conn: Connection, send: Any, compile_async: Any) -> None:
     adds_seen = 0
     while True:
         outputs: list[RequestOutput] = []
@@ -213,12 +249,14 @@ def _serve(core: Any, conn: Connection) -> None:
             elif kind == "abort":
                 for rid in msg[1]:
                     core.abort_request(rid)
+            elif kind == "compile":
+                compile_async(msg[1], msg[2], msg[3])
             elif kind == "stop":
                 core.fail_all("the engine shut down")
                 return
         if core.has_unfinished():
             outputs.extend(core.step())
-        conn.send(("step", outputs, _counters(core, adds_seen)))
+        send(("step", outputs, _counters(core, adds_seen)))
 
 
 class EngineProcClient:
@@ -252,6 +290,9 @@ class EngineProcClient:
         self._generation = 0
         self._proc: Any = None
         self._launching: Any = None  # the child being loaded (shutdown kills it)
+        self._send_lock = threading.Lock()  # compiles are sent from worker threads
+        self._compiles: dict[int, concurrent.futures.Future[tuple[str, str, str | None] | None]] = {}
+        self._compile_tokens = itertools.count()
         self._conn: Connection | None = None
         self.info = self._launch()
 
@@ -320,12 +361,19 @@ class EngineProcClient:
         assert loop is not None
         try:
             while True:
-                _, outputs, counters = conn.recv()
+                msg = conn.recv()
+                if msg[0] == "compiled":
+                    future = self._compiles.pop(msg[1], None)
+                    if future is not None:
+                        future.set_result(msg[2])
+                    continue
+                _, outputs, counters = msg
                 self._counters = counters
                 if outputs:
                     loop.call_soon_threadsafe(self._dispatch, outputs)
         except (EOFError, OSError):
             pass
+        self._fail_compiles("the engine process died while compiling the grammar; retry shortly")
         with contextlib.suppress(RuntimeError, OSError):
             loop.call_soon_threadsafe(self._on_child_exit, generation)
 
@@ -384,6 +432,7 @@ class EngineProcClient:
         failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error="the engine shut down")
                   for rid in self._live]
         self._dispatch(failed)
+        self._fail_compiles("the engine shut down")
         launching = self._launching
         if launching is not None and launching.is_alive():
             launching.kill()  # the restart thread sees it die and gives up
@@ -392,7 +441,7 @@ class EngineProcClient:
     def _stop_child(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(RuntimeError, OSError):
-                self._conn.send(("stop",))
+                self._send(("stop",))
         if self._proc is not None:
             self._proc.join(_STOP_TIMEOUT_S)
             if self._proc.is_alive():
@@ -446,7 +495,7 @@ class EngineProcClient:
         if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
         try:
-            self._conn.send(("add", request_id, list(prompt_token_ids), params))
+            self._send(("add", request_id, list(prompt_token_ids), params))
         except OSError as exc:  # the child is dying; the reader reports it
             raise EngineDeadError(f"the engine process is not reachable: {exc}") from exc
         self._adds_sent += 1
@@ -460,9 +509,50 @@ class EngineProcClient:
         self._live.difference_update(ended)
         if self._state == "up" and self._conn is not None:
             try:
-                self._conn.send(("abort", ended))
+                self._send(("abort", ended))
             except OSError:  # the child is dying; its requests are gone with it
                 pass
+
+    def compile_grammar(self, so: StructuredOutputParams, param: str) -> None:
+        """Have the child compile (and cache) the grammar of ``so``; blocks until it has. Call from a
+        worker thread (``ChildGrammarCompiler``), never from the event loop.
+
+        Raises:
+            InvalidRequestError: the spec cannot be enforced (the message names ``param``).
+            EngineDeadError: the engine process is not up, or died or shut down meanwhile.
+            RuntimeError: the compiler failed otherwise (a 500).
+        """
+        future: concurrent.futures.Future[tuple[str, str, str | None] | None] = concurrent.futures.Future()
+        token = next(self._compile_tokens)
+        self._compiles[token] = future
+        try:
+            if self._state != "up" or self._conn is None:
+                raise EngineDeadError("the engine process is not running; retry shortly")
+            self._send(("compile", token, so, param))
+        except (EngineDeadError, OSError) as exc:
+            self._compiles.pop(token, None)
+            raise EngineDeadError(str(exc)) from None
+        error = future.result()
+        if error is None:
+            return
+        kind, message, err_param = error
+        if kind == "invalid":
+            raise InvalidRequestError(message, param=err_param)
+        if kind == "dead":
+            raise EngineDeadError(message)
+        raise RuntimeError(f"compiling the grammar failed in the engine process: {message}")
+
+    def _fail_compiles(self, message: str) -> None:
+        while self._compiles:
+            with contextlib.suppress(KeyError):
+                _, future = self._compiles.popitem()
+                if not future.done():
+                    future.set_result(("dead", message, None))
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        assert self._conn is not None
+        with self._send_lock:
+            self._conn.send(msg)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         live = self._live
@@ -476,3 +566,19 @@ class EngineProcClient:
             except Exception:
                 logger.exception("output processing failed for a step of %d outputs", len(delivered))
 
+
+
+class ChildGrammarCompiler:
+    """The API process's grammar compiler in engine-process mode: compiles in the engine process.
+
+    ``AsyncEngineClient.prepare_structured_output`` calls :meth:`compile` in a worker thread; it
+    blocks until the child has compiled and cached the grammar (see the module docs for why the
+    grammar is not compiled in this process).
+    """
+
+    def __init__(self, client: EngineProcClient) -> None:
+        self._client = client
+
+    def compile(self, so: StructuredOutputParams, param: str = "response_format") -> None:
+        """See :meth:`EngineProcClient.compile_grammar`."""
+        self._client.compile_grammar(so, param)

@@ -69,8 +69,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
 def _build_process_client(settings: Settings) -> AsyncEngineClient:
     from transformers import AutoTokenizer
 
-    from proxy.engine.core_proc import EngineProcClient
-    from proxy.engine.structured import GrammarCompiler
+    from proxy.engine.core_proc import ChildGrammarCompiler, EngineProcClient
     from proxy.tokenizer import Tokenizer
 
     core = EngineProcClient(settings)
@@ -78,12 +77,11 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(info.model_path)
         tokenizer = Tokenizer(hf_tokenizer, generation_eos_ids=frozenset(info.eos_token_ids))
-        # the API process compiles too (a bad grammar is a 400 before the request reaches the engine);
-        # the child compiles again for its masks (its own cache)
-        compiler = GrammarCompiler(hf_tokenizer, info.logits_width, tokenizer.eos_token_ids)
     except BaseException:
         core.shutdown()
         raise
     model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer),
                       dtype=info.dtype, quantization=info.quantization)
-    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler)
+    # grammars are compiled once, in the child, where the masks are applied (a bad one is still a 400
+    # before the request is sent): see proxy.engine.core_proc
+    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=ChildGrammarCompiler(core))

@@ -231,3 +231,40 @@ def test_engine_process_dying_while_draining_is_not_restarted(model_dir: Path, t
     err = chunks[-1]["error"]
     assert "engine process died (killed by signal 9); the server is shutting down" in err["message"]
     assert log.count("engine process started") == 1 and "restart" not in log, log[-3000:]
+
+
+def test_grammars_are_compiled_once_in_the_engine_process(model_dir: Path, capfd: pytest.CaptureFixture[str]):
+    """In process mode the API process has no grammar compiler: ``prepare_structured_output`` has the
+    child compile (a refused spec is still an InvalidRequestError naming the param, before
+    ``generate``), and the request then finds the grammar in the child's cache (no compile on its
+    engine loop) and follows it."""
+    import asyncio
+
+    from proxy.engine.core_proc import ChildGrammarCompiler
+    from proxy.engine.factory import build_engine_client
+    from proxy.errors import InvalidRequestError
+    from proxy.sampling import SamplingParams, StructuredOutputParams
+
+    from .helpers import tiny_settings
+
+    client = build_engine_client(tiny_settings(model_dir, engine_process=True, self_check=False))
+
+    async def main() -> str:
+        client.start()
+        try:
+            with pytest.raises(InvalidRequestError) as refused:
+                await client.prepare_structured_output(StructuredOutputParams("regex", "(unclosed"), "guided_regex")
+            assert refused.value.param == "guided_regex" and "guided_regex" in refused.value.message
+            so = StructuredOutputParams("choice", '["yes", "no"]')
+            await client.prepare_structured_output(so, "guided_choice")
+            params = SamplingParams(max_tokens=16, temperature=1.0, seed=3, structured_outputs=so)
+            text = ""
+            async for deltas in client.generate(client.tokenizer.encode("Hello"), params):
+                text += "".join(d.text for d in deltas)
+            return text
+        finally:
+            client.shutdown()
+
+    assert isinstance(client.grammar_compiler, ChildGrammarCompiler)
+    assert asyncio.run(main()) in ("yes", "no")
+    assert "grammar compiled on the engine thread" not in capfd.readouterr().err
