@@ -6,7 +6,7 @@ it starts ``python -m proxy serve`` in each mode (default model unless ``--model
 serve_bench's random dataset at each ``--concurrency`` (default 1, 8, 16; ``--num-prompts`` requests
 per point, default one wave: max(4, streams)), stops the server, and finally runs static batched
 ``generate()`` (``bench/engine_bench.run_static``, HF, left padding, greedy) on the same model with
-the top concurrency and the same shape. Printed: output tok/s, mean TTFT and ITL per mode and point,
+the top concurrency and the same shape (the weights as served, quantized, with SDPA attention). Printed: output tok/s, mean TTFT and ITL per mode and point,
 the ratio process / thread, and served tok/s at the top concurrency / static ``generate()`` tok/s.
 All numbers come from this one run; on a shared machine compare the ratios, not the absolutes.
 
@@ -134,6 +134,7 @@ def static_generate(shape: tuple[int, int], streams: int, args: argparse.Namespa
     vocab = len(loaded.hf_tokenizer)
     prompts = [[(17 * i + 31 * j) % (vocab - 200) + 100 for j in range(shape[0])] for i in range(streams)]
     model, tok = loaded.model, loaded.hf_tokenizer
+    model.set_attn_implementation("sdpa")  # the served weights (quantized as served); generate() needs sdpa
     engine_bench.in_thread(engine_bench.run_static, model, tok, prompts[:2], 4)  # warm-up
     run = engine_bench.in_thread(engine_bench.run_static, model, tok, prompts, shape[1])
     return float(run["tok_s"])
