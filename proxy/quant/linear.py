@@ -142,7 +142,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).to(self.kernel_dtype)
+        # the kernel needs a contiguous A; a strided view (generate()'s last-position slice) is not
+        x2 = x.reshape(-1, self.in_features).to(self.kernel_dtype).contiguous()
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
         y = kernels.int4_mm(x2, self.packed0, self.group_size, self.scales_and_zeros0)

@@ -75,6 +75,10 @@ def test_packed_linear_matches_dense_of_its_own_weights(method, kernel_dtype) ->
     alone = torch.stack([layer(x.reshape(6, 96)[i:i + 1]) for i in range(6)]).reshape(2, 3, 64)
     assert torch.equal(alone, y)
     assert layer(x[:0]).shape == (0, 3, 64)
+    # a strided view (generate() takes hidden_states[:, -1:, :] for the head) is served too
+    last = x[:, -1:, :]
+    assert not last.reshape(-1, 96).is_contiguous()
+    assert torch.equal(layer(last), y[:, -1:, :])
 
 
 def test_unsupported_shapes_are_refused_with_the_reason() -> None:
