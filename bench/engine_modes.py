@@ -6,7 +6,8 @@ it starts ``python -m proxy serve`` in each mode (default model unless ``--model
 serve_bench's random dataset at each ``--concurrency`` (default 1, 8, 16; ``--num-prompts`` requests
 per point, default one wave: max(4, streams)), stops the server, and finally runs static batched
 ``generate()`` (``bench/engine_bench.run_static``, HF, left padding, greedy) on the same model with
-the top concurrency and the same shape (the weights as served, quantized, with SDPA attention). Printed: output tok/s, mean TTFT and ITL per mode and point,
+the top concurrency and the same shape (the weights as served, quantized, with SDPA attention).
+Printed: output tok/s, mean TTFT and ITL per mode and point,
 the ratio process / thread, and served tok/s at the top concurrency / static ``generate()`` tok/s.
 All numbers come from this one run; on a shared machine compare the ratios, not the absolutes.
 
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `proxy serve` runs torch (proxy/cli.py), for generate()
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # generate() as `proxy serve` runs torch (proxy/cli.py)
 
 MODES = {"thread": "--no-engine-process", "process": "--engine-process"}
 
@@ -88,7 +89,8 @@ def start_server(mode: str, args: argparse.Namespace, log_dir: Path) -> tuple[su
                              f"{_log_tail(log_dir, mode)}")
         time.sleep(0.2)
     stop_server(proc)
-    raise BenchError(f"{mode} server not healthy after {args.load_timeout:.0f} s:\n{_log_tail(log_dir, mode)}")
+    raise BenchError(
+        f"{mode} server not healthy after {args.load_timeout:.0f} s:\n{_log_tail(log_dir, mode)}")
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

@@ -171,13 +171,13 @@ class EngineClient(Protocol):
 class StructuredOutputCompiler(Protocol):
     """Compiles (and caches, for the engine core) the grammar of a constrained request: the engine's
     ``GrammarCompiler`` (thread mode) or ``core_proc.ChildGrammarCompiler`` (compiles in the engine
-    process). Blocking; called in a worker thread.
+    process). Awaited on the event loop; the compile itself runs elsewhere.
 
     Raises:
         InvalidRequestError: the spec cannot be enforced (the message names ``param``).
     """
 
-    def compile(self, so: StructuredOutputParams, param: str) -> object: ...
+    async def compile_async(self, so: StructuredOutputParams, param: str) -> object: ...
 
 
 class AsyncEngineClient:

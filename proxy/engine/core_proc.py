@@ -24,12 +24,12 @@ Messages (tuples, first item the kind):
   (``error`` None, or ``(kind, message, param)``) when a compile finished.
 
 Grammars (structured outputs, tool calls) are compiled once, in the child, where the masks are
-applied: the API process has no grammar compiler of its own. ``ChildGrammarCompiler.compile`` (what
-``AsyncEngineClient.prepare_structured_output`` runs in a worker thread before ``generate``) sends
-``("compile", ...)`` and blocks until the child answers; the child compiles on a worker thread
-(xgrammar releases the GIL), so its engine loop keeps stepping, caches the grammar and answers. A
-refused spec is a 400 naming ``param`` before the request is sent, as in thread mode; the ``add``
-that follows finds the grammar in the child's cache. Why not compile in the API process and ship the
+applied: the API process has no grammar compiler of its own. ``ChildGrammarCompiler.compile_async``
+(awaited by ``AsyncEngineClient.prepare_structured_output`` before ``generate``) sends
+``("compile", ...)`` and awaits the answer; the child compiles on its ``GrammarCompiler``'s executor
+(nice 19; xgrammar releases the GIL), so its engine loop keeps stepping, caches the grammar and
+answers. A refused spec is a 400 naming ``param`` before the request is sent, as in thread mode; the
+``add`` that follows finds the grammar in the child's cache. Why not compile in the API process and ship the
 result: xgrammar's ``CompiledGrammar.serialize_json`` of a 60-field schema is 27 MB and took 2.5 s
 (1 s to load back) against 64 ms to compile it; compiling in both processes (as before) spent the
 time twice, the second time on the child's engine loop, stalling every stream.
@@ -205,13 +205,10 @@ def _child_main(settings: Settings, conn: Connection) -> None:
         with send_lock:
             conn.send(msg)
 
-    compiles = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamproxy-grammar")
-    try:
-        _serve(core, conn, send, lambda *job: compiles.submit(_compile, compiler, send, *job))
+    try:  # compiles run on the compiler's own (nice 19) threads while the loop steps
+        _serve(core, conn, send, lambda *job: compiler.executor.submit(_compile, compiler, send, *job))
     except (EOFError, BrokenPipeError):  # the API process is gone
         pass
-    finally:
-        compiles.shutdown(wait=False, cancel_futures=True)
 
 
 def _compile(compiler: Any, send: Any, token: int, so: StructuredOutputParams, param: str) -> None:
@@ -290,7 +287,7 @@ class EngineProcClient:
         self._generation = 0
         self._proc: Any = None
         self._launching: Any = None  # the child being loaded (shutdown kills it)
-        self._send_lock = threading.Lock()  # compiles are sent from worker threads
+        self._send_lock = threading.Lock()  # one writer at a time on the pipe
         self._compiles: dict[int, concurrent.futures.Future[tuple[str, str, str | None] | None]] = {}
         self._compile_tokens = itertools.count()
         self._conn: Connection | None = None
@@ -513,9 +510,8 @@ class EngineProcClient:
             except OSError:  # the child is dying; its requests are gone with it
                 pass
 
-    def compile_grammar(self, so: StructuredOutputParams, param: str) -> None:
-        """Have the child compile (and cache) the grammar of ``so``; blocks until it has. Call from a
-        worker thread (``ChildGrammarCompiler``), never from the event loop.
+    async def compile_grammar(self, so: StructuredOutputParams, param: str) -> None:
+        """Have the child compile (and cache) the grammar of ``so``; returns when it has (event loop).
 
         Raises:
             InvalidRequestError: the spec cannot be enforced (the message names ``param``).
@@ -532,7 +528,7 @@ class EngineProcClient:
         except (EngineDeadError, OSError) as exc:
             self._compiles.pop(token, None)
             raise EngineDeadError(str(exc)) from None
-        error = future.result()
+        error = await asyncio.wrap_future(future)
         if error is None:
             return
         kind, message, err_param = error
@@ -571,14 +567,14 @@ class EngineProcClient:
 class ChildGrammarCompiler:
     """The API process's grammar compiler in engine-process mode: compiles in the engine process.
 
-    ``AsyncEngineClient.prepare_structured_output`` calls :meth:`compile` in a worker thread; it
-    blocks until the child has compiled and cached the grammar (see the module docs for why the
-    grammar is not compiled in this process).
+    ``AsyncEngineClient.prepare_structured_output`` awaits :meth:`compile_async`, which returns once
+    the child has compiled and cached the grammar (see the module docs for why the grammar is not
+    compiled in this process).
     """
 
     def __init__(self, client: EngineProcClient) -> None:
         self._client = client
 
-    def compile(self, so: StructuredOutputParams, param: str = "response_format") -> None:
+    async def compile_async(self, so: StructuredOutputParams, param: str = "response_format") -> None:
         """See :meth:`EngineProcClient.compile_grammar`."""
-        self._client.compile_grammar(so, param)
+        await self._client.compile_grammar(so, param)

@@ -27,7 +27,8 @@ def test_a_mode_that_cannot_load_fails_the_run_at_once(tmp_path: Path, capsys: p
     engine_modes = _load_module()
     start = time.monotonic()
     code = engine_modes.main(["--model", str(tmp_path / "missing"), "--shapes", "4x4", "--concurrency", "1",
-                              "--threads", "1", "--result-dir", str(tmp_path / "out"), "--load-timeout", "300"])
+                              "--threads", "1", "--result-dir", str(tmp_path / "out"),
+                              "--load-timeout", "300"])
     elapsed = time.monotonic() - start
     captured = capsys.readouterr()
     assert code == 1

@@ -253,7 +253,8 @@ def test_grammars_are_compiled_once_in_the_engine_process(model_dir: Path, capfd
         client.start()
         try:
             with pytest.raises(InvalidRequestError) as refused:
-                await client.prepare_structured_output(StructuredOutputParams("regex", "(unclosed"), "guided_regex")
+                bad = StructuredOutputParams("regex", "(unclosed")
+                await client.prepare_structured_output(bad, "guided_regex")
             assert refused.value.param == "guided_regex" and "guided_regex" in refused.value.message
             so = StructuredOutputParams("choice", '["yes", "no"]')
             await client.prepare_structured_output(so, "guided_choice")
