@@ -11,7 +11,12 @@ from proxy.settings import Settings
 
 
 def use_engine_process(settings: Settings) -> bool:
-    """``settings.engine_process``, or when it is None: True on CUDA, False on CPU."""
+    """``settings.engine_process``, or when it is None: True on CUDA, False on CPU.
+
+    CPU: ``bench/engine_modes.py`` (default model, 2 shared cores, three runs) found neither mode
+    consistently faster (process/thread served tok/s 0.66-1.49 over 18 points, geometric mean 0.99;
+    at 16 streams 0.72-1.30, mean 0.91), so the thread stays the CPU default. CUDA: the process, as
+    vLLM v1 does."""
     if settings.engine_process is not None:
         return settings.engine_process
     if settings.device == "auto":
