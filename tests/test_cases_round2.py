@@ -21,14 +21,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e.server import REPO, Server, _stop, free_port, get_server
+from e2e.server import REPO, Server, _stop, free_port, get_server, wait_until_healthy
 from test_cases import call, finish_of, joined, with_model
 from testdata import ROUND2_PUBLIC
 
@@ -376,16 +375,7 @@ def start_raising_server(tmp: Path) -> Server:
     )
     atexit.register(_stop, process)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        assert process.poll() is None, log_path.read_text()[-3000:]
-        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
+    wait_until_healthy(process, base, log_path, 300)
     card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
     return Server(base, port, card["id"], card["max_model_len"], process, log_path)
 

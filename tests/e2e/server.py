@@ -47,6 +47,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path, timeout_s: float) -> None:
+    """Poll ``/health`` until 200; on exit or timeout stop the process and raise with the log's tail.
+
+    Raises:
+        RuntimeError: the server exited, or was not healthy within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    _stop(process)
+    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+
+
 def get_server(tmp_dir: Path, engine_process: bool = False) -> Server:
     """Start the server once per engine mode (or return the running one); waits for /health 200."""
     running = _SERVERS.get(engine_process)
@@ -64,20 +84,7 @@ def get_server(tmp_dir: Path, engine_process: bool = False) -> Server:
     )
     atexit.register(_stop, process)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            r = httpx.get(f"{base}/health", timeout=2)
-            if r.status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    else:
-        _stop(process)
-        raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+    wait_until_healthy(process, base, log_path, STARTUP_TIMEOUT_S)
     card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
     _SERVERS[engine_process] = server = Server(
         base, port, card["id"], card["max_model_len"], process, log_path

@@ -8,14 +8,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from api.fakes import make_tiny_model
 
-from .server import REPO, Server, free_port, sse_chunks
+from .server import REPO, Server, free_port, sse_chunks, wait_until_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -78,16 +77,7 @@ def test_serve_another_model(tmp_path: Path):
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
+        wait_until_healthy(proc, base, log, 300)
         assert httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"] == name
         body = {"model": name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5,
                 "temperature": 0, "ignore_eos": True}
