@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.engine.client import EngineStats, OutputsHandler
+from proxy.engine.client import EngineStats, OutputsHandler, deliver_outputs
 from proxy.engine.core import EngineCore
 from proxy.engine.request import RequestOutput
 from proxy.errors import EngineDeadError, RateLimitError
@@ -184,16 +184,7 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Event-loop side of one step's hand-off."""
-        live = self._live
-        delivered = [o for o in outputs if o.request_id in live]
-        for out in delivered:
-            if out.finished:
-                live.discard(out.request_id)
-        if delivered and self._on_outputs is not None:
-            try:
-                self._on_outputs(delivered)
-            except Exception:
-                logger.exception("output processing failed for a step of %d outputs", len(delivered))
+        deliver_outputs(outputs, self._live, self._on_outputs)
 
     # ---- engine thread ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ output processing staying in the API process.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +43,25 @@ __all__ = [
 
 OutputsHandler = Callable[[list[RequestOutput]], None]
 FaultInjector = Callable[[], None]
+
+logger = logging.getLogger(__name__)
+
+
+def deliver_outputs(outputs: list[RequestOutput], live: set[str], on_outputs: OutputsHandler | None) -> None:
+    """Hand one step's outputs to ``on_outputs`` on the event loop (both engine core clients' seam).
+
+    Outputs of requests no longer in ``live`` (aborted meanwhile) are dropped; a finished request leaves
+    ``live``. An exception of the handler is logged, never raised into the engine's hand-off.
+    """
+    delivered = [o for o in outputs if o.request_id in live]
+    for out in delivered:
+        if out.finished:
+            live.discard(out.request_id)
+    if delivered and on_outputs is not None:
+        try:
+            on_outputs(delivered)
+        except Exception:
+            logger.exception("output processing failed for a step of %d outputs", len(delivered))
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from proxy.engine.client import EngineStats, FaultInjector, OutputsHandler
+from proxy.engine.client import EngineStats, FaultInjector, OutputsHandler, deliver_outputs
 from proxy.engine.request import RequestOutput
 from proxy.errors import EngineDeadError, InvalidRequestError, RateLimitError
 from proxy.sampling import SamplingParams, StructuredOutputParams
@@ -551,16 +551,7 @@ class EngineProcClient:
             self._conn.send(msg)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        live = self._live
-        delivered = [o for o in outputs if o.request_id in live]
-        for out in delivered:
-            if out.finished:
-                live.discard(out.request_id)
-        if delivered and self._on_outputs is not None:
-            try:
-                self._on_outputs(delivered)
-            except Exception:
-                logger.exception("output processing failed for a step of %d outputs", len(delivered))
+        deliver_outputs(outputs, self._live, self._on_outputs)
 
 
 
