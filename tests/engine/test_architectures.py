@@ -20,6 +20,7 @@ import torch
 from proxy import models
 from proxy.engine import attention
 from proxy.engine.architectures import UnsupportedArchitectureError, check_config
+from proxy.engine.attention import kernels
 from proxy.engine.core import EngineCore
 from proxy.engine.selfcheck import SelfCheckError, run_self_check
 from proxy.sampling import SamplingParams
@@ -180,16 +181,16 @@ def _drop_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _drop_softcap(monkeypatch: pytest.MonkeyPatch) -> None:
-    attend = attention._attend
+    attend = kernels.attend
     monkeypatch.setattr(
-        attention, "_attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, None, sinks)
+        kernels, "attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, None, sinks)
     )
 
 
 def _drop_sinks(monkeypatch: pytest.MonkeyPatch) -> None:
-    attend = attention._attend
+    attend = kernels.attend
     monkeypatch.setattr(
-        attention, "_attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, cap, None)
+        kernels, "attend", lambda q, k, v, m, s, cap, sinks: attend(q, k, v, m, s, cap, None)
     )
 
 
@@ -216,7 +217,7 @@ def test_self_check_refuses_when_the_engine_raises(monkeypatch) -> None:
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise IndexError("index_copy_(): shape mismatch")
 
-    monkeypatch.setattr(attention, "_attend", broken)
+    monkeypatch.setattr(kernels, "attend", broken)
     with pytest.raises(
         SelfCheckError, match=r"'llama': the engine failed on prompt \d: engine step failed: IndexError"
     ):

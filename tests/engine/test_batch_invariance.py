@@ -20,6 +20,7 @@ import torch
 from testdata import CASES_PUBLIC
 
 from proxy.engine import attention
+from proxy.engine.attention import kernels
 from proxy.engine.core import EngineCore
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
@@ -65,12 +66,12 @@ def test_a_rows_attention_is_the_same_bits_in_any_batch(causal: bool, softcap: f
     dtype, heads, dim = torch.bfloat16, 3, 64
     seq = _sequence(90, 3, heads, dim, dtype, seed=0)
     q, k, v, mask = _batch([seq], attention.padded_key_length(90), causal)
-    alone = attention._attend(q, k, v, mask, None, softcap, None)
+    alone = kernels.attend(q, k, v, mask, None, softcap, None)
     others = [_sequence(length, rows, heads, dim, dtype, seed=i + 1)
               for i, (length, rows) in enumerate([(400, 40), (17, 1), (128, 7)])]
     for longest in (400, 401, 1000):
         qb, kb, vb, mb = _batch([others[0], seq, *others[1:]], attention.padded_key_length(longest), causal)
-        batched = attention._attend(qb, kb, vb, mb, None, softcap, None)
+        batched = kernels.attend(qb, kb, vb, mb, None, softcap, None)
         assert torch.equal(batched[1, :, :3], alone[0, :, :3]), (causal, softcap, longest)
     if softcap is None:
         q0, k0, v0, m0 = _batch([seq], 90, causal)
