@@ -15,16 +15,16 @@ llama.cpp's converter permutes the rows of llama's q/k projections for its RoPE 
 transformers undoes it at load. The loader finds the row order by comparing with the dense weight
 transformers loaded (identity, or the inverse permutation with the attention's or the KV heads),
 and keeps any tensor it cannot match exactly dense, with a warning.
+
+The file's tensor index and name map come from :mod:`proxy.quant.gguf_file`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import struct
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from proxy.quant.apply import named_linears, replace_linear, trim_heap, untie_lm_head
+from proxy.quant.gguf_file import gguf_tensors, hf_to_gguf_names
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -155,107 +156,6 @@ def match_row_order(
         if order is not None and _equal(planes, sample, rows, order):
             return order
     return False
-
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value types
-_STRING, _ARRAY = 8, 9
-
-
-@dataclass
-class GGUFTensor:
-    """One tensor of a GGUF file: ``type_name`` (GGML type), ``shape`` ``(rows, cols)`` as
-    PyTorch orders it (GGUF lists dims innermost first), ``data`` its bytes (memory-mapped)."""
-
-    type_name: str
-    shape: tuple[int, ...]
-    data: np.ndarray
-
-
-def gguf_tensors(path: Path) -> tuple[str, dict[str, GGUFTensor]]:
-    """``(architecture, {tensor name: GGUFTensor})`` of a GGUF (v2/v3) file.
-
-    Reads only the header's tensor index: gguf-py's ``GGUFReader`` also materializes every
-    metadata field (the default model's vocabulary: 16 s on this 2-core machine under load), which
-    the loader does not need. Type names and block sizes come from gguf-py's tables.
-
-    Raises:
-        ValueError: not a GGUF v2/v3 file.
-    """
-    import gguf
-
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    buf = mm.data  # a memoryview of the mapping
-    if bytes(buf[:4]) != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
-    version, num_tensors, num_kv = struct.unpack_from("<IQQ", buf, 4)
-    if version not in (2, 3):
-        raise ValueError(f"GGUF version {version} is not supported")
-    pos = 24
-
-    def read_str() -> str:
-        nonlocal pos
-        (n,) = struct.unpack_from("<Q", buf, pos)
-        pos += 8 + n
-        return bytes(buf[pos - n:pos]).decode("utf-8", "replace")
-
-    def skip_value(vtype: int) -> Any:
-        nonlocal pos
-        if vtype == _STRING:
-            return read_str()
-        if vtype == _ARRAY:
-            (etype, count) = struct.unpack_from("<IQ", buf, pos)
-            pos += 12
-            if etype in _SCALAR_SIZES:
-                pos += count * _SCALAR_SIZES[etype]
-            else:
-                for _ in range(count):
-                    skip_value(etype)
-            return None
-        size = _SCALAR_SIZES[vtype]
-        value = struct.unpack_from({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[size], buf, pos)[0]
-        pos += size
-        return value
-
-    arch, alignment = "", 32
-    for _ in range(num_kv):
-        key = read_str()
-        (vtype,) = struct.unpack_from("<I", buf, pos)
-        pos += 4
-        value = skip_value(vtype)
-        if key == "general.architecture":
-            arch = str(value)
-        elif key == "general.alignment":
-            alignment = int(value)
-    index = []
-    for _ in range(num_tensors):
-        name = read_str()
-        (ndim,) = struct.unpack_from("<I", buf, pos)
-        dims = struct.unpack_from(f"<{ndim}Q", buf, pos + 4)
-        ttype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * ndim)
-        pos += 4 + 8 * ndim + 12
-        index.append((name, dims, ttype, offset))
-    base = (pos + alignment - 1) // alignment * alignment
-    tensors = {}
-    for name, dims, ttype, offset in index:
-        qtype = gguf.GGMLQuantizationType(ttype)
-        block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-        shape = tuple(int(d) for d in reversed(dims))
-        row_bytes = shape[-1] // block * block_bytes
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        data = mm[base + offset: base + offset + rows * row_bytes].reshape(rows, row_bytes)
-        tensors[name] = GGUFTensor(qtype.name, shape, data)
-    return arch, tensors
-
-
-def hf_to_gguf_names(arch: str, num_layers: int) -> Any:
-    """gguf-py's ``TensorNameMap`` for ``arch`` (``get_name("model.layers.0.mlp.up_proj")`` ->
-    ``"blk.0.ffn_up"``), or None for an architecture gguf-py does not know."""
-    import gguf
-
-    by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
-    if arch not in by_name:
-        return None
-    return gguf.get_tensor_name_map(by_name[arch], num_layers)
 
 
 def load_gguf_linears(

@@ -1,6 +1,6 @@
-"""proxy.quant.gguf_blocks: the header index against gguf-py's reader, Q4_0/Q4_1/Q8_0 blocks decoded
-into packed layers whose weights equal gguf-py's dequantization exactly, and a whole (tiny) llama's
-linears loaded from a GGUF written here, RoPE row order included."""
+"""proxy.quant.gguf_file and proxy.quant.gguf_blocks: the header index against gguf-py's reader,
+Q4_0/Q4_1/Q8_0 blocks decoded into packed layers whose weights equal gguf-py's dequantization
+exactly, and a whole (tiny) llama's linears loaded from a GGUF written here, RoPE row order included."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import torch
 from gguf.quants import dequantize, quantize
 from torch import nn
 
-from proxy.quant.gguf_blocks import decode_blocks, gguf_tensors, load_gguf_linears
+from proxy.quant.gguf_blocks import decode_blocks, load_gguf_linears
+from proxy.quant.gguf_file import gguf_tensors
 from proxy.quant.linear import PackedLinear
 
 CPU = torch.device("cpu")
