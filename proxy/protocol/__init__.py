@@ -1,8 +1,10 @@
-"""The OpenAI wire format: request schemas and validation (``requests``, ``fields``) and the
-response bodies and logprob formatting (``responses``). Import names from here."""
+"""The OpenAI wire format: request schemas and validation (``requests``, ``fields``), the context
+check (``context``) and the response bodies and logprob formatting (``responses``). Import names
+from here."""
 
 from __future__ import annotations
 
+from .context import resolve_max_tokens
 from .fields import StreamOptions, parse_json_body
 from .requests import (
     CHAT_ROLES,
@@ -15,7 +17,6 @@ from .requests import (
     choice_params,
     parse_chat_request,
     parse_completion_request,
-    resolve_max_tokens,
 )
 from .responses import (
     CHAT,

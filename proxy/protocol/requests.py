@@ -1,4 +1,4 @@
-"""OpenAI request schemas (chat and legacy completions), their validation, and the context check.
+"""OpenAI request schemas (chat and legacy completions) and their validation.
 
 Field semantics and ranges follow the OpenAI API reference (Chat Completions and the legacy
 Completions endpoint); the extras ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.errors import ContextLengthExceededError, InvalidRequestError
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tools.request import ChatTools, parse_chat_tools, parse_structured_outputs
 
@@ -67,7 +66,7 @@ class ChatCompletionRequest:
             ``developer`` is passed to the chat template as ``system``.
         max_tokens: ``max_completion_tokens`` or ``max_tokens``; None: the rest of the context.
         params: sampling parameters; ``max_tokens`` is a placeholder until
-            :func:`resolve_max_tokens`.
+            :func:`~proxy.protocol.context.resolve_max_tokens`.
         raw_messages: the request's ``messages`` as sent (for ``tool_calls`` and ``tool_call_id``,
             see :func:`proxy.tools.request.template_messages`).
         tools: ``tools`` / ``tool_choice`` / ``parallel_tool_calls``; None: no tools.
@@ -269,53 +268,8 @@ def parse_completion_request(body: dict[str, Any], *, max_n: int,
     return CompletionRequest(model, prompt, n, max_tokens, logprobs, stream, params)
 
 
-def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,
-                       *, prompt_name: str = "messages") -> int:
-    """The number of tokens to generate, checked against the context window: THE context check.
-
-    The API calls it before generating (so the error is a plain 400 JSON body, also for
-    ``stream: true``) and ``EngineCore.add_request`` calls it again as a guard; both give this
-    message, modelled on OpenAI's ``context_length_exceeded`` error.
-
-    Args:
-        requested: the client's ``max_tokens`` or None (then: ``max_model_len - num_prompt_tokens``,
-            as vLLM does).
-        num_prompt_tokens: tokens of the templated prompt.
-        max_model_len: the context window in tokens.
-        prompt_name: ``"messages"`` (chat) or ``"prompt"`` (completions), used in the message.
-
-    Raises:
-        InvalidRequestError: an empty prompt.
-        ContextLengthExceededError: the prompt leaves no room, or prompt + requested exceeds the
-            window; the message gives N, M, P and K like OpenAI's.
-    """
-    if num_prompt_tokens < 1:
-        raise InvalidRequestError(f"The {prompt_name} must contain at least one token.", param=prompt_name)
-    if num_prompt_tokens >= max_model_len:
-        completion = requested if requested is not None else 1
-        raise ContextLengthExceededError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{num_prompt_tokens + completion} tokens ({num_prompt_tokens} in the {prompt_name}, "
-            f"{completion} in the completion). Please reduce the length of the {prompt_name}.",
-            param=prompt_name,
-        )
-    if requested is None:
-        return max_model_len - num_prompt_tokens
-    if num_prompt_tokens + requested > max_model_len:
-        raise ContextLengthExceededError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the {prompt_name}, "
-            f"{requested} in the completion). Please reduce the length of the {prompt_name} "
-            "or the completion.",
-            param="max_tokens",
-        )
-    return requested
-
-
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """Parameters of choice ``index`` of an ``n > 1`` request: seeded requests use ``seed + index``."""
     if params.seed is None or index == 0:
         return params
     return replace(params, seed=params.seed + index)
-
-
