@@ -1,0 +1,96 @@
+"""What the API sees of the engine: the :class:`EngineClient` protocol and the served :class:`ModelInfo`.
+
+``proxy.engine.client.AsyncEngineClient`` implements :class:`EngineClient`; the API layer imports
+nothing else of the engine (``tests/test_imports.py``). :class:`StructuredOutputCompiler` is what
+``AsyncEngineClient`` awaits to have a grammar compiled for the engine core.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from proxy.engine.client.core_client import EngineStats, FaultInjector
+from proxy.engine.generation import Generation
+from proxy.metrics import Metrics
+from proxy.sampling import SamplingParams, StructuredOutputParams
+from proxy.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the API must know about the served model.
+
+    Attributes:
+        served_model_name: the id clients send as ``model``.
+        max_model_len: context window in tokens (prompt + output), as the engine enforces it.
+        vocab_size: token ids accepted in prompts, ``logit_bias`` and ``stop_token_ids``; None: unchecked.
+        created: Unix seconds, for ``/v1/models``.
+        dtype: activation dtype served (``"bfloat16"``); None: not reported.
+        quantization: what the weights are served as (``proxy.models.LoadedModel.quantization``,
+            e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"`` or ``"none"``); None: not reported.
+    """
+
+    served_model_name: str
+    max_model_len: int
+    vocab_size: int | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    dtype: str | None = None
+    quantization: str | None = None
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """What the API uses of the engine, and nothing else."""
+
+    model: ModelInfo
+    tokenizer: Tokenizer
+    metrics: Metrics
+    fault_injector: FaultInjector | None
+
+    @property
+    def is_healthy(self) -> bool: ...
+
+    def start(self) -> None:
+        """Start the engine; call from the running event loop that will consume the outputs."""
+
+    def begin_drain(self) -> None:
+        """The server drains (SIGTERM): open generations go on; an engine that dies now stays dead."""
+
+    def shutdown(self) -> None: ...
+
+    def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1,
+                 request_id: str | None = None) -> Generation:
+        """Start ``n`` choices of one prompt (choice ``i`` seeded ``seed + i``).
+
+        Raises (before anything is generated): ContextLengthExceededError, RateLimitError,
+        EngineDeadError.
+        """
+
+    def abort_all(self, message: str, code: str) -> int:
+        """End every open generation with an error (shutdown); returns how many requests ran."""
+
+    def stats(self) -> EngineStats: ...
+
+    async def prepare_structured_output(self, so: StructuredOutputParams, param: str) -> None:
+        """Compile the grammar of ``so`` in a worker thread (cached by its text), before ``generate``,
+        so the engine thread only looks it up.
+
+        Raises:
+            InvalidRequestError: the spec cannot be enforced (400 naming ``param``), or the engine
+                serves no structured outputs.
+        """
+
+
+class StructuredOutputCompiler(Protocol):
+    """Compiles (and caches, for the engine core) the grammar of a constrained request: the engine's
+    ``GrammarCompiler`` (thread mode) or ``core_proc.ChildGrammarCompiler`` (compiles in the engine
+    process). Awaited on the event loop; the compile itself runs elsewhere.
+
+    Raises:
+        InvalidRequestError: the spec cannot be enforced (the message names ``param``).
+    """
+
+    async def compile_async(self, so: StructuredOutputParams, param: str) -> object: ...
