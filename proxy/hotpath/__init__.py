@@ -16,7 +16,7 @@ IS_COMPILED = False
 if TYPE_CHECKING:
     # Type checkers see the compiled module's classes through its stub (``_hotpath.pyi``), so every
     # call site is checked against it (yarl's ``_quoting.py`` does the same with ``TYPE_CHECKING``);
-    # ``python.py``'s signatures are held equal to the stub's by tests/hotpath/test_hotpath_selector.py.
+    # the ``python`` twin's signatures are held equal to the stub's by tests/hotpath/test_hotpath_selector.py.
     from proxy.hotpath._hotpath import (
         ChunkFramer,
         DecodeTable,

@@ -1,4 +1,4 @@
-"""Type stub of the compiled hot path ``proxy.hotpath._hotpath`` (see ``proxy/hotpath/python.py``)."""
+"""Type stub of the compiled hot path ``proxy.hotpath._hotpath`` (see ``proxy/hotpath/python/``)."""
 
 from collections.abc import Iterable, Sequence
 

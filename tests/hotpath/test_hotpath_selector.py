@@ -37,7 +37,7 @@ def _probe(env_value: str | None) -> str:
 
 
 def test_env_forces_pure_python():
-    assert _probe("1") == "False proxy.hotpath.python"
+    assert _probe("1") == "False proxy.hotpath.python.stop_checker"
 
 
 def test_selected_names_match_twin_api():

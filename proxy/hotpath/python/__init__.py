@@ -1,0 +1,31 @@
+"""Pure-Python reference of the hot path: decode table, incremental detokenizer, stop checker, SSE framer.
+
+Always importable (stdlib only). ``ext/hotpath.pyx`` is the compiled twin with the same names, signatures
+and results; ``proxy.hotpath`` selects one of the two. Tests run both and compare them.
+
+Semantics follow the Hugging Face ``tokenizers`` decoders (ByteLevel, ByteFallback + Fuse + Strip) so that
+the joined output of :class:`IncrementalDetokenizer` equals
+``tokenizer.decode(ids, skip_special_tokens=True)``.
+
+One concept a module: :mod:`~proxy.hotpath.python.utf8` (UTF-8 boundaries),
+:mod:`~proxy.hotpath.python.detokenizer` (:class:`DecodeTable`, :class:`IncrementalDetokenizer`),
+:mod:`~proxy.hotpath.python.stop_checker` (:class:`StopChecker`) and
+:mod:`~proxy.hotpath.python.framer` (:class:`ChunkFramer`, :func:`dumps`). The names below are the
+twin's API (the stub ``proxy/hotpath/_hotpath.pyi``); import them from here.
+"""
+
+from __future__ import annotations
+
+from proxy.hotpath.python.detokenizer import DecodeTable, IncrementalDetokenizer
+from proxy.hotpath.python.framer import ChunkFramer, dumps
+from proxy.hotpath.python.stop_checker import StopChecker
+from proxy.hotpath.python.utf8 import utf8_complete_prefix_len
+
+__all__ = [
+    "ChunkFramer",
+    "DecodeTable",
+    "IncrementalDetokenizer",
+    "StopChecker",
+    "dumps",
+    "utf8_complete_prefix_len",
+]
