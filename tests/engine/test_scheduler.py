@@ -8,7 +8,7 @@ import pytest
 
 from proxy.engine.block_manager import BlockManager
 from proxy.engine.request import Request, RequestStatus
-from proxy.engine.scheduler import Scheduler
+from proxy.engine.scheduler import Scheduler, StepBudget
 from proxy.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
@@ -286,3 +286,16 @@ def test_without_threshold_the_budget_alone_bounds_prefill() -> None:
     sched.add_request(Request("p", list(range(40, 60)), params))
     out, _ = fake_step(sched)
     assert out.num_new_tokens == [1, 7]
+
+
+def test_step_budget_caps_prefill_only_beside_decodes_and_takes_back_a_preempted_entry() -> None:
+    budget = StepBudget(10, long_prefill_token_threshold=4, max_num_partial_prefills=1)
+    assert budget.prefill_chunk(20) == 10  # no decode in the step yet: the whole budget
+    budget.take(1, is_decode=True)
+    assert budget.prefill_chunk(20) == 4  # beside a decode: at most the threshold
+    budget.take(4, is_decode=False)
+    assert (budget.num_tokens_left, budget.num_decodes, budget.num_prefills) == (5, 1, 1)
+    assert budget.prefill_chunk(20) == 0  # max_num_partial_prefills reached
+    budget.give_back(4, is_decode=False)  # that prefill's request was preempted
+    assert (budget.num_tokens_left, budget.num_prefills) == (9, 0)
+    assert budget.prefill_chunk(3) == 3

@@ -1,37 +1,11 @@
-"""Continuous-batching scheduler: which requests run each step, and how many tokens each (no torch).
+""":class:`Scheduler`: FCFS continuous batching over a ``BlockManager`` (no torch).
 
-Policy (vLLM v1's unified scheduler, simplified):
-
-- Every step has a token budget ``max_num_batched_tokens``. Running requests that need exactly one
-  token (decode) are scheduled first, then running requests in the middle of a chunked prefill,
-  then waiting requests FCFS, each taking ``min(remaining tokens, budget left)`` tokens. So a long
-  prompt is prefilled in chunks and never stalls the decodes of others (chunked prefill, Agrawal et
-  al. 2023, "Sarathi").
-- Prefill work joining a step that carries decodes is bounded further: each prompt adds at most
-  ``long_prefill_token_threshold`` tokens (vLLM's knob; 0 = no cap) and at most
-  ``max_num_partial_prefills`` prompts join (vLLM's name for concurrent partial prefills). A step's
-  time grows with its tokens, and every running stream waits for the whole step, so each prefill
-  token in a decode step lengthens every stream's inter-token gap; bounding them keeps p99 ITL near
-  the decode step time. The price is time to first token when many prompts arrive together: they
-  are prefilled one small chunk per step instead of all at once. A step without decodes (nothing is
-  streaming yet) takes prompts up to the full budget. Sarathi-Serve (Agrawal et al. 2024) makes the
-  same trade with a per-step token budget. The server's defaults (``Settings``: 128 tokens, 2
-  prompts) cap a decode step's prefill at 256 tokens, half the 512-token budget; on the shared
-  2-core CPU (SmolLM2-135M bf16, 8 streams, 128 in / 64 out, three servers side by side) they gave
-  p99 ITL / mean TPOT 1.70 against 1.64 unbounded and 2.09 for 64 tokens / 1 prompt, whose p99
-  TTFT was 2.6x the unbounded one: per-step overhead dominates there, so small chunks cost more
-  time to first token than they save in inter-token gaps.
-- Prefix caching (``BlockManager``): a waiting request starts after its longest cached prefix of full
-  blocks (at least its last token is computed, its logits are needed); the blocks its step fills
-  join the cache once the step is scheduled, and are dropped again if the step fails.
-- At most ``max_num_seqs`` requests run at once.
-- When the KV pool cannot hold a running request's next tokens, the most recently admitted running
-  request is preempted by recompute: its blocks are freed, ``num_computed_tokens`` reset to 0 and it
-  goes back to the front of the waiting queue (its generated tokens are kept and re-prefilled).
-  No new request is admitted in a step that preempted.
-- A request finishes with "stop" on EOS (unless ``ignore_eos``) or a ``stop_token_ids`` token, once
-  ``min_tokens`` are out; with "length" at ``max_tokens`` or when prompt + output reach
-  ``max_model_len`` (or the whole KV pool). Stop strings are the API layer's job (it aborts).
+The policy (chunked prefill under a step budget, bounded prefill in decode steps, prefix caching,
+preemption by recompute, the finish rule) is described in the package docstring
+(``proxy.engine.scheduler``); :class:`~proxy.engine.scheduler.budget.StepBudget` holds the step
+budget and the prefill bound, :func:`~proxy.engine.scheduler.finish.check_stop` the finish rule of a
+sampled token, and :class:`~proxy.engine.scheduler.output.SchedulerOutput` is what a step hands to
+the model runner.
 """
 
 from __future__ import annotations
@@ -39,39 +13,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 from proxy.engine.block_manager import BlockManager
 from proxy.engine.request import FinishReason, Request, RequestOutput, RequestStatus, TokenLogprob
-
-
-@dataclass
-class SchedulerOutput:
-    """The work of one step, in batch order (decodes first, then prefill chunks).
-
-    Attributes:
-        requests: scheduled requests; each one's ``num_computed_tokens`` is still the value before
-            this step (it is advanced by ``Scheduler.update``).
-        num_new_tokens: tokens each request computes this step (1 for a decode, a chunk for prefill).
-        sample_indices: indices into ``requests`` of those whose last scheduled token is the last
-            token of their sequence, so the step samples a new token for them.
-        num_decodes: the first ``num_decodes`` requests are decodes (one token each).
-    """
-
-    requests: list[Request] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    sample_indices: list[int] = field(default_factory=list)
-    num_decodes: int = 0
-
-    @property
-    def total_num_tokens(self) -> int:
-        """Tokens in the step's ragged batch."""
-        return sum(self.num_new_tokens)
-
-    @property
-    def is_empty(self) -> bool:
-        """True when nothing is scheduled."""
-        return not self.requests
+from proxy.engine.scheduler.budget import StepBudget
+from proxy.engine.scheduler.finish import check_stop
+from proxy.engine.scheduler.output import SchedulerOutput
 
 
 class Scheduler:
@@ -205,17 +152,16 @@ class Scheduler:
 
         Decodes first, then running requests in the middle of a prefill, then waiting requests
         FCFS (each starting after its longest cached prefix). When the step carries decodes, the
-        prefill work joining it is bounded (see the module docstring).
+        prefill work joining it is bounded (see the package docstring and ``StepBudget``).
         """
-        budget = self.max_num_batched_tokens
+        budget = StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold,
+                            self.max_num_partial_prefills)
         scheduled: dict[Request, int] = {}
         preempted = False
-        num_decodes = 0
-        num_prefills = 0
         bm = self.block_manager
         for decode_pass in (True, False):
             i = 0
-            while i < len(self.running) and budget > 0:
+            while i < len(self.running) and budget.num_tokens_left > 0:
                 request = self.running[i]
                 i += 1
                 if request in scheduled:
@@ -226,7 +172,7 @@ class Scheduler:
                 if decode_pass:
                     num_new = 1
                 else:
-                    num_new = self._prefill_chunk(remaining, budget, num_decodes, num_prefills)
+                    num_new = budget.prefill_chunk(remaining)
                     if num_new == 0:
                         continue
                 while not bm.allocate_slots(request, num_new):
@@ -238,46 +184,32 @@ class Scheduler:
                         break
                     victim = self.running.pop()
                     if victim in scheduled:
-                        budget += scheduled.pop(victim)
-                        if victim.num_computed_tokens + 1 == victim.num_tokens:
-                            num_decodes -= 1
-                        else:
-                            num_prefills -= 1
+                        budget.give_back(scheduled.pop(victim),
+                                         victim.num_computed_tokens + 1 == victim.num_tokens)
                     self._preempt(victim)
                     preempted = True
                     if victim is request:
                         break
                 else:
                     scheduled[request] = num_new
-                    budget -= num_new
-                    if decode_pass:
-                        num_decodes += 1
-                    else:
-                        num_prefills += 1
+                    budget.take(num_new, decode_pass)
         # Blocks filled by this step's running requests join the prefix cache only now, once no
         # more preemption can take back their slots (a preempted victim computes nothing).
         for request, num_new in scheduled.items():
             bm.cache_full_blocks(request, request.num_computed_tokens + num_new)
         if not preempted:
-            self._admit_waiting(scheduled, budget, num_decodes, num_prefills)
-        return self._build_output(scheduled)
+            self._admit_waiting(scheduled, budget)
+        out = SchedulerOutput.from_scheduled(scheduled)
+        now = time.monotonic()
+        for request in out.requests:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        return out
 
-    def _prefill_chunk(self, remaining: int, budget: int, num_decodes: int, num_prefills: int) -> int:
-        """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none)."""
-        num_new = min(remaining, budget)
-        if num_decodes:
-            if num_prefills >= self.max_num_partial_prefills:
-                return 0
-            if self.long_prefill_token_threshold > 0:
-                num_new = min(num_new, self.long_prefill_token_threshold)
-        return num_new
-
-    def _admit_waiting(
-        self, scheduled: dict[Request, int], budget: int, num_decodes: int, num_prefills: int
-    ) -> None:
+    def _admit_waiting(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
         bm = self.block_manager
         watermark = self._watermark_blocks
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget.num_tokens_left > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             cached = bm.find_cached_prefix(request) if not request.block_ids else []
             num_cached = len(cached) * bm.block_size
@@ -285,7 +217,7 @@ class Scheduler:
             if remaining == 1:
                 num_new = 1  # only the last token is left (a full cache hit): as cheap as a decode
             else:
-                num_new = self._prefill_chunk(remaining, budget, num_decodes, num_prefills)
+                num_new = budget.prefill_chunk(remaining)
                 if num_new == 0:
                     break
             total = request.num_computed_tokens + num_cached + num_new
@@ -305,27 +237,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             scheduled[request] = num_new
-            budget -= num_new
-            if num_new == 1:
-                num_decodes += 1
-            else:
-                num_prefills += 1
-
-    def _build_output(self, scheduled: dict[Request, int]) -> SchedulerOutput:
-        out = SchedulerOutput()
-        now = time.monotonic()
-        # decodes (one token, the last of the sequence) first, as the model runner expects
-        order = sorted(scheduled.items(), key=lambda item: item[1] != 1)
-        for index, (request, num_new) in enumerate(order):
-            out.requests.append(request)
-            out.num_new_tokens.append(num_new)
-            if request.num_computed_tokens + num_new == request.num_tokens:
-                out.sample_indices.append(index)
-            if num_new == 1 and out.num_decodes == index:
-                out.num_decodes += 1
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = now
-        return out
+            budget.take(num_new, num_new == 1)
 
     def update(
         self,
@@ -359,16 +271,7 @@ class Scheduler:
             request.append_token(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            params = request.params
-            num_out = len(request.output_token_ids)
-            reason: FinishReason | None = None
-            if params.is_stop_allowed(num_out - 1) and (
-                (token in eos and not params.ignore_eos) or token in params.stop_token_ids
-            ):
-                reason = "stop"
-                request.stop_reason = token
-            elif num_out >= params.max_tokens or request.num_tokens >= self.max_model_len:
-                reason = "length"
+            reason = check_stop(request, token, eos, self.max_model_len)
             if reason is not None:
                 self._finish(request, reason)
                 any_finished = True

@@ -1,0 +1,58 @@
+""":class:`StepBudget`: how many tokens a step has left, and how much prefill may still join it.
+
+The bound on prefill in a step that carries decodes (``long_prefill_token_threshold`` tokens per
+prompt, ``max_num_partial_prefills`` prompts; vLLM's knobs) is the package docstring's second
+policy item; this class is its one source. Like vLLM's ``SchedulingBudget``, it also counts what
+the step holds so far, so a preempted victim's tokens can be given back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepBudget:
+    """The token budget of one step being scheduled, with its decode and prefill counts.
+
+    Attributes:
+        num_tokens_left: tokens the step may still take (starts at ``max_num_batched_tokens``).
+        long_prefill_token_threshold: in a step with decodes, the largest prefill chunk of one
+            request (tokens); 0: no cap beyond the step budget.
+        max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks
+            join it.
+        num_decodes: one-token entries taken so far.
+        num_prefills: prefill chunks taken so far.
+    """
+
+    num_tokens_left: int
+    long_prefill_token_threshold: int
+    max_num_partial_prefills: int
+    num_decodes: int = 0
+    num_prefills: int = 0
+
+    def prefill_chunk(self, remaining: int) -> int:
+        """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none)."""
+        num_new = min(remaining, self.num_tokens_left)
+        if self.num_decodes:
+            if self.num_prefills >= self.max_num_partial_prefills:
+                return 0
+            if self.long_prefill_token_threshold > 0:
+                num_new = min(num_new, self.long_prefill_token_threshold)
+        return num_new
+
+    def take(self, num_new: int, is_decode: bool) -> None:
+        """Count an entry of ``num_new`` tokens joining the step (a decode or a prefill chunk)."""
+        self.num_tokens_left -= num_new
+        if is_decode:
+            self.num_decodes += 1
+        else:
+            self.num_prefills += 1
+
+    def give_back(self, num_new: int, is_decode: bool) -> None:
+        """Undo :meth:`take` for an entry that leaves the step (its request was preempted)."""
+        self.num_tokens_left += num_new
+        if is_decode:
+            self.num_decodes -= 1
+        else:
+            self.num_prefills -= 1
