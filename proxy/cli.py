@@ -169,7 +169,7 @@ def _server_class() -> type:
 def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
     """Run uvicorn with the app of ``settings`` until SIGTERM/SIGINT, then drain and return."""
     # Before anything loads torch: idle OpenMP workers sleep instead of spinning (see
-    # proxy.engine.core_proc: with active waiting the load-time self-check took 103 s instead of 4 s,
+    # proxy.engine.core_proc.child: with active waiting the load-time self-check took 103 s instead of 4 s,
     # and engine steps 5-10x longer, on a 2-core machine shared with other work). The engine process
     # inherits it. An OMP_WAIT_POLICY in the environment wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -88,5 +88,5 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer),
                       dtype=info.dtype, quantization=info.quantization)
     # grammars are compiled once, in the child, where the masks are applied (a bad one is still a 400
-    # before the request is sent): see proxy.engine.core_proc
+    # before the request is sent): see proxy.engine.core_proc.grammar
     return AsyncEngineClient(core, tokenizer, model, grammar_compiler=ChildGrammarCompiler(core))

@@ -1,0 +1,121 @@
+"""Starting the engine process and waiting for it to be ready, stopping it, and killing it at exit.
+
+The child is started with multiprocessing's "spawn" method (fork is unsafe with torch/CUDA threads
+already running). Because the child ignores SIGTERM (see ``proxy.engine.core_proc.child``),
+``multiprocessing``'s exit handler (SIGTERM, then an unbounded ``join``) could wait for it forever;
+an ``atexit`` hook registered after it SIGKILLs any child still alive first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from proxy.engine.core_proc.child import child_main
+from proxy.engine.core_proc.messages import ReadyInfo, Send
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_MP = multiprocessing.get_context("spawn")  # fork is unsafe with torch/CUDA threads already running
+STOP_TIMEOUT_S = 10.0  # a serving child gets this long to stop after ("stop",) before SIGKILL
+_children: set[Any] = set()  # engine processes started and not yet reaped (killed at exit)
+_atexit_registered = False
+
+
+def _kill_children_at_exit() -> None:
+    for proc in list(_children):
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+def _track(proc: Any) -> None:
+    """Remember ``proc`` for the exit hook; register the hook once, after ``multiprocessing.util``'s
+    own (atexit runs last-registered first, so ours kills before it joins)."""
+    global _atexit_registered
+    _children.add(proc)
+    if not _atexit_registered:
+        atexit.register(_kill_children_at_exit)
+        _atexit_registered = True
+
+
+def untrack(proc: Any) -> None:
+    """Forget a reaped (or about to be reaped) child: the exit hook no longer kills it."""
+    _children.discard(proc)
+
+
+def start_child(settings: Settings, on_started: Callable[[Any], None]) -> tuple[Any, Connection, ReadyInfo]:
+    """Start an engine process for ``settings`` and block until it is ready, logging its progress.
+
+    Args:
+        settings: passed to the child, which loads ``settings.model``.
+        on_started: called with the process once it runs, before the wait (shutdown kills it there).
+
+    Returns:
+        the process, the parent's end of its pipe, and its ``ReadyInfo``.
+
+    Raises:
+        proxy.models.ModelLoadError: the child failed to load the model or exited while loading
+            (it is killed and reaped, the pipe closed).
+    """
+    from proxy.models import ModelLoadError
+
+    parent_conn, child_conn = _MP.Pipe()
+    proc = _MP.Process(target=child_main, args=(settings, child_conn),
+                       name="streamproxy-engine-core", daemon=True)
+    proc.start()
+    _track(proc)
+    on_started(proc)
+    child_conn.close()  # our copy closed: the child's death closes the pipe (EOF)
+    logger.info("engine process started (pid %d); waiting for it to load the model", proc.pid)
+    try:
+        while True:
+            try:
+                if not parent_conn.poll(1.0):
+                    if not proc.is_alive():
+                        raise EOFError
+                    continue
+                kind, payload = parent_conn.recv()
+            except EOFError:
+                proc.join(5)
+                raise ModelLoadError(
+                    f"the engine process exited while loading (exit code {proc.exitcode})") from None
+            if kind == "progress":
+                logger.info("engine process: %s", payload)
+            elif kind == "failed":
+                raise ModelLoadError(f"the engine process failed to load the model: {payload}")
+            elif kind == "ready":
+                break
+    except BaseException:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        untrack(proc)
+        parent_conn.close()
+        raise
+    info: ReadyInfo = payload
+    logger.info("engine process ready (pid %d) in %.1f s (OpenMP wait policy %s)", proc.pid, info.load_s,
+                info.omp_wait_policy or "unset: torch was loaded before the child could set it")
+    return proc, parent_conn, info
+
+
+def stop_child(proc: Any, conn: Connection | None, send: Send) -> None:
+    """Stop a serving child: ``("stop",)`` through ``send`` (it fails its requests and exits), SIGKILL
+    after ``STOP_TIMEOUT_S`` (it ignores SIGTERM); then close ``conn``. ``proc``/``conn`` may be None."""
+    if conn is not None:
+        with contextlib.suppress(RuntimeError, OSError):
+            send(("stop",))
+    if proc is not None:
+        proc.join(STOP_TIMEOUT_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        untrack(proc)
+    if conn is not None:
+        conn.close()

@@ -1,0 +1,262 @@
+""":class:`EngineProcClient`: the API process's side of the engine process (see the package docs).
+
+It starts the child (``lifecycle``), reads its step messages on a reader thread and hands each step's
+outputs to the event loop, restarts a child that died (unless shutdown has begun), keeps the child's
+last counters for ``stats()`` and the 429 rule, and sends adds, aborts and grammar compiles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from proxy.engine.client import EngineStats, FaultInjector, OutputsHandler, deliver_outputs
+from proxy.engine.core_proc.grammar import PendingCompiles, raise_for_answer
+from proxy.engine.core_proc.lifecycle import start_child, stop_child, untrack
+from proxy.engine.core_proc.messages import NO_COUNTERS, Counters, ReadyInfo
+from proxy.engine.request import RequestOutput
+from proxy.errors import EngineDeadError, RateLimitError
+from proxy.sampling import SamplingParams, StructuredOutputParams
+from proxy.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class EngineProcClient:
+    """:class:`~proxy.engine.client.EngineCoreClient` for an ``EngineCore`` in a child process.
+
+    The constructor starts the child and blocks until it is ready (run it in a worker thread, as
+    ``create_app`` runs the engine factory), logging its load progress.
+
+    Args:
+        settings: passed to the child, which loads ``settings.model`` with ``proxy.models.load_model``.
+
+    Raises:
+        proxy.models.ModelLoadError: the child failed to load the model or exited while loading.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.max_waiting = settings.max_waiting
+        self.max_num_seqs = settings.max_num_seqs
+        # The test hook runs in the engine's forward pass; a callable does not cross processes, so in
+        # this mode it is accepted and ignored (fault tests run with the in-process engine).
+        self.fault_injector: FaultInjector | None = None
+        self.num_restarts = 0
+        self._live: set[str] = set()
+        self._counters: Counters = NO_COUNTERS
+        self._adds_sent = 0
+        self._on_outputs: OutputsHandler | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._state = "up"  # "up", "restarting", "dead", "stopped"
+        self._draining = False  # shutdown has begun: no more restarts
+        self._generation = 0
+        self._proc: Any = None
+        self._launching: Any = None  # the child being loaded (shutdown kills it)
+        self._send_lock = threading.Lock()  # one writer at a time on the pipe
+        self._compiles = PendingCompiles()
+        self._conn: Connection | None = None
+        self.info = self._launch()
+
+    # ---- child life cycle -------------------------------------------------------------------------
+
+    def _launch(self) -> ReadyInfo:
+        try:
+            proc, conn, info = start_child(self.settings, self._on_launch_started)
+        finally:
+            self._launching = None
+        self._proc, self._conn = proc, conn
+        self._adds_sent = 0
+        self._counters = NO_COUNTERS
+        return info
+
+    def _on_launch_started(self, proc: Any) -> None:
+        self._launching = proc
+
+    def start(self, on_outputs: OutputsHandler) -> None:
+        """Start reading the child's outputs; call from the running event loop that receives them."""
+        self._on_outputs = on_outputs
+        self._loop = asyncio.get_running_loop()
+        self._start_reader()
+
+    def _start_reader(self) -> None:
+        self._generation += 1
+        threading.Thread(target=self._read, args=(self._conn, self._generation),
+                         name="streamproxy-engine-reader", daemon=True).start()
+
+    def _read(self, conn: Connection, generation: int) -> None:
+        """Reader thread: one ``call_soon_threadsafe`` per step message; EOF means the child died."""
+        loop = self._loop
+        assert loop is not None
+        try:
+            while True:
+                msg = conn.recv()
+                if msg[0] == "compiled":
+                    self._compiles.answer(msg[1], msg[2])
+                    continue
+                _, outputs, counters = msg
+                self._counters = counters
+                if outputs:
+                    loop.call_soon_threadsafe(self._dispatch, outputs)
+        except (EOFError, OSError):
+            pass
+        self._compiles.fail_all("the engine process died while compiling the grammar; retry shortly")
+        with contextlib.suppress(RuntimeError, OSError):
+            loop.call_soon_threadsafe(self._on_child_exit, generation)
+
+    def _on_child_exit(self, generation: int) -> None:
+        """Event loop: the child's pipe closed. Fail every open request; start a new child unless
+        shutdown has begun (draining or stopped: the engine then stays dead)."""
+        if generation != self._generation or self._state == "stopped":
+            return
+        proc = self._proc
+        proc.join(1.0)
+        untrack(proc)
+        code = proc.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        restart = not self._draining
+        message = f"the engine process died ({how}); " + (
+            "the engine is restarting" if restart else "the server is shutting down")
+        logger.error("%s: ending %d open request(s)", message, len(self._live))
+        self._state = "restarting" if restart else "dead"
+        failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error=message) for rid in self._live]
+        self._dispatch(failed)
+        if self._conn is not None:
+            self._conn.close()
+        if restart:
+            self.num_restarts += 1
+            asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            await asyncio.to_thread(self._launch)
+        except Exception:
+            if self._state == "stopped":  # shutdown killed the child while it loaded
+                return
+            logger.exception("restarting the engine process failed; the engine stays down (/health 503)")
+            self._state = "dead"
+            return
+        if self._state == "stopped" or self._draining:
+            self._stop_child()
+            return
+        self._start_reader()
+        self._state = "up"
+        logger.warning("engine process restarted (restart #%d); serving again", self.num_restarts)
+
+    def begin_drain(self) -> None:
+        """Shutdown has begun: the child serves on, but if it dies now it is not restarted."""
+        self._draining = True
+
+    def shutdown(self) -> None:
+        """Stop the child (it fails its requests; here they end with an error); later adds raise.
+
+        A child still loading (a restart) is killed; one serving gets ``("stop",)`` and
+        ``STOP_TIMEOUT_S`` seconds before SIGKILL (it ignores SIGTERM)."""
+        if self._state == "stopped":
+            return
+        self._state = "stopped"
+        self._draining = True
+        failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error="the engine shut down")
+                  for rid in self._live]
+        self._dispatch(failed)
+        self._compiles.fail_all("the engine shut down")
+        launching = self._launching
+        if launching is not None and launching.is_alive():
+            launching.kill()  # the restart thread sees it die and gives up
+        self._stop_child()
+
+    def _stop_child(self) -> None:
+        stop_child(self._proc, self._conn, self._send)
+
+    @property
+    def is_healthy(self) -> bool:
+        """True while the child serves (not while it restarts, after it died for good, or after shutdown)."""
+        return self._state == "up"
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's pid (tests kill it)."""
+        return None if self._proc is None else int(self._proc.pid)
+
+    # ---- counters ---------------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        """The child's counters as of its last step message."""
+        running, _, usage, free, total, preemptions, queries, hits, _ = self._counters
+        return EngineStats(running, self.num_waiting, usage, free, total, num_preemptions=preemptions,
+                           prefix_cache_queries=queries, prefix_cache_hits=hits,
+                           num_engine_restarts=self.num_restarts)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting in the child plus those sent and not yet taken by it."""
+        waiting, adds_seen = self._counters[1], self._counters[-1]
+        return waiting + max(0, self._adds_sent - adds_seen)
+
+    # ---- event-loop API ---------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+        """Send a request to the child (see ``AsyncEngine.add_request`` for the admission rule).
+
+        Raises:
+            EngineDeadError: the engine process is restarting, dead or shut down.
+            RateLimitError: the waiting queue is full.
+            ValueError: ``request_id`` is already live.
+        """
+        if self._state != "up" or self._conn is None:
+            what = {"restarting": "is restarting", "dead": "died"}.get(self._state, "is not running")
+            raise EngineDeadError(f"the engine process {what}; retry shortly")
+        free_slots = max(0, self.max_num_seqs - self._counters[0])
+        if self.num_waiting - free_slots >= self.max_waiting:
+            raise RateLimitError(f"too many requests waiting ({self.max_waiting}); retry later")
+        if request_id in self._live:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        try:
+            self._send(("add", request_id, list(prompt_token_ids), params))
+        except OSError as exc:  # the child is dying; the reader reports it
+            raise EngineDeadError(f"the engine process is not reachable: {exc}") from exc
+        self._adds_sent += 1
+        self._live.add(request_id)
+
+    def abort_requests(self, request_ids: Sequence[str]) -> None:
+        """Abort requests (idempotent; unknown or finished ids are ignored). No output follows."""
+        ended = [rid for rid in request_ids if rid in self._live]
+        if not ended:
+            return
+        self._live.difference_update(ended)
+        if self._state == "up" and self._conn is not None:
+            try:
+                self._send(("abort", ended))
+            except OSError:  # the child is dying; its requests are gone with it
+                pass
+
+    async def compile_grammar(self, so: StructuredOutputParams, param: str) -> None:
+        """Have the child compile (and cache) the grammar of ``so``; returns when it has (event loop).
+
+        Raises:
+            InvalidRequestError: the spec cannot be enforced (the message names ``param``).
+            EngineDeadError: the engine process is not up, or died or shut down meanwhile.
+            RuntimeError: the compiler failed otherwise (a 500).
+        """
+        token, future = self._compiles.open()
+        try:
+            if self._state != "up" or self._conn is None:
+                raise EngineDeadError("the engine process is not running; retry shortly")
+            self._send(("compile", token, so, param))
+        except (EngineDeadError, OSError) as exc:
+            self._compiles.discard(token)
+            raise EngineDeadError(str(exc)) from None
+        raise_for_answer(await asyncio.wrap_future(future))
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        assert self._conn is not None
+        with self._send_lock:
+            self._conn.send(msg)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        deliver_outputs(outputs, self._live, self._on_outputs)
