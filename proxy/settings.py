@@ -65,6 +65,9 @@ class Settings:
             vLLM v1 does (``proxy.engine.core_proc``); detokenization and streaming stay in the
             server process. If the child dies, open streams end with an error and it is restarted.
             None: on for CUDA, off on CPU (the in-process engine thread, as before).
+        enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
+            replay a graph captured per padded batch size and key-length bucket
+            (``proxy.engine.decode_graphs``). CPU steps always run eager.
     """
 
     model: str | None = None
@@ -100,3 +103,4 @@ class Settings:
     tool_call_parser: str = ""
     ui: bool = True
     engine_process: bool | None = None
+    enforce_eager: bool = False

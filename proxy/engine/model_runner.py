@@ -13,6 +13,10 @@ construction (``attention.probe_layers`` -> ``architectures.layer_specs``), whic
 layers that never reach the attention function (Mamba / linear attention). The cache is sized from
 the shapes the layers really produce (multi-head latent attention has K and V of other widths).
 
+Pure-decode steps on CUDA replay captured graphs (``proxy.engine.decode_graphs``; off with
+``settings.enforce_eager``, never on CPU); the pools keep one scratch slot past the blocks for the
+graphs' padded rows. Prefill and mixed steps, and every step on CPU, run eager.
+
 KV pool size: ``settings.num_kv_blocks`` when set; otherwise enough blocks for ``max_num_seqs``
 full contexts, capped on CUDA by ``free memory * gpu_memory_utilization`` (``torch.cuda.mem_get_info``
 after the weights are loaded) and on CPU by ``settings.kv_cache_bytes``.
@@ -21,6 +25,7 @@ after the weights are loaded) and on CPU by ``settings.kv_cache_bytes``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -35,6 +40,7 @@ from proxy.engine.attention import (
     padded_key_length,
     probe_layers,
 )
+from proxy.engine.decode_graphs import DecodeGraph, DecodeGraphRunner
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.settings import Settings
 
@@ -76,6 +82,7 @@ class ModelRunner:
     Attributes:
         kv_cache: the pools; ``kv_cache.num_blocks`` is what the block manager hands out.
         layers: one :class:`LayerSpec` per layer (shapes, window, chunk, soft-cap, sinks).
+        decode_graphs: the captured-graph runner of pure-decode steps, or None (eager).
 
     Raises:
         UnsupportedArchitectureError: the probe pass found layers the paged cache cannot serve.
@@ -101,11 +108,28 @@ class ModelRunner:
         self.block_size = settings.block_size
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         num_blocks = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
-        self.kv_cache = PagedKVCache(self.layers, num_blocks, self.block_size, self.dtype, self.device)
+        self.kv_cache = PagedKVCache(
+            self.layers, num_blocks, self.block_size, self.dtype, self.device, num_scratch_slots=1
+        )
         self.kv_bytes_per_token = bytes_per_token
         logger.info(
             "KV cache: %d blocks x %d tokens, %.1f MiB (%d bytes/token) on %s",
             num_blocks, self.block_size, self.kv_cache.num_bytes / 2**20, bytes_per_token, self.device,
+        )
+        self.max_num_seqs = settings.max_num_seqs
+        self.max_model_len = max_model_len
+        self.decode_graphs: DecodeGraphRunner | None = None
+        if self.device.type == "cuda" and not settings.enforce_eager:
+            from proxy.engine.decode_graphs import cuda_graph_factory
+
+            self.use_decode_graphs(cuda_graph_factory(self.device))
+
+    def use_decode_graphs(self, make_graph: Callable[[], DecodeGraph]) -> None:
+        """Run pure-decode steps through graphs made by ``make_graph`` (captured lazily, one per
+        padded batch size and key bucket). Called on CUDA at construction; tests pass a stand-in."""
+        self.decode_graphs = DecodeGraphRunner(
+            self._forward, self.kv_cache, make_graph, self.max_num_seqs, self.max_model_len,
+            self.num_groups, self.device,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -113,7 +137,7 @@ class ModelRunner:
     def build_metadata(
         self, scheduler_output: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
-        """Flatten the step into tensors on the model's device.
+        """Flatten the step into CPU tensors (:meth:`execute` moves them to the model's device).
 
         Returns:
             ``input_ids [1, T]`` int64, ``position_ids [1, T]`` int64, ``logits_index [S]`` int64
@@ -137,7 +161,6 @@ class ModelRunner:
                 positions.extend(range(c, c + n))
             max_blocks = max(max_blocks, len(request.block_ids))
         block_tables_list = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in requests]
-        cpu = torch.device("cpu")
         block_tables = torch.tensor(block_tables_list, dtype=torch.long)
         pos_t = torch.tensor(positions, dtype=torch.long)
         nums_t = torch.tensor(nums, dtype=torch.long)
@@ -195,33 +218,27 @@ class ModelRunner:
                 meta.prefill_token_index = meta.prefill_query_index[meta.prefill_valid]
         input_ids = torch.tensor(token_ids, dtype=torch.long).view(1, num_tokens)
         position_ids = pos_t.view(1, num_tokens)
-        if self.device != cpu:
-            dev = self.device
-            input_ids = input_ids.to(dev, non_blocking=True)
-            position_ids = position_ids.to(dev, non_blocking=True)
-            logits_index = logits_index.to(dev, non_blocking=True)
-            for name in (
-                "slot_mapping", "decode_gather", "decode_context_lens", "decode_mask", "prefill_query_index",
-                "prefill_gather", "prefill_positions", "prefill_mask", "prefill_valid", "prefill_token_index",
-            ):
-                value = getattr(meta, name)
-                if value is not None:
-                    setattr(meta, name, value.to(dev, non_blocking=True))
         return input_ids, position_ids, logits_index, meta
 
-    def execute(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Run one forward pass over the scheduled tokens.
+    def _to_device(self, meta: PagedAttentionMetadata) -> None:
+        """Move the metadata's tensors to the model's device (in place)."""
+        for name in (
+            "slot_mapping", "decode_gather", "decode_context_lens", "decode_mask", "prefill_query_index",
+            "prefill_gather", "prefill_positions", "prefill_mask", "prefill_valid", "prefill_token_index",
+        ):
+            value = getattr(meta, name)
+            if value is not None:
+                setattr(meta, name, value.to(self.device, non_blocking=True))
 
-        Returns:
-            logits ``[S, V]`` float32 on the model's device, one row per entry of
-            ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
-        """
-        input_ids, position_ids, logits_index, meta = self.build_metadata(scheduler_output)
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        meta: PagedAttentionMetadata,
+        keep: torch.Tensor | int = 0,
+    ) -> torch.Tensor:
+        """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all)."""
         with torch.inference_mode(), active_metadata(meta):
-            if logits_index.numel() == 0:
-                keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
-            else:
-                keep = logits_index
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
@@ -230,6 +247,28 @@ class ModelRunner:
                 **{METADATA_KWARG: meta},
             )
             logits: torch.Tensor = out.logits[0]
-            if logits_index.numel() == 0:
-                logits = logits[:0]
-            return logits.float()
+            return logits
+
+    def execute(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
+        """Run one forward pass over the scheduled tokens (a pure-decode step through a captured
+        graph when :attr:`decode_graphs` is set and has its shape, else eager).
+
+        Returns:
+            logits ``[S, V]`` float32 on the model's device, one row per entry of
+            ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
+        """
+        input_ids, position_ids, logits_index, meta = self.build_metadata(scheduler_output)
+        dev = self.device
+        if self.decode_graphs is not None and meta.num_decodes == len(scheduler_output.requests):
+            graph_logits = self.decode_graphs.run(input_ids, position_ids, meta)
+            if graph_logits is not None:  # sampling rows selected outside the graph (a copy)
+                return graph_logits.index_select(0, logits_index.to(dev)).float()
+        if dev.type != "cpu":
+            input_ids = input_ids.to(dev, non_blocking=True)
+            position_ids = position_ids.to(dev, non_blocking=True)
+            logits_index = logits_index.to(dev, non_blocking=True)
+            self._to_device(meta)
+        if logits_index.numel() == 0:
+            keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
+            return self._forward(input_ids, position_ids, meta, keep)[:0].float()
+        return self._forward(input_ids, position_ids, meta, logits_index).float()

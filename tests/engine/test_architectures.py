@@ -93,8 +93,9 @@ def test_layer_specs_and_cache_shapes_come_from_the_layers(name: str) -> None:
     assert [s.pattern for s in layers] == patterns
     assert {(s.key_dim, s.value_dim, s.num_kv_heads) for s in layers} == {(key_dim, value_dim, kv_heads)}
     cache = core.runner.kv_cache
-    assert cache.key_pools[0].shape == (32, kv_heads, key_dim)
-    assert cache.value_pools[0].shape == (32, kv_heads, value_dim)
+    # 8 blocks of 4 slots, and the scratch slot of the decode graphs' padded rows
+    assert cache.key_pools[0].shape == (33, kv_heads, key_dim)
+    assert cache.value_pools[0].shape == (33, kv_heads, value_dim)
     assert core.runner.kv_bytes_per_token == 2 * kv_heads * (key_dim + value_dim) * 4
     if name == "gpt_oss":
         assert [s.has_sinks for s in layers] == [True, True]

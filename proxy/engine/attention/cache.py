@@ -68,12 +68,15 @@ class PagedKVCache:
     Layer ``i`` has a K pool ``[num_blocks * block_size, H_kv_i, key_dim_i]`` and a V pool
     ``[num_blocks * block_size, H_kv_i, value_dim_i]`` of ``dtype`` on ``device``; slot
     ``block * block_size + offset`` holds one position. Create it outside ``torch.inference_mode()``
-    (writes inside inference mode then work in place).
+    (writes inside inference mode then work in place). ``num_scratch_slots`` more slots follow the
+    blocks (from :attr:`scratch_slot` on): no block contains them, so the padded rows of a captured
+    decode graph (``proxy.engine.decode_graphs``) write and read there.
 
     Args:
         layers: one :class:`LayerSpec` per layer, in ``layer_idx`` order.
         num_blocks, block_size: pool geometry.
         dtype, device: of the model's activations.
+        num_scratch_slots: slots past the last block (0 or 1).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class PagedKVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        num_scratch_slots: int = 0,
     ) -> None:
         self.layers = list(layers)
         self.num_layers = len(layers)
@@ -90,7 +94,8 @@ class PagedKVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.device = torch.device(device)
-        slots = num_blocks * block_size
+        self.num_scratch_slots = num_scratch_slots
+        slots = num_blocks * block_size + num_scratch_slots
         self.key_pools = [lazy_zeros((slots, s.num_kv_heads, s.key_dim), dtype, self.device) for s in layers]
         self.value_pools = [
             lazy_zeros((slots, s.num_kv_heads, s.value_dim), dtype, self.device) for s in layers
@@ -103,6 +108,11 @@ class PagedKVCache:
         return sum(s.num_kv_heads * (s.key_dim + s.value_dim) for s in layers) * size
 
     @property
+    def scratch_slot(self) -> int:
+        """The first slot past the blocks (meaningful when ``num_scratch_slots >= 1``)."""
+        return self.num_blocks * self.block_size
+
+    @property
     def num_bytes(self) -> int:
-        """Total bytes of all pools."""
+        """Bytes of the blocks of all pools (scratch slots not counted)."""
         return self.num_blocks * self.block_size * self.bytes_per_token(self.layers, self.dtype)
