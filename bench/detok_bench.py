@@ -5,7 +5,7 @@ the default model's), a trace of at least
 ``--tokens`` (default 100k) tokens of mixed CJK, emoji and English text is streamed one token per call
 (as the engine hands tokens over), through:
 
-- ``compiled``: ``proxy.hotpath._hotpath.IncrementalDetokenizer``
+- ``compiled``: ``proxy.hotpath.compiled.IncrementalDetokenizer`` (built from ``ext/detokenizer.pyx``)
 - ``python``: the pure-Python twin
 - ``DecodeStream``: ``tokenizers.decoders.DecodeStream(skip_special_tokens=True)``
 - ``double-decode``: the two-offset method of TGI / vLLM (decode ``ids[prefix:read]`` and ``ids[prefix:]``,
@@ -35,7 +35,7 @@ from proxy.hotpath import python as py_hotpath
 from proxy.tokenizer import VERIFY_CORPUS, Tokenizer
 
 try:
-    from proxy.hotpath import _hotpath as c_hotpath
+    from proxy.hotpath import compiled as c_hotpath
 except ImportError:  # pragma: no cover
     c_hotpath = None
 

@@ -210,9 +210,9 @@ def cache_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
         return mode == "process", python.ChunkFramer
     if not hotpath.IS_COMPILED:
         pytest.skip("the compiled hot path is not loaded (test_hotpath_selector fails when CI requires it)")
-    from proxy.hotpath import _hotpath
+    from proxy.hotpath import compiled
 
-    return mode == "process", _hotpath.ChunkFramer
+    return mode == "process", compiled.ChunkFramer
 
 
 def test_cached_prompt_tokens_are_reported_in_usage(model_dir: Path, cache_mode: tuple[bool, type]):

@@ -7,7 +7,7 @@ from types import ModuleType
 from proxy.hotpath import python
 
 try:
-    from proxy.hotpath import _hotpath as compiled
+    from proxy.hotpath import compiled
 except ImportError:  # not built; tests/hotpath/test_hotpath_selector.py fails when CI requires it
     compiled = None  # type: ignore[assignment]
 
