@@ -61,8 +61,40 @@ LLAMA_CMAKE_FLAGS = [
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
-    "-DGGML_NATIVE=ON",
 ]
+# ggml's x86 instruction-set options and the /proc/cpuinfo flags each needs. AMX is never enabled:
+# ggml's AMX kernels use tile instructions that a VM may advertise but not grant (measured on the
+# 2-core VM of issue 14: `amx_tile` in /proc/cpuinfo, and a -DGGML_NATIVE=ON build died with SIGILL
+# on `tilezero` at the first matmul). Everything else the CPU has is used, as GGML_NATIVE would.
+GGML_X86_ISA = [
+    ("GGML_SSE42", ("sse4_2",)),
+    ("GGML_AVX", ("avx",)),
+    ("GGML_AVX2", ("avx2",)),
+    ("GGML_BMI2", ("bmi2",)),
+    ("GGML_FMA", ("fma",)),
+    ("GGML_F16C", ("f16c",)),
+    ("GGML_AVX_VNNI", ("avx_vnni",)),
+    ("GGML_AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
+    ("GGML_AVX512_VBMI", ("avx512vbmi",)),
+    ("GGML_AVX512_VNNI", ("avx512_vnni",)),
+    ("GGML_AVX512_BF16", ("avx512_bf16",)),
+]
+
+
+def llama_isa_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """cmake flags that build ggml for this CPU without AMX (see ``GGML_X86_ISA``): GGML_NATIVE off
+    and each x86 option on when /proc/cpuinfo lists its flags. Not x86 or no /proc/cpuinfo:
+    ``-DGGML_NATIVE=ON`` (the compiler's -march=native)."""
+    try:
+        line = next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return ["-DGGML_NATIVE=ON"]
+    have = set(line.partition(":")[2].split())
+    if "sse4_2" not in have:
+        return ["-DGGML_NATIVE=ON"]
+    flags = ["-DGGML_NATIVE=OFF"]
+    flags += [f"-D{opt}={'ON' if set(needs) <= have else 'OFF'}" for opt, needs in GGML_X86_ISA]
+    return flags + ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
 def log(msg: str) -> None:
@@ -186,16 +218,18 @@ def build_llama_server(scratch: Path, cuda: bool = False) -> Path:
     """Build llama.cpp's ``llama-server`` with cmake from the vendored sources; returns the binary."""
     build = scratch / ("llama.cpp-build-cuda" if cuda else "llama.cpp-build")
     binary = build / "bin" / "llama-server"
-    if binary.exists():
+    flags = LLAMA_CMAKE_FLAGS + llama_isa_flags() + (["-DGGML_CUDA=ON"] if cuda else [])
+    stamp = build / "streamproxy-cmake-flags.txt"  # a build with other flags is reconfigured
+    if binary.exists() and stamp.exists() and stamp.read_text() == " ".join(flags):
         return binary
     src = llama_sources(scratch) / "vendor" / "llama.cpp"
     logf = scratch / "logs" / "llama-server-build.log"
     log(f"building llama-server in {build} (about 6 minutes on 2 cores; log {logf})")
-    flags = LLAMA_CMAKE_FLAGS + (["-DGGML_CUDA=ON"] if cuda else [])
     _run(["cmake", "-S", str(src), "-B", str(build), *flags], logf)
     _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)], logf)
     if not binary.exists():
         raise PeerUnavailable(f"cmake finished but {binary} is missing")
+    stamp.write_text(" ".join(flags))
     return binary
 
 
@@ -223,7 +257,8 @@ def build_llama_cpp_python(scratch: Path, cuda: bool = False) -> Path:
     env = dict(
         os.environ,
         CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2),
-        CMAKE_ARGS=" ".join(f for f in LLAMA_CMAKE_FLAGS if "SERVER" not in f and "BUILD_TYPE" not in f)
+        CMAKE_ARGS=" ".join(f for f in LLAMA_CMAKE_FLAGS + llama_isa_flags()
+                            if "SERVER" not in f and "BUILD_TYPE" not in f)
         + (" -DGGML_CUDA=ON" if cuda else ""),
     )
     _run([str(py), "-m", "pip", "install", f"{tarball}[server]"], logf, env=env)

@@ -448,6 +448,26 @@ def test_comparison_table_ratios() -> None:
     assert lines[-1] == "skipped vllm: not built"
 
 
+def test_llama_isa_flags_never_enable_amx(tmp_path: Path) -> None:
+    """ggml is built for the CPU's instruction sets but never AMX (a VM may list amx_tile and trap
+    on it), and a CPU without some AVX-512 parts gets that option off."""
+    cmp = _load_compare()
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512cd avx512vl "
+                    "avx512dq avx512bw avx512_bf16 amx_tile amx_int8 amx_bf16\n")
+    flags = cmp.llama_isa_flags(info)
+    assert flags[0] == "-DGGML_NATIVE=OFF"
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AVX2=ON", "-DGGML_AVX512_VNNI=OFF",
+            "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+            "-DGGML_AMX_BF16=OFF"} <= set(flags)
+    assert not any(f.endswith("=ON") and "AMX" in f for f in flags)
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 avx512f avx512vl\n")
+    assert "-DGGML_AVX512=OFF" in cmp.llama_isa_flags(info)  # avx512cd/dq/bw missing
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd\n")  # not x86
+    assert cmp.llama_isa_flags(info) == ["-DGGML_NATIVE=ON"]
+    assert cmp.llama_isa_flags(tmp_path / "missing") == ["-DGGML_NATIVE=ON"]
+
+
 def test_eos_token_ids_from_configs(tmp_path: Path) -> None:
     cmp = _load_compare()
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
