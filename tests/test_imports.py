@@ -22,7 +22,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("proxy", 0),
     ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
     ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2), ("proxy.decode_table", 2),
-    ("proxy.engine", 3), ("proxy.models", 3),
+    ("proxy.engine", 3), ("proxy.models", 3), ("proxy.quant", 3),
     ("proxy.api", 4),
     ("proxy.cli", 5),
     ("proxy.__main__", 6),
