@@ -168,11 +168,9 @@ def _server_class() -> type:
 
 def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
     """Run uvicorn with the app of ``settings`` until SIGTERM/SIGINT, then drain and return."""
-    # Before anything loads torch: idle OpenMP workers sleep instead of spinning (see
-    # proxy.engine.core_proc.child: with active waiting the load-time self-check took 103 s instead of 4 s,
-    # and engine steps 5-10x longer, on a 2-core machine shared with other work). The engine process
-    # inherits it. An OMP_WAIT_POLICY in the environment wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OpenMP waiting is libgomp's default (workers spin a while between parallel regions) unless
+    # OMP_WAIT_POLICY is set: PASSIVE made batch-1 decode 2.3x slower on an idle machine (see
+    # proxy.engine.core_proc.child and proxy.api.app.in_own_thread).
     import uvicorn
 
     from proxy.api.app import create_app

@@ -134,3 +134,43 @@ def test_model_card_and_ready_line_say_what_is_served():
     line = ready_message(Settings(), "m", f"dtype bfloat16, quantization {served}")
     assert line.startswith(f"streamproxy ready: serving 'm' (dtype bfloat16, quantization {served}) at http://")
     assert ready_message(Settings(), "m").startswith("streamproxy ready: serving 'm' at http://")
+
+
+def test_the_model_loads_on_a_thread_that_ends_before_serving():
+    """The engine factory runs on its own thread, which has ended when the engine starts: a thread
+    that outlived the load would keep torch's OpenMP team beside the engine thread's, and libgomp
+    then cuts its workers' spin-waits (batch-1 decode 2.3x slower, ``in_own_thread``). A load error
+    still reaches the app (503 with the reason)."""
+    from proxy.api.app import in_own_thread
+
+    loaders: list[threading.Thread] = []
+
+    def factory(settings: Settings) -> EngineClient:
+        loaders.append(threading.current_thread())
+        return fake_client(FakeEngine())
+
+    def failing(settings: Settings) -> EngineClient:
+        raise RuntimeError("no weights")
+
+    async def main():
+        app = create_app(Settings(), factory)
+        async with app.router.lifespan_context(app):
+            for _ in range(500):
+                if app.state.server.status != "loading":
+                    break
+                await asyncio.sleep(0.01)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+                health = await c.get("/health")
+        with_error = None
+        try:
+            await in_own_thread(failing, Settings())
+        except RuntimeError as exc:
+            with_error = str(exc)
+        return health, with_error
+
+    health, with_error = run(main())
+    assert health.status_code == 200 and with_error == "no weights"
+    (loader,) = loaders
+    assert loader is not threading.main_thread() and loader.name == "streamproxy-load"
+    loader.join(timeout=5)
+    assert not loader.is_alive()

@@ -1,18 +1,13 @@
 """The engine process's side: load the model, report ready, then serve commands until stop or EOF.
 
-OpenMP wait policy: the child runs torch with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment
-sets a policy. Measured (default model, 8 streams, 2 cores shared with other work): a decode step took
-1.1-2.3 s in the child against 0.2-0.4 s on the in-process engine thread; with PASSIVE, 0.3 s. The
-cause is libgomp's active wait: idle OpenMP workers spin (about 300k iterations) at every one of the
-step's hundreds of small parallel regions, and when the team has as many threads as there are cores
-while other work needs them (the API process's event loop, other processes), the spinning threads
-take the CPU from the thread that has work. libgomp shortens the spin by itself only when more
-OpenMP threads exist than cores, which is the case in the API process (the loading thread's team plus
-the engine thread's) but not in the child, which loads and steps on its main thread. The variable
-must be set before torch (libgomp) is loaded, so :func:`child_main` sets it first thing; torch is not
-imported by then (the spawn child imports only the ``proxy.engine.core_proc`` package's imports and
-the server's ``__main__``, neither of which imports torch; ``ReadyInfo.omp_wait_policy`` reports what
-the child ran with).
+OpenMP wait policy: the child leaves ``OMP_WAIT_POLICY`` to the environment (libgomp's default when
+unset: idle workers spin a while, then sleep). It loads and steps on its main thread, so it holds one
+OpenMP team and its workers keep the full spin between a step's hundreds of small parallel regions.
+Measured (default model, 2 cores, no other work, same run): batch-1 TPOT 45 ms with the default
+policy against 89 ms with ``PASSIVE``, which an earlier version set by default after measuring on a
+machine shared with other heavy work (there, spinning workers took the cores from the thread with
+work). On a machine shared with other CPU work, set ``OMP_WAIT_POLICY=PASSIVE``.
+``ReadyInfo.omp_wait_policy`` reports what the child ran with.
 
 Signals: the API process owns shutdown. SIGINT and SIGTERM sent to the whole process group (Ctrl-C in
 a terminal, ``kill -TERM -PGID``, a supervisor's control group) also reach the child, which ignores
@@ -26,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,18 +33,15 @@ from proxy.engine.request import RequestOutput
 from proxy.settings import Settings
 
 
-def set_omp_wait_policy() -> str:
-    """Passive OpenMP waiting in this process unless the environment chose (see the module docs).
-
-    Returns the policy torch runs with, or "" when torch was loaded already (too late to set)."""
-    if "torch" in sys.modules:
-        return os.environ.get("OMP_WAIT_POLICY", "")
-    return os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def omp_wait_policy() -> str:
+    """``OMP_WAIT_POLICY`` as torch runs with it in this process ("": libgomp's default; see the
+    module docs)."""
+    return os.environ.get("OMP_WAIT_POLICY", "")
 
 
 def child_main(settings: Settings, conn: Connection) -> None:
     """Entry point of the engine process: load, report ready, then serve commands until stop/EOF."""
-    omp_wait_policy = set_omp_wait_policy()  # before anything imports torch
+    wait_policy = omp_wait_policy()
     # Signals to the whole process group (Ctrl-C, kill -TERM -PGID) reach us too: the API process
     # drains, then stops us with a message; dying here would fail the streams it is draining
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -84,7 +75,7 @@ def child_main(settings: Settings, conn: Connection) -> None:
     conn.send(("ready", ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
                                   tuple(sorted(loaded.eos_token_ids)), num_logits,
                                   str(loaded.dtype).removeprefix("torch."), loaded.quantization,
-                                  time.monotonic() - start, omp_wait_policy)))
+                                  time.monotonic() - start, wait_policy)))
     send_lock = threading.Lock()  # the compile thread answers while the engine loop sends steps
 
     def send(msg: tuple[Any, ...]) -> None:

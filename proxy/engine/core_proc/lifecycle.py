@@ -101,7 +101,7 @@ def start_child(settings: Settings, on_started: Callable[[Any], None]) -> tuple[
         raise
     info: ReadyInfo = payload
     logger.info("engine process ready (pid %d) in %.1f s (OpenMP wait policy %s)", proc.pid, info.load_s,
-                info.omp_wait_policy or "unset: torch was loaded before the child could set it")
+                info.omp_wait_policy or "libgomp's default")
     return proc, parent_conn, info
 
 

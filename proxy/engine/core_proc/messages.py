@@ -31,8 +31,8 @@ class ReadyInfo:
         logits_width: columns of the model's logits (grammar masks cover them all).
         dtype, quantization: as in ``ModelInfo``.
         load_s: seconds from the child's start to ready.
-        omp_wait_policy: ``OMP_WAIT_POLICY`` as torch was loaded in the child (see
-            ``proxy.engine.core_proc.child``); "" when torch was loaded before the child could set it.
+        omp_wait_policy: ``OMP_WAIT_POLICY`` in the child's environment ("": unset, libgomp's
+            default; see ``proxy.engine.core_proc.child``).
     """
 
     model_path: str
