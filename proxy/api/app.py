@@ -18,6 +18,7 @@ The test-only fault hook (``proxy.api.faults``) is mounted only with ``enable_te
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -115,27 +116,18 @@ async def in_own_thread(fn: Callable[[Settings], EngineClient], settings: Settin
     sleep and wake-up at each of its hundreds of small parallel regions: batch-1 decode of the default
     model took 78-89 ms a step against 35 ms when the loading thread has ended (2 cores, same run).
     """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[EngineClient] = loop.create_future()
+    done: concurrent.futures.Future[EngineClient] = concurrent.futures.Future()
 
     def run() -> None:
-        def settle(result: EngineClient | None, exc: BaseException | None) -> None:
-            if done.done():  # the awaiting task was cancelled
-                return
-            if exc is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(result)  # type: ignore[arg-type]
-
+        if not done.set_running_or_notify_cancel():  # the awaiting task was cancelled first
+            return
         try:
-            result = fn(settings)
+            done.set_result(fn(settings))
         except Exception as exc:  # noqa: BLE001 - any load error is handed to the awaiting task
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            done.set_exception(exc)
 
     threading.Thread(target=run, name="streamproxy-load", daemon=True).start()
-    return await done
+    return await asyncio.wrap_future(done)
 
 
 def create_app(settings: Settings, engine_factory: EngineFactory | None = None, *,
