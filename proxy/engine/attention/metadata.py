@@ -44,6 +44,22 @@ def padded_key_length(length: int) -> int:
     return -(-length // KEY_PAD) * KEY_PAD
 
 
+def pattern_mask(
+    keys: torch.Tensor, pos: torch.Tensor, window: int | None, chunk: int | None
+) -> torch.Tensor:
+    """Which keys a query sees: causal (``key <= pos``), within ``window`` tokens when set (sliding
+    window: ``key > pos - window``), and in the query's own ``chunk`` when set (chunked attention:
+    ``key // chunk == pos // chunk``). ``keys`` and ``pos`` are int64 tensors that broadcast
+    (keys ``[1, L]`` with pos ``[B, 1]``, or ``[1, 1, L]`` with ``[B, Q, 1]``); returns the broadcast
+    bool mask."""
+    mask = keys <= pos
+    if window is not None:
+        mask &= keys > pos - window
+    if chunk is not None:
+        mask &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(pos, chunk, rounding_mode="floor")
+    return mask
+
+
 @dataclass
 class PagedAttentionMetadata:
     """Everything the attention layers need for one ragged step; built once, shared by all layers.
@@ -100,14 +116,7 @@ class PagedAttentionMetadata:
         if key not in self.masks:
             ctx = self.decode_context_lens
             keys = torch.arange(max_len, device=ctx.device)[None, :]
-            pos = (ctx - 1)[:, None]
-            mask = keys <= pos
-            if window is not None:
-                mask &= keys > pos - window
-            if chunk is not None:
-                mask &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(
-                    pos, chunk, rounding_mode="floor"
-                )
+            mask = pattern_mask(keys, (ctx - 1)[:, None], window, chunk)
             self.masks[key] = mask.view(ctx.shape[0], 1, 1, max_len)
         return self.masks[key]
 
@@ -127,13 +136,7 @@ class PagedAttentionMetadata:
         if cached is None:
             pos = self.prefill_positions[:, :, None]  # [B_p, Q_p, 1]
             keys = torch.arange(max_len, device=pos.device)[None, None, :]
-            mask = keys <= pos
-            if window is not None:
-                mask &= keys > pos - window
-            if chunk is not None:
-                mask &= torch.div(keys, chunk, rounding_mode="floor") == torch.div(
-                    pos, chunk, rounding_mode="floor"
-                )
+            mask = pattern_mask(keys, pos, window, chunk)
             b, q_len = self.prefill_positions.shape
             cached = mask[:, None].expand(b, group, q_len, max_len).reshape(b, 1, group * q_len, max_len)
             self.masks[key] = cached
