@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from proxy.api.app import create_app
+from proxy.api.app import EngineFactory, create_app
 from proxy.engine.client import EngineClient
 from proxy.settings import Settings
 
@@ -63,21 +63,23 @@ def test_health_503_while_loading_then_200_then_503_when_engine_dies():
     assert chat_dead.status_code == 503 and chat_dead.json()["error"]["code"] == "engine_dead"
 
 
+async def _health_once_loaded(factory: EngineFactory) -> httpx.Response:
+    """``GET /health`` of an app over ``factory`` once its load has ended (ready or failed; 5 s at most)."""
+    app = create_app(Settings(), factory)
+    async with app.router.lifespan_context(app):
+        for _ in range(500):
+            if app.state.server.status != "loading":
+                break
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.get("/health")
+
+
 def test_failed_load_is_503_with_reason():
     def factory(_: Settings) -> EngineClient:
         raise FileNotFoundError("no such model")
 
-    async def main():
-        app = create_app(Settings(), factory)
-        async with app.router.lifespan_context(app):
-            for _ in range(200):
-                if app.state.server.status != "loading":
-                    break
-                await asyncio.sleep(0.01)
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-                return await c.get("/health")
-
-    r = run(main())
+    r = run(_health_once_loaded(factory))
     assert r.status_code == 503
     assert r.json() == {
         "status": "failed",
@@ -140,7 +142,7 @@ def test_the_model_loads_on_a_thread_that_ends_before_serving():
     """The engine factory runs on its own thread, which has ended when the engine starts: a thread
     that outlived the load would keep torch's OpenMP team beside the engine thread's, and libgomp
     then cuts its workers' spin-waits (batch-1 decode 2.3x slower, ``in_own_thread``). A load error
-    still reaches the app (503 with the reason)."""
+    raised on that thread reaches the awaiting task."""
     from proxy.api.app import in_own_thread
 
     loaders: list[threading.Thread] = []
@@ -153,14 +155,7 @@ def test_the_model_loads_on_a_thread_that_ends_before_serving():
         raise RuntimeError("no weights")
 
     async def main():
-        app = create_app(Settings(), factory)
-        async with app.router.lifespan_context(app):
-            for _ in range(500):
-                if app.state.server.status != "loading":
-                    break
-                await asyncio.sleep(0.01)
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-                health = await c.get("/health")
+        health = await _health_once_loaded(factory)
         with_error = None
         try:
             await in_own_thread(failing, Settings())
