@@ -115,6 +115,7 @@ def test_auto_dtype_reads_the_cpu_bf16_flags(monkeypatch, caplog) -> None:
 @pytest.mark.parametrize("method", ["int4", "int8"])
 def test_hf_folder_quantized_at_load(tmp_path: Path, method: str) -> None:
     from proxy.quant import PackedLinear
+    from proxy.quant.fuse import FusedSlice
 
     folder = _tiny_folder(tmp_path)
     dense = models.load_model(Settings(model=str(folder), dtype="float32", quantization="none"))
@@ -123,6 +124,9 @@ def test_hf_folder_quantized_at_load(tmp_path: Path, method: str) -> None:
     assert loaded.quantization == f"{method}: {method} g32 x7, dense x1"
     layer = loaded.model.model.layers[0]
     assert isinstance(layer.mlp.down_proj, PackedLinear) and isinstance(layer.self_attn.q_proj, PackedLinear)
+    # gate/up (64 rows each) run as one matmul; q/k/v (32 rows) stay apart (proxy.quant.fuse)
+    assert isinstance(layer.mlp.gate_proj, FusedSlice)
+    assert isinstance(layer.mlp.fused_gate_proj_up_proj, PackedLinear)
     assert type(loaded.model.model.embed_tokens) is torch.nn.Embedding
     ids = torch.tensor([[1, 4, 5, 6]])
     loaded.model.set_attn_implementation("sdpa")
@@ -166,6 +170,7 @@ def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPat
     from transformers import AutoModelForCausalLM
 
     from proxy.quant import gguf_blocks, is_fast
+    from proxy.quant.fuse import fuse_sibling_linears
 
     settings = Settings()
     folder, _, gguf = models.resolve_model_source(settings)
@@ -191,6 +196,7 @@ def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPat
     )
     reference.eval()
     assert models.apply_quantization(reference, settings, gguf, device) == loaded.quantization
+    assert fuse_sibling_linears(reference) == 60  # 30 layers x (q/k/v, gate/up), as load_model does
     got = dict(loaded.model.named_parameters()) | dict(loaded.model.named_buffers())
     want = dict(reference.named_parameters()) | dict(reference.named_buffers())
     assert sorted(got) == sorted(want)

@@ -6,6 +6,7 @@ its tokenizer, context length and end-of-sequence ids.
 - The paged attention is registered before ``from_pretrained(..., attn_implementation=...)``.
 - ``max_model_len``: ``settings.max_model_len`` or the config's ``max_position_embeddings``.
 - ``eos_token_ids``: the generation config's ``eos_token_id`` (int or list) + the tokenizer's.
+- Packed sibling projections (q/k/v, gate/up) run as one matmul each (:mod:`proxy.quant.fuse`).
 - Architectures the paged engine cannot serve exactly (Mamba / linear attention, ...) are refused
   with ``ModelLoadError`` by the rules of ``proxy.engine.architectures``.
 """
@@ -26,6 +27,7 @@ from proxy.models.loaded import LoadedModel, ModelLoadError
 from proxy.models.packed_load import load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
+from proxy.quant.fuse import fuse_sibling_linears
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,9 @@ def load_model(settings: Settings) -> LoadedModel:
         model.to(device)  # type: ignore[arg-type]
         model.eval()
         quantization = apply_quantization(model, settings, gguf, device)
+    fused = fuse_sibling_linears(model)
+    if fused:
+        logger.info("fused %d groups of packed sibling projections (q/k/v, gate/up), one matmul each", fused)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     max_len = settings.max_model_len or getattr(text, "max_position_embeddings", None)

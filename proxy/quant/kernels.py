@@ -135,7 +135,10 @@ def int4_mm(
     """
     y: torch.Tensor
     if x.device.type == "cuda":
-        y = torch.ops.aten._weight_int4pack_mm(x, packed, group_size, scales_and_zeros)
-    else:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)
+        y = torch.ops.aten._weight_int4pack_mm.default(x, packed, group_size, scales_and_zeros)
+    else:  # the overload itself: the packet's __call__ costs ~1 us of a ~40 us call, 212 calls a step
+        y = _CPU_INT4_MM(x, packed, group_size, scales_and_zeros)
     return y
+
+
+_CPU_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default

@@ -140,10 +140,39 @@ class PackedLinear(nn.Module):
             )
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(device), requires_grad=False)
 
+    @classmethod
+    def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
+        """One layer whose output rows are ``parts``' rows in order (their outputs side by side).
+
+        All parts must share ``in_features``, ``group_size``, ``kernel_dtype``, the number of planes
+        and whether they have a bias, and sit on the CPU, whose packed layout is row-wise.
+        """
+        first = parts[0]
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features = first.in_features
+        layer.out_features = sum(p.out_features for p in parts)
+        layer.group_size, layer.kernel_dtype = first.group_size, first.kernel_dtype
+        layer.num_planes, layer.scheme = first.num_planes, first.scheme
+        for i in range(first.num_planes):
+            layer.register_buffer(f"packed{i}", torch.cat([getattr(p, f"packed{i}") for p in parts]),
+                                  persistent=False)
+            layer.register_buffer(f"scales_and_zeros{i}",
+                                  torch.cat([getattr(p, f"scales_and_zeros{i}") for p in parts], dim=1),
+                                  persistent=False)
+        biases = [p.bias for p in parts]
+        layer.bias = None if first.bias is None else nn.Parameter(
+            torch.cat([b for b in biases if b is not None]), requires_grad=False)
+        return layer
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         # the kernel needs a contiguous A; a strided view (generate()'s last-position slice) is not
-        x2 = x.reshape(-1, self.in_features).to(self.kernel_dtype).contiguous()
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != self.kernel_dtype:
+            x2 = x2.to(self.kernel_dtype)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
         y = kernels.int4_mm(x2, self.packed0, self.group_size, self.scales_and_zeros0)
@@ -151,7 +180,9 @@ class PackedLinear(nn.Module):
             y = y.float() + kernels.int4_mm(x2, self.packed1, self.group_size, self.scales_and_zeros1).float()
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y.reshape(*lead, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` as the kernel sees it (an identity matmul),

@@ -12,6 +12,7 @@ from engine.engine_helpers import assert_greedy_matches, reference_greedy, run_s
 from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
 from proxy.quant import PackedLinear, kernel_dtype, quantize_linears
+from proxy.quant.fuse import fuse_sibling_linears
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -32,12 +33,14 @@ def one_torch_thread():
 
 
 def _tiny(method: str) -> torch.nn.Module:
-    """A tiny random llama (every linear packable: N % 16 == 0, K % 32 == 0), quantized."""
+    """A tiny random llama (every linear packable: N % 16 == 0, K % 32 == 0; head_dim 64, so q/k/v
+    can be fused: N % 64 == 0), quantized."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=112, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         max_position_embeddings=256,
                          bos_token_id=1, eos_token_id=EOS, pad_token_id=0, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -50,10 +53,14 @@ def _tiny(method: str) -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
 @pytest.mark.parametrize("method", ["int4", "int8"])
-def test_quantized_engine_greedy_matches_generate(method: str) -> None:
+def test_quantized_engine_greedy_matches_generate(method: str, fused: bool) -> None:
+    """Also with q/k/v and gate/up fused in the engine's copy only (``generate()`` runs unfused)."""
     ref = _tiny(method)
     engine_model = copy.deepcopy(ref)
+    if fused:
+        assert fuse_sibling_linears(engine_model) == 4
     engine_model.set_attn_implementation(register())
     assert isinstance(engine_model.lm_head, PackedLinear)
     g = torch.Generator().manual_seed(7)
