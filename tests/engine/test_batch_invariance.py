@@ -79,6 +79,20 @@ def test_a_rows_attention_is_the_same_bits_in_any_batch(causal: bool, softcap: f
         torch.testing.assert_close(alone, sdpa, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_additive_sdpa_mask_gives_the_bool_masks_bits(dtype: torch.dtype) -> None:
+    """``PagedAttentionMetadata.sdpa_mask``: the bool mask as 0 / -inf in the query dtype, built once
+    a step (then shared by every layer), gives SDPA's output for the bool mask bit for bit."""
+    seqs = [_sequence(n, rows, 3, 64, dtype, seed=i) for i, (n, rows) in enumerate([(90, 3), (17, 1)])]
+    q, k, v, mask = _batch(seqs, attention.padded_key_length(90), causal=True)
+    meta = attention.PagedAttentionMetadata(kv_cache=None, slot_mapping=torch.zeros(0), num_decodes=0)
+    additive = meta.sdpa_mask(mask, dtype)
+    assert additive is not None and additive.dtype == dtype and meta.sdpa_mask(mask, dtype) is additive
+    assert meta.sdpa_mask(None, dtype) is None
+    got = kernels.attend(q, k, v, additive, None, None, None)
+    assert torch.equal(got, kernels.attend(q, k, v, mask, None, None, None))
+
+
 def test_the_runner_pads_every_step_to_the_key_multiple() -> None:
     """Padding is what makes the kernel's reductions fixed: a multiple of KEY_PAD, never shorter."""
     assert attention.KEY_PAD == 64

@@ -101,6 +101,8 @@ def paged_attention_forward(
         if s_aux is not None:
             sinks = s_aux.view(num_kv_heads, group, 1)
         mask = meta.decode_mask_for(window, chunk)
+        if softcap is None and sinks is None:
+            mask = meta.sdpa_mask(mask, q.dtype)
         decode_out = kernels.attend(q, k, v, mask, scaling, softcap, sinks)
         decode_out = decode_out.reshape(num_decodes, num_heads, value_dim)
         if num_decodes == num_tokens:
@@ -121,6 +123,8 @@ def paged_attention_forward(
         sinks = s_aux.view(num_kv_heads, group, 1).expand(num_kv_heads, group, q_len)
         sinks = sinks.reshape(num_kv_heads, group * q_len, 1)
     mask = meta.prefill_mask_for(window, chunk, group)
+    if softcap is None and sinks is None:
+        mask = meta.sdpa_mask(mask, q.dtype)
     prefill_out = kernels.attend(q, k, v, mask, scaling, softcap, sinks)
     # back to [B_p * Q_p, H, Dv]
     prefill_out = prefill_out.view(num_seqs, num_kv_heads, group, q_len, value_dim).permute(0, 3, 1, 2, 4)

@@ -38,6 +38,9 @@ def attend(
     eager attention: ``c * tanh(s / c)`` after scaling, before the mask) and sinks (GPT-OSS: a
     per-row logit ``sinks [H_kv, R, 1]`` joins the softmax, then is dropped) are computed
     explicitly, the softmax in float32.
+
+    ``mask``: bool (True = visible) for every path, or SDPA's additive float mask (0 / -inf, from
+    ``PagedAttentionMetadata.sdpa_mask``) for plain layers.
     """
     if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

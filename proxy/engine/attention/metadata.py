@@ -120,6 +120,20 @@ class PagedAttentionMetadata:
             self.masks[key] = mask.view(ctx.shape[0], 1, 1, max_len)
         return self.masks[key]
 
+    def sdpa_mask(self, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """``mask`` (bool, True = visible) as SDPA's additive float mask (0 / -inf) in ``dtype``,
+        converted once a step: SDPA converts a bool mask the same way in every call (``where``),
+        30 times a step for one mask on SmolLM2-135M; the values, so the results, are identical."""
+        if mask is None:
+            return None
+        key = ("sdpa", id(mask), dtype)  # the bool masks live in this metadata for the whole step
+        cached = self.masks.get(key)
+        if cached is None:
+            cached = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+            cached.masked_fill_(~mask, float("-inf"))
+            self.masks[key] = cached
+        return cached
+
     def prefill_mask_for(self, window: int | None, chunk: int | None, group: int) -> torch.Tensor:
         """The prefill mask ``[B_p, 1, group * Q_p, L_p]`` of a pattern and GQA group size."""
         assert self.prefill_gather is not None and self.prefill_positions is not None
