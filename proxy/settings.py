@@ -34,6 +34,10 @@ class Settings:
             keeps inter-token latency steady while prompts arrive, higher gives a lower TTFT.
         max_num_partial_prefills: in a step that carries running decodes, the most requests whose
             prefill chunks may join it.
+        max_prefill_step_ratio: in a step that carries running decodes, prefill tokens join only as
+            many as the measured step times say keep the step within this many decode-only steps
+            (so p99 inter-token latency stays near it); 0: off, only the token knobs bound them.
+            Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
         enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
             (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.
@@ -83,6 +87,7 @@ class Settings:
     max_num_batched_tokens: int = 512
     long_prefill_token_threshold: int = 128
     max_num_partial_prefills: int = 2
+    max_prefill_step_ratio: float = 2.0
     enable_prefix_caching: bool = True
     block_size: int = 16
     num_kv_blocks: int | None = None

@@ -6,6 +6,7 @@ Not thread-safe: one thread (the ``AsyncEngine``'s engine thread, or a test) dri
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -33,8 +34,8 @@ class EngineCore:
     Args:
         model: the causal LM (switched to the paged attention implementation if needed).
         settings: ``max_num_seqs``, ``max_num_batched_tokens``, ``long_prefill_token_threshold``,
-            ``max_num_partial_prefills``, ``block_size``, KV pool size, ``enable_prefix_caching``,
-            ``seed``.
+            ``max_num_partial_prefills``, ``max_prefill_step_ratio``, ``block_size``, KV pool size,
+            ``enable_prefix_caching``, ``seed``.
         eos_token_ids: ids that finish a request with "stop" (unless ``ignore_eos``).
         max_model_len: longest prompt + output in tokens; lowered to the KV pool's capacity
             (``num_blocks * block_size``) when the pool is smaller.
@@ -79,6 +80,7 @@ class EngineCore:
             eos_token_ids=self.eos_token_ids,
             long_prefill_token_threshold=settings.long_prefill_token_threshold,
             max_num_partial_prefills=settings.max_num_partial_prefills,
+            max_prefill_step_ratio=settings.max_prefill_step_ratio,
         )
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         self.fault_injector: Callable[[], None] | None = None
@@ -186,9 +188,12 @@ class EngineCore:
         try:
             if self.fault_injector is not None:
                 self.fault_injector()
+            start = time.perf_counter()
             logits = self.runner.execute(sched)
             sampling = [sched.requests[i] for i in sched.sample_indices]
-            tokens, logprobs = self.sampler.sample(logits, sampling)
+            tokens, logprobs = self.sampler.sample(logits, sampling)  # a list: the device is done
+            scheduler.step_cost.observe(sched.num_decodes, sum(sched.num_new_tokens) - sched.num_decodes,
+                                        time.perf_counter() - start)
         except Exception as exc:
             logger.exception("engine step failed; failing its %d requests", len(sched.requests))
             message = f"engine step failed: {type(exc).__name__}: {exc}"

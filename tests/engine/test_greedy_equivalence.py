@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from proxy.engine.core import EngineCore
+from proxy.engine.scheduler.step_cost import StepCostModel
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -35,12 +36,26 @@ def references(tiny_pair):
 
 
 SCENARIOS = {
-    # name: settings, expect preemption, expect a chunked prefill
-    "roomy": (Settings(num_kv_blocks=256, block_size=4, max_num_batched_tokens=512), False, False),
-    "tiny_pool": (Settings(num_kv_blocks=24, block_size=4, max_num_batched_tokens=512), True, False),
+    # name: settings, expect preemption, expect a chunked prefill. Measured prefill bounds (timing)
+    # are off except in "measured", whose ratio just above 1 holds every decode step's prefill to
+    # a 4-token floor once two steps have been timed (by a steady clock: see _SteadyClock).
+    "roomy": (Settings(num_kv_blocks=256, block_size=4, max_num_batched_tokens=512,
+                       max_prefill_step_ratio=0), False, False),
+    "tiny_pool": (Settings(num_kv_blocks=24, block_size=4, max_num_batched_tokens=512,
+                           max_prefill_step_ratio=0), True, False),
+    "measured": (Settings(num_kv_blocks=256, block_size=4, max_num_batched_tokens=512,
+                          max_prefill_step_ratio=1.01), False, True),
     "chunked": (Settings(num_kv_blocks=256, block_size=4, max_num_batched_tokens=10), False, True),
     "tiny_pool_chunked": (Settings(num_kv_blocks=24, block_size=8, max_num_batched_tokens=13), True, True),
 }
+
+
+class _SteadyClock(StepCostModel):
+    """Steps timed as 10 ms + 1 ms a token, whatever the machine: the engine's calls are real, the
+    chunking they lead to is the same on every run."""
+
+    def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
+        super().observe(num_decodes, num_prefill_tokens, 0.010 + 0.001 * (num_decodes + num_prefill_tokens))
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -48,6 +63,8 @@ def test_greedy_matches_generate(tiny_pair, references, scenario: str) -> None:
     arch, _, model = tiny_pair
     settings, expect_preempt, expect_chunk = SCENARIOS[scenario]
     core = EngineCore(model, settings, [EOS], max_model_len=256)
+    if settings.max_prefill_step_ratio:
+        core.scheduler.step_cost = _SteadyClock(settings.max_prefill_step_ratio, min_tokens=4, min_steps=2)
     chunked = []
     original_schedule = core.scheduler.schedule
 

@@ -1,13 +1,15 @@
 """:class:`StepBudget`: how many tokens a step has left, and how much prefill may still join it.
 
 The bound on prefill in a step that carries decodes (``long_prefill_token_threshold`` tokens per
-prompt, ``max_num_partial_prefills`` prompts; vLLM's knobs) is the package docstring's second
-policy item; this class is its one source. Like vLLM's ``SchedulingBudget``, it also counts what
-the step holds so far, so a preempted victim's tokens can be given back.
+prompt, ``max_num_partial_prefills`` prompts, vLLM's knobs; and the measured limit of
+:class:`~proxy.engine.scheduler.step_cost.StepCostModel` on all its prefill tokens) is the package
+docstring's second policy item; this class is its one source. Like vLLM's ``SchedulingBudget``, it
+also counts what the step holds so far, so a preempted victim's tokens can be given back.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -21,15 +23,20 @@ class StepBudget:
             request (tokens); 0: no cap beyond the step budget.
         max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks
             join it.
+        prefill_token_limit: in a step with decodes, the most prefill tokens in all for a number
+            of decodes (None from it: no limit); :meth:`StepCostModel.prefill_token_limit`.
         num_decodes: one-token entries taken so far.
         num_prefills: prefill chunks taken so far.
+        num_prefill_tokens: tokens of those chunks.
     """
 
     num_tokens_left: int
     long_prefill_token_threshold: int
     max_num_partial_prefills: int
+    prefill_token_limit: Callable[[int], int | None] | None = None
     num_decodes: int = 0
     num_prefills: int = 0
+    num_prefill_tokens: int = 0
 
     def prefill_chunk(self, remaining: int) -> int:
         """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none)."""
@@ -39,6 +46,9 @@ class StepBudget:
                 return 0
             if self.long_prefill_token_threshold > 0:
                 num_new = min(num_new, self.long_prefill_token_threshold)
+            limit = self.prefill_token_limit(self.num_decodes) if self.prefill_token_limit else None
+            if limit is not None:
+                num_new = max(0, min(num_new, limit - self.num_prefill_tokens))
         return num_new
 
     def take(self, num_new: int, is_decode: bool) -> None:
@@ -48,6 +58,7 @@ class StepBudget:
             self.num_decodes += 1
         else:
             self.num_prefills += 1
+            self.num_prefill_tokens += num_new
 
     def give_back(self, num_new: int, is_decode: bool) -> None:
         """Undo :meth:`take` for an entry that leaves the step (its request was preempted)."""
@@ -56,3 +67,4 @@ class StepBudget:
             self.num_decodes -= 1
         else:
             self.num_prefills -= 1
+            self.num_prefill_tokens -= num_new

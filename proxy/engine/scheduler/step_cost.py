@@ -1,0 +1,128 @@
+""":class:`StepCostModel`: measured step times, and how many prefill tokens a decode step can take.
+
+Every streaming request waits for the whole step, so a prefill chunk that joins a step of running
+decodes lengthens every stream's inter-token gap by its cost. What a prefill token costs next to a
+decode step depends on the device: measured on a 2-core CPU (SmolLM2-135M, int4 weights), a
+decode step of 8 sequences took 47 ms and each prefill token ~1.7 ms more (a 128-token chunk made
+the step 5.6x longer); on a GPU prefill tokens are nearly free up to hundreds. A fixed token cap
+cannot suit both, so the scheduler measures instead:
+
+- every step's time ``t`` is fitted as ``a + b * n + c * p`` for its ``n`` decodes and ``p``
+  prefill tokens (least squares, older steps forgotten geometrically), which gives the
+  decode-only step ``D(n) = a + b * n`` and the cost ``c`` of one prefill token;
+- a step with ``n`` decodes then takes at most ``p = (ratio - 1) * D(n) / c`` prefill tokens, at
+  least ``min_tokens``, so that it lasts about ``ratio`` times a decode-only step.
+- A first version kept a moving average of decode-only steps per ``n`` and charged a mixed step's
+  excess over it to its prefill tokens. Under load decode-only steps are rare, so ``D(n)`` came
+  from another batch size, the token cost was overestimated, the limit fell to its floor and the
+  queue backed up (8 streams: p99 TTFT 2.5 -> 10 s). The joint fit does not need them.
+
+The ratio is ``Settings.max_prefill_step_ratio``; vLLM's token knobs (``long_prefill_token_threshold``,
+``max_num_partial_prefills``, ``max_num_batched_tokens``) still bound the step on top. Until both
+costs are measured (the first steps of a run) only the token knobs apply. The cost of a chunk is
+taken as linear in its tokens: a fixed cost per chunk makes small chunks look dearer per token, so
+the limit settles where a step costs ``ratio`` decode steps, fixed part included. The bound trades
+time to first token for steady inter-token gaps (the package docstring has the figures).
+Pure Python (a 3 x 3 solve a step), no torch, as the scheduler package requires.
+"""
+
+from __future__ import annotations
+
+
+class StepCostModel:
+    """A step-time model fitted to measured steps, and the prefill-token limit it gives.
+
+    The model is ``t = a + b * num_decodes + c * num_prefill_tokens`` (seconds), fitted by least
+    squares with exponential forgetting (older steps weigh ``forgetting ** age``) and a small ridge
+    that keeps it defined before the steps vary enough. Under load nearly every step carries some
+    prefill, so decode-only steps of each batch size are rare: the joint fit uses them all.
+
+    Args:
+        max_ratio: the longest a step with decodes may take, in decode-only steps of the same
+            batch (> 1); 0: no limit from measurements (:meth:`prefill_token_limit` is None).
+        min_tokens: the smallest limit given (a prefill always moves on).
+        forgetting: weight kept by the earlier steps at each new one (0 < forgetting <= 1).
+        min_steps: steps observed before a limit is given.
+
+    Raises:
+        ValueError: ``max_ratio`` in (0, 1] or negative, ``min_tokens`` < 1, ``forgetting``
+            outside (0, 1].
+    """
+
+    #: ridge added to the normal equations' diagonal (seconds^0 units of a step's regressors)
+    RIDGE = 1e-6
+
+    def __init__(self, max_ratio: float, min_tokens: int = 16, forgetting: float = 0.98,
+                 min_steps: int = 8) -> None:
+        if 0 < max_ratio <= 1 or max_ratio < 0:
+            raise ValueError(f"max_prefill_step_ratio must be 0 (off) or above 1, got {max_ratio}")
+        if min_tokens < 1 or not 0 < forgetting <= 1:
+            raise ValueError("min_tokens must be >= 1 and forgetting in (0, 1]")
+        self.max_ratio = max_ratio
+        self.min_tokens = min_tokens
+        self.forgetting = forgetting
+        self.min_steps = min_steps
+        self.num_steps = 0
+        self._xx = [[0.0] * 3 for _ in range(3)]  # sum of w * x x^T, x = (1, decodes, prefill tokens)
+        self._xt = [0.0] * 3  # sum of w * x * t
+        self._fit: tuple[float, float, float] | None = None
+        self._seen_decodes = False
+        self._seen_prefill = False
+
+    def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
+        """Record one step: ``num_decodes`` one-token entries, ``num_prefill_tokens`` prefill tokens,
+        ``seconds`` of forward pass and sampling."""
+        if seconds <= 0 or num_decodes + num_prefill_tokens == 0:
+            return
+        x = (1.0, float(num_decodes), float(num_prefill_tokens))
+        f = self.forgetting
+        for i in range(3):
+            self._xt[i] = f * self._xt[i] + x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = f * self._xx[i][j] + x[i] * x[j]
+        self.num_steps += 1
+        self._seen_decodes |= num_decodes > 0
+        self._seen_prefill |= num_prefill_tokens > 0
+        self._fit = None
+
+    def coefficients(self) -> tuple[float, float, float] | None:
+        """``(a, b, c)``: seconds a step, a decode and a prefill token add; None before
+        ``min_steps`` steps with both decodes and prefill tokens among them."""
+        if self.num_steps < self.min_steps or not (self._seen_decodes and self._seen_prefill):
+            return None
+        if self._fit is None:
+            m = [row[:] + [self._xt[i]] for i, row in enumerate(self._xx)]
+            for i in range(3):
+                m[i][i] += self.RIDGE * (1.0 + m[i][i])
+            for col in range(3):  # Gauss-Jordan with partial pivoting on the 3 x 4 system
+                pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+                m[col], m[pivot] = m[pivot], m[col]
+                if m[col][col] == 0.0:
+                    return None
+                for r in range(3):
+                    if r != col:
+                        k = m[r][col] / m[col][col]
+                        m[r] = [a - k * b for a, b in zip(m[r], m[col], strict=True)]
+            self._fit = (m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2])
+        return self._fit
+
+    def decode_step_estimate(self, num_decodes: int) -> float | None:
+        """``D(n) = a + b * n`` seconds, the fitted decode-only step of ``n`` decodes."""
+        fit = self.coefficients()
+        return None if fit is None else fit[0] + fit[1] * num_decodes
+
+    def token_cost(self) -> float | None:
+        """``c``: seconds one prefill token adds to a step (None until fitted)."""
+        fit = self.coefficients()
+        return None if fit is None else fit[2]
+
+    def prefill_token_limit(self, num_decodes: int) -> int | None:
+        """Most prefill tokens a step with ``num_decodes`` decodes should take,
+        ``(max_ratio - 1) * D(n) / c``, at least ``min_tokens``; None: no limit known (off, no
+        decodes, not yet fitted, or a fit without a positive step or token cost)."""
+        if self.max_ratio <= 0 or num_decodes == 0:
+            return None
+        base, per_token = self.decode_step_estimate(num_decodes), self.token_cost()
+        if base is None or per_token is None or base <= 0 or per_token <= 0:
+            return None
+        return max(self.min_tokens, int((self.max_ratio - 1) * base / per_token))

@@ -1,0 +1,94 @@
+"""StepCostModel and the measured prefill bound: measured step times -> prefill tokens a decode step
+takes (proxy.engine.scheduler.step_cost), and the scheduler applying it on top of the token knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.engine.block_manager import BlockManager
+from proxy.engine.request import Request
+from proxy.engine.scheduler import Scheduler, StepBudget
+from proxy.engine.scheduler.step_cost import StepCostModel
+from proxy.sampling import SamplingParams
+
+
+def _steps(model: StepCostModel, steps: list[tuple[int, int]]) -> None:
+    """Feed steps whose time is exactly 20 ms + 3.5 ms a decode + 1.6 ms a prefill token."""
+    for n, p in steps:
+        model.observe(n, p, 0.020 + 0.0035 * n + 0.0016 * p)
+
+
+def test_the_fit_recovers_the_step_costs_and_the_limit_keeps_the_ratio() -> None:
+    model = StepCostModel(2.0, min_steps=4)
+    assert model.prefill_token_limit(8) is None  # nothing measured: the token knobs alone
+    _steps(model, [(8, 0), (8, 0), (8, 0), (8, 0)])
+    assert model.prefill_token_limit(8) is None  # decode steps only: no prefill cost known
+    # under load almost no step is decode-only, and no batch size repeats: the joint fit needs neither
+    _steps(model, [(0, 128), (4, 16), (6, 30), (7, 8), (8, 26), (5, 20), (3, 64)])
+    a, b, c = model.coefficients() or (0, 0, 0)
+    assert (a, b, c) == pytest.approx((0.020, 0.0035, 0.0016), rel=1e-3)
+    assert model.decode_step_estimate(8) == pytest.approx(0.048, rel=1e-3)
+    assert model.prefill_token_limit(8) == 30  # (2 - 1) * 48 ms / 1.6 ms
+    assert model.prefill_token_limit(16) == 47
+    assert model.prefill_token_limit(1) == 16  # 14.7 -> the floor: a prefill always moves on
+    assert model.prefill_token_limit(0) is None  # no decodes: the step budget alone
+    assert StepCostModel(3.0).prefill_token_limit(8) is None
+
+
+def test_old_steps_are_forgotten() -> None:
+    """The machine got twice as slow (another process took a core): the limit follows within a
+    few dozen steps, because each step keeps only ``forgetting`` of the earlier ones' weight."""
+    model = StepCostModel(2.0, forgetting=0.9, min_steps=4)
+    mix = [(8, 0), (8, 24), (6, 16), (7, 32), (5, 0), (8, 16)]
+    _steps(model, mix * 10)
+    before = model.coefficients()
+    for n, p in mix * 10:
+        model.observe(n, p, 2 * (0.020 + 0.0035 * n + 0.0016 * p))
+    after = model.coefficients()
+    assert before is not None and after is not None
+    assert after == pytest.approx(tuple(2 * v for v in before), rel=0.02)
+    assert model.prefill_token_limit(8) == 30  # the ratio of costs is unchanged
+    model.observe(0, 0, 1.0)
+    model.observe(3, 0, 0.0)  # empty or unmeasured steps are ignored
+    assert model.coefficients() == after
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0, -1.0])
+def test_ratios_that_leave_no_room_are_refused(ratio: float) -> None:
+    with pytest.raises(ValueError, match="max_prefill_step_ratio"):
+        StepCostModel(ratio)
+    assert StepCostModel(0).prefill_token_limit(4) is None  # 0: off
+
+
+def test_the_budget_shares_the_limit_among_the_steps_prefills() -> None:
+    budget = StepBudget(512, 128, 2, prefill_token_limit=lambda n: 10 * n)
+    assert budget.prefill_chunk(300) == 300  # no decodes yet: the step budget only
+    budget.take(1, True)
+    budget.take(1, True)
+    assert budget.prefill_chunk(300) == 20
+    budget.take(15, False)
+    assert budget.prefill_chunk(300) == 5  # 20 in all
+    budget.take(5, False)
+    assert budget.prefill_chunk(300) == 0  # the limit, and max_num_partial_prefills
+    budget.give_back(5, False)
+    assert budget.num_prefill_tokens == 15 and budget.prefill_chunk(300) == 5  # a preempted chunk's room
+
+
+def _request(rid: str, n: int, first: int) -> Request:
+    return Request(rid, list(range(first, first + n)), SamplingParams(max_tokens=50, ignore_eos=True))
+
+
+def test_the_scheduler_bounds_a_decode_steps_prefill_by_measured_cost() -> None:
+    scheduler = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512,
+                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
+                          max_num_partial_prefills=2,
+                          max_prefill_step_ratio=2.0)
+    for i in range(4):
+        scheduler.add_request(_request(f"d{i}", 5, 10 * i))  # distinct prompts: no cache hits
+    first = scheduler.schedule()
+    assert first.num_new_tokens == [5, 5, 5, 5]  # no decodes: whole prompts
+    scheduler.update(first, [7, 7, 7, 7])
+    _steps(scheduler.step_cost, [(4, 0), (0, 20), (3, 16), (4, 8), (2, 0), (4, 30), (1, 12), (4, 0)])
+    scheduler.add_request(_request("long", 100, 100))
+    step = scheduler.schedule()
+    assert step.num_decodes == 4 and step.num_new_tokens == [1, 1, 1, 1, 21]  # 34 ms / 1.6 ms
