@@ -418,6 +418,10 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
         binary = build_llama_server(scratch, cuda)
         slots = args.llama_slots
         per_slot = -(-(args.input_len + args.output_len + 256) // 256) * 256  # whole 256-token pages
+        if args.dataset != "random":
+            # a conversation grows past --input-len (multiturn: a ~500-token system prompt and 6 turns
+            # reached 1.6k tokens); 512 a slot made llama-server refuse later turns with HTTP 400
+            per_slot = max(per_slot, 2048)
         ctx = str(slots * per_slot)
         cmd = [str(binary), "-m", str(gguf_path()), "--alias", "smollm2", "-np", str(slots), "-c", ctx,
                "-t", t, "-tb", t, "--no-webui", *host]
