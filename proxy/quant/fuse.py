@@ -82,19 +82,20 @@ class FusedSlice(nn.Module):
 CPU_ROW_BLOCK = 64
 
 
-def _fusable(parts: list[nn.Module]) -> bool:
-    if not all(type(p) is PackedLinear for p in parts):
-        return False
-    first = parts[0]
-    assert isinstance(first, PackedLinear)
-    return all(
-        isinstance(p, PackedLinear)
-        and p.packed0.device.type == "cpu"
+def _fusable(parts: list[object]) -> list[PackedLinear] | None:
+    """``parts`` as packed layers when they can be fused (the rules of :func:`fuse_sibling_linears`)."""
+    packed = [p for p in parts if type(p) is PackedLinear]
+    if len(packed) < len(parts):
+        return None
+    first = packed[0]
+    same = all(
+        p.packed0.device.type == "cpu"
         and p.out_features % CPU_ROW_BLOCK == 0
         and (p.in_features, p.group_size, p.kernel_dtype, p.num_planes, p.bias is None)
         == (first.in_features, first.group_size, first.kernel_dtype, first.num_planes, first.bias is None)
-        for p in parts
+        for p in packed
     )
+    return packed if same else None
 
 
 def _same_bits(fused: PackedLinear, parts: list[PackedLinear]) -> bool:
@@ -117,10 +118,9 @@ def fuse_sibling_linears(model: nn.Module) -> int:
     fused_count = 0
     for parent in list(model.modules()):
         for names in SIBLING_GROUPS:
-            parts = [getattr(parent, n, None) for n in names]
-            if any(p is None for p in parts) or not _fusable(parts):  # type: ignore[arg-type]
+            packed = _fusable([getattr(parent, n, None) for n in names])
+            if packed is None:
                 continue
-            packed = [p for p in parts if isinstance(p, PackedLinear)]
             fused = PackedLinear.concat(packed)
             if not _same_bits(fused, packed):
                 continue

@@ -84,6 +84,7 @@ def paged_attention_forward(
     softcap = kwargs.get("softcap")
     s_aux = kwargs.get("s_aux")
     sinks = None
+    plain = softcap is None and s_aux is None  # SDPA, which takes the step's additive mask
     # [1, H_kv, T, D] -> [T, H_kv, D], written at the step's slots.
     k_pool.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1).to(k_pool.dtype))
     v_pool.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1).to(v_pool.dtype))
@@ -101,7 +102,7 @@ def paged_attention_forward(
         if s_aux is not None:
             sinks = s_aux.view(num_kv_heads, group, 1)
         mask = meta.decode_mask_for(window, chunk)
-        if softcap is None and sinks is None:
+        if plain:
             mask = meta.sdpa_mask(mask, q.dtype)
         decode_out = kernels.attend(q, k, v, mask, scaling, softcap, sinks)
         decode_out = decode_out.reshape(num_decodes, num_heads, value_dim)
@@ -123,7 +124,7 @@ def paged_attention_forward(
         sinks = s_aux.view(num_kv_heads, group, 1).expand(num_kv_heads, group, q_len)
         sinks = sinks.reshape(num_kv_heads, group * q_len, 1)
     mask = meta.prefill_mask_for(window, chunk, group)
-    if softcap is None and sinks is None:
+    if plain:
         mask = meta.sdpa_mask(mask, q.dtype)
     prefill_out = kernels.attend(q, k, v, mask, scaling, softcap, sinks)
     # back to [B_p * Q_p, H, Dv]

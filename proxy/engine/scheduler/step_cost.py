@@ -66,8 +66,6 @@ class StepCostModel:
         self._xx = [[0.0] * 3 for _ in range(3)]  # sum of w * x x^T, x = (1, decodes, prefill tokens)
         self._xt = [0.0] * 3  # sum of w * x * t
         self._fit: tuple[float, float, float] | None = None
-        self._seen_decodes = False
-        self._seen_prefill = False
 
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
         """Record one step: ``num_decodes`` one-token entries, ``num_prefill_tokens`` prefill tokens,
@@ -81,14 +79,13 @@ class StepCostModel:
             for j in range(3):
                 self._xx[i][j] = f * self._xx[i][j] + x[i] * x[j]
         self.num_steps += 1
-        self._seen_decodes |= num_decodes > 0
-        self._seen_prefill |= num_prefill_tokens > 0
         self._fit = None
 
     def coefficients(self) -> tuple[float, float, float] | None:
         """``(a, b, c)``: seconds a step, a decode and a prefill token add; None before
         ``min_steps`` steps with both decodes and prefill tokens among them."""
-        if self.num_steps < self.min_steps or not (self._seen_decodes and self._seen_prefill):
+        # sums of w * decodes^2 and w * tokens^2: zero until a step with decodes / prefill tokens
+        if self.num_steps < self.min_steps or self._xx[1][1] == 0 or self._xx[2][2] == 0:
             return None
         if self._fit is None:
             m = [row[:] + [self._xt[i]] for i, row in enumerate(self._xx)]
