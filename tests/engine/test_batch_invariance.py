@@ -5,7 +5,8 @@ tests/data/cases/log.md) compare two requests that the server runs at the same t
 others: they hold only if a sequence's logits are the same bits whatever the batch, the padding,
 the prefill chunking and the prefix-cache hits around it. The packed int4/int8 linears of the
 default serving are row-invariant (checked on the default model below); attention is made so by
-padding every step's keys to a multiple of ``proxy.engine.attention.KEY_PAD``. Before, the key
+padding every step's keys to a multiple of ``proxy.engine.attention.KEY_PAD`` and its query rows past
+the CPU flash kernel's one- and two-row blocks (``kernels.query_rows_padded``). Before, the key
 length was the step's longest context, and where a row's real keys ended inside the kernel's
 vector tail its softmax sums changed with the other sequences: at bf16 that changed the greedy
 tokens of 8 of 36 concurrent requests of the public cases.
@@ -79,6 +80,42 @@ def test_a_rows_attention_is_the_same_bits_in_any_batch(causal: bool, softcap: f
         torch.testing.assert_close(alone, sdpa, atol=2e-2, rtol=2e-2)
 
 
+def test_query_rows_are_padded_past_one_and_two_row_tails() -> None:
+    """The CPU flash kernel's row blocks are 32 (64, 256) rows; a last block of 1 or 2 rows is
+    padded to 3, and no other count changes."""
+    assert kernels.QUERY_BLOCK == 32
+    counts = (1, 2, 3, 31, 32, 33, 34, 35, 64, 65, 66, 193, 194, 769)
+    assert [kernels.query_rows_padded(r) for r in counts] == [3, 3, 3, 31, 32, 35, 35, 35, 64, 67, 67, 195,
+                                                               195, 771]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_rows_attention_does_not_depend_on_the_row_count(dtype: torch.dtype) -> None:
+    """Each of 240 query rows (3 KV heads, 64 keys, a visible prefix of its own) alone, as the last
+    row of 33 (a chunk of 11 tokens under 3-way GQA) and of 34, and among all 240: the same bits.
+    Unpadded, torch's CPU flash kernel gives a row in a block of one row (bf16: ~1% of rows of
+    SmolLM2's activations; fp32: every one) or two rows (fp32) other bits; the public case C09 got
+    other tokens when its prompt was prefilled in chunks of 11 tokens."""
+    g = torch.Generator().manual_seed(0)  # bf16: 2 of the 240 rows differ alone, unpadded
+    rows, keys = 240, 64
+    q = (torch.randn(1, 3, rows, 64, generator=g) * 5).to(dtype)
+    k = (torch.randn(1, 3, keys, 64, generator=g) * 5).to(dtype)
+    v = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+    visible = torch.randint(1, keys + 1, (rows,), generator=g)
+    mask = torch.arange(keys)[None, None, None, :] < visible[None, None, :, None]  # [1, 1, R, L]
+    everything = kernels.attend(q, k, v, mask, 0.125, None, None)
+    differing = []
+    for r in range(rows):
+        for count in (1, 33, 34):
+            if r + 1 < count:
+                continue
+            part = kernels.attend(q[:, :, r + 1 - count : r + 1], k, v, mask[:, :, r + 1 - count : r + 1],
+                                  0.125, None, None)
+            if not torch.equal(part[:, :, -1], everything[:, :, r]):
+                differing.append((r, count))
+    assert differing == []
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_additive_sdpa_mask_gives_the_bool_masks_bits(dtype: torch.dtype) -> None:
     """``PagedAttentionMetadata.sdpa_mask``: the bool mask as 0 / -inf in the query dtype, built once
@@ -132,3 +169,30 @@ def test_default_model_tokens_do_not_depend_on_the_batch() -> None:
     differing = [i for i, p in enumerate([*prompts, *prompts, long_prompt])
                  if together[str(i)] != alone[i % len(prompts) if i < 2 * len(prompts) else -1]]
     assert len(prompts) >= 10 and differing == []
+
+
+@pytest.mark.slow
+def test_default_model_tokens_do_not_depend_on_the_prefill_chunking() -> None:
+    """The public case C09's prompt (46 tokens) prefilled whole, in chunks of 11 (the last row of
+    33 attention rows, alone in the CPU flash kernel's second block before the row padding) and of
+    35, 16 and 1 tokens: the same greedy tokens. Before the padding, chunks of 11 and 35 gave
+    'AZBABAB...' instead of 'A: A\nB: B...'; CI saw it when the measured prefill bound cut a chunk
+    of 11 tokens."""
+    from proxy.models import load_model
+
+    loaded = load_model(Settings())
+    tok = loaded.hf_tokenizer
+    lines = CASES_PUBLIC.read_text(encoding="utf-8").splitlines()
+    (case,) = [c for c in map(json.loads, filter(None, lines)) if c["id"] == "C09"]
+    ids = tok.apply_chat_template(case["request"]["messages"], add_generation_prompt=True)
+    prompt = list(ids if isinstance(ids, list) else ids["input_ids"])
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+
+    def run(chunk: int) -> list[int]:
+        settings = Settings(max_num_batched_tokens=chunk, max_prefill_step_ratio=0, num_kv_blocks=64)
+        core = EngineCore(loaded.model, settings, loaded.eos_token_ids, loaded.max_model_len)
+        return run_staggered(core, [prompt], params, [0])["0"]
+
+    whole = run(1024)
+    assert len(prompt) == 46
+    assert {chunk: run(chunk) for chunk in (11, 35, 16, 1)} == dict.fromkeys((11, 35, 16, 1), whole)

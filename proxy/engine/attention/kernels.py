@@ -4,6 +4,14 @@ Plain layers go to ``scaled_dot_product_attention``. Soft-capped layers (Gemma 2
 soft-capping ``c``, ``scores = c * tanh(scores / c)`` before the mask) and sink layers (GPT-OSS
 ``s_aux``: one extra logit per head joins the softmax and is dropped) use an explicit
 ``softmax(q k^T)``: SDPA cannot express either.
+
+Query rows are padded so that no block of torch's CPU flash-attention kernel holds one or two rows
+(:func:`query_rows_padded`): the kernel splits the rows of a call into blocks of 32 (64 from 192
+rows, 256 from 768), and a block of one row (bf16 and fp32) or two rows (fp32) takes another GEMM
+path, whose bits differ from the same row's in a larger block. Measured on torch 2.13, 2-core
+AVX-512 VM: bf16, 1% of the rows of real SmolLM2-135M activations came out different alone and as
+row 33 of 33; fp32, every row of a 1- or 2-row tail. A prompt chunked into 11 tokens (33 rows with
+3-way GQA) then got other tokens than the same prompt in one chunk (the public case C09).
 """
 
 from __future__ import annotations
@@ -20,6 +28,24 @@ def gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     170 ms decode step at 16 sequences on SmolLM2-135M.
     """
     return pool.index_select(0, slots.reshape(-1)).view(*slots.shape, *pool.shape[1:])
+
+
+#: the CPU flash-attention kernel's smallest row block (its blocks are 32, 64 or 256 rows).
+QUERY_BLOCK = 32
+#: rows to add for a row count ``r`` by ``r % QUERY_BLOCK``: tails of 1 or 2 rows become 3.
+_ROW_PAD = {1: 2, 2: 1}
+
+
+def query_rows_padded(rows: int) -> int:
+    """The row count an attention call of ``rows`` query rows runs with: ``rows`` unless its last
+    block of :data:`QUERY_BLOCK` would hold one or two rows, then up to a tail of three (a tail of
+    1-2 rows mod 32 is also the only way to one of 1-2 rows mod 64 or 256)."""
+    return rows + _ROW_PAD.get(rows % QUERY_BLOCK, 0)
+
+
+def _repeat_last_row(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """``t [..., R, X]`` with its last row repeated ``pad`` times -> ``[..., R + pad, X]``."""
+    return torch.cat([t, t[..., -1:, :].expand(*t.shape[:-2], pad, t.shape[-1])], dim=-2)
 
 
 def attend(
@@ -40,8 +66,32 @@ def attend(
     explicitly, the softmax in float32.
 
     ``mask``: bool (True = visible) for every path, or SDPA's additive float mask (0 / -inf, from
-    ``PagedAttentionMetadata.sdpa_mask``) for plain layers.
+    ``PagedAttentionMetadata.sdpa_mask``) for plain layers; ``[..., R or 1, L]``.
+
+    A row's output is the same bits whatever ``R`` and whatever the other rows: the rows are padded
+    to :func:`query_rows_padded` (copies of the last row, dropped from the result; module docstring).
     """
+    rows = q.shape[-2]
+    pad = query_rows_padded(rows) - rows
+    if pad:
+        q = _repeat_last_row(q, pad)
+        if mask is not None and mask.shape[-2] == rows:
+            mask = _repeat_last_row(mask, pad)
+        if sinks is not None and sinks.shape[-2] == rows:
+            sinks = _repeat_last_row(sinks, pad)
+        return _attend(q, k, v, mask, scale, softcap, sinks)[..., :rows, :].contiguous()
+    return _attend(q, k, v, mask, scale, softcap, sinks)
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
     if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if scale is None:
