@@ -38,6 +38,7 @@ class Settings:
             many as the measured step times say keep the step within this many decode-only steps
             (so p99 inter-token latency stays near it); 0: off, only the token knobs bound them.
             Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
+            Lifted while more requests wait than decode (a burst of arrivals).
         enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
             (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.

@@ -32,6 +32,9 @@ def test_the_fit_recovers_the_step_costs_and_the_limit_keeps_the_ratio() -> None
     assert model.prefill_token_limit(16) == 47
     assert model.prefill_token_limit(1) == 16  # 14.7 -> the floor: a prefill always moves on
     assert model.prefill_token_limit(0) is None  # no decodes: the step budget alone
+    # a burst: more requests wait than decode, the measured bound is lifted (token knobs only)
+    assert model.prefill_token_limit(8, num_waiting=8) == 30
+    assert model.prefill_token_limit(8, num_waiting=9) is None
     assert StepCostModel(3.0).prefill_token_limit(8) is None
 
 
@@ -92,3 +95,25 @@ def test_the_scheduler_bounds_a_decode_steps_prefill_by_measured_cost() -> None:
     scheduler.add_request(_request("long", 100, 100))
     step = scheduler.schedule()
     assert step.num_decodes == 4 and step.num_new_tokens == [1, 1, 1, 1, 21]  # 34 ms / 1.6 ms
+
+
+def test_a_burst_lifts_the_measured_bound_while_the_waiting_outnumber_the_decodes() -> None:
+    """4 decodes and 6 requests arriving at once: the first prompts join up to the token knobs
+    (2 prompts of at most 128 tokens), not the measured 21 tokens; with 4 left waiting against 4
+    decodes, the next step is bounded again."""
+    scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=16, max_num_batched_tokens=512,
+                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
+                          max_num_partial_prefills=2, max_prefill_step_ratio=2.0)
+    for i in range(4):
+        scheduler.add_request(_request(f"d{i}", 5, 10 * i))
+    first = scheduler.schedule()
+    scheduler.update(first, [7, 7, 7, 7])
+    _steps(scheduler.step_cost, [(4, 0), (0, 20), (3, 16), (4, 8), (2, 0), (4, 30), (1, 12), (4, 0)])
+    for i in range(6):
+        scheduler.add_request(_request(f"new{i}", 100, 100 + 100 * i))
+    burst = scheduler.schedule()
+    assert burst.num_decodes == 4 and burst.num_new_tokens == [1, 1, 1, 1, 100, 100]
+    scheduler.update(burst, [7] * 6)
+    assert scheduler.num_waiting == 4
+    bounded = scheduler.schedule()  # 6 decodes now, 4 waiting: the measured limit again
+    assert bounded.num_decodes == 6 and sum(bounded.num_new_tokens) - 6 < 100

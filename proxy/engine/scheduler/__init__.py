@@ -22,9 +22,11 @@ Policy (vLLM v1's unified scheduler, simplified):
   TTFT was 2.6x the unbounded one: per-step overhead dominates there, so small chunks cost more
   time to first token than they save in inter-token gaps. On top of the token knobs, the prefill
   tokens of a decode step are held to what keeps it within ``max_prefill_step_ratio`` decode-only
-  steps by a model fitted to measured step times (``step_cost``; device-independent). Idle 2-core
-  CPU, default model, 128 in / 64 out, beside llama-server: 8 streams p99 ITL / mean TPOT 1.38
-  (97 / 70 ms), p99 TTFT 3.8 s (llama-server 4.0 s); 16 streams 2.47 (303 / 123 ms), 7.6 s (7.7 s).
+  steps by a model fitted to measured step times (``step_cost``; device-independent), except
+  while more requests wait than decode (a burst: the bound would hold many first tokens back to
+  spare few streams). Idle 2-core CPU, default model, 128 in / 64 out, beside llama-server: 8
+  streams p99 ITL / mean TPOT 1.38 (97 / 70 ms), p99 TTFT 3.8 s (llama-server 4.0 s); 16 streams
+  2.47 (303 / 123 ms), 7.6 s (7.7 s), before the burst exception (``step_cost`` has its figures).
 - Prefix caching (``BlockManager``): a waiting request starts after its longest cached prefix of full
   blocks (at least its last token is computed, its logits are needed); the blocks its step fills
   join the cache once the step is scheduled, and are dropped again if the step fails.

@@ -35,8 +35,8 @@ class Scheduler:
             request (tokens); 0: no cap beyond the step budget.
         max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks
             join it (>= 1).
-        max_prefill_step_ratio: the measured bound on a decode step's prefill tokens (``StepCostModel``,
-            fed by the engine through ``step_cost.observe``); 0: off.
+        max_prefill_step_ratio: the measured bound on a decode step's prefill tokens, lifted while
+            more requests wait than decode (``StepCostModel``, fed by ``step_cost.observe``); 0: off.
 
     Raises:
         ValueError: a count below its minimum.
@@ -155,12 +155,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Choose this step's requests and token counts, allocating their KV slots.
 
-        Decodes first, then running requests in the middle of a prefill, then waiting requests
-        FCFS (each starting after its longest cached prefix). When the step carries decodes, the
-        prefill work joining it is bounded (see the package docstring and ``StepBudget``).
+        Decodes first, then running requests mid-prefill, then waiting ones FCFS (each after its
+        longest cached prefix); with decodes in the step, prefill is bounded (package docstring).
         """
         budget = StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold,
-                            self.max_num_partial_prefills, self.step_cost.prefill_token_limit)
+                            self.max_num_partial_prefills,
+                            lambda n: self.step_cost.prefill_token_limit(n, len(self.waiting)))
         scheduled: dict[Request, int] = {}
         preempted = False
         bm = self.block_manager

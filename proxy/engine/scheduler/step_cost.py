@@ -12,6 +12,12 @@ cannot suit both, so the scheduler measures instead:
   decode-only step ``D(n) = a + b * n`` and the cost ``c`` of one prefill token;
 - a step with ``n`` decodes then takes at most ``p = (ratio - 1) * D(n) / c`` prefill tokens, at
   least ``min_tokens``, so that it lasts about ``ratio`` times a decode-only step.
+- The bound is lifted while more requests wait than decode: in a burst of arrivals it would make
+  many users wait for a first token to spare the gaps of a few streams. Measured, 2-core CPU,
+  default model, 128 in / 64 out, two runs each (the bound always / lifted in bursts): 8 streams
+  out tok/s 73.2 / 81.7, p99 TTFT 4.2 / 3.0 s, mean TPOT 88.5 / 76.7 ms, p99 ITL 173 / 153 ms;
+  16 streams 84.9 / 94.2 tok/s, 8.8 / 5.9 s, 157 / 139 ms, 320 / 346 ms (other run: 84 / 100
+  tok/s, 9.0 / 5.7 s, 159 / 130 ms, 366 / 333 ms).
 - A first version kept a moving average of decode-only steps per ``n`` and charged a mixed step's
   excess over it to its prefill tokens. Under load decode-only steps are rare, so ``D(n)`` came
   from another batch size, the token cost was overestimated, the limit fell to its floor and the
@@ -113,11 +119,16 @@ class StepCostModel:
         fit = self.coefficients()
         return None if fit is None else fit[2]
 
-    def prefill_token_limit(self, num_decodes: int) -> int | None:
+    def prefill_token_limit(self, num_decodes: int, num_waiting: int = 0) -> int | None:
         """Most prefill tokens a step with ``num_decodes`` decodes should take,
-        ``(max_ratio - 1) * D(n) / c``, at least ``min_tokens``; None: no limit known (off, no
-        decodes, not yet fitted, or a fit without a positive step or token cost)."""
-        if self.max_ratio <= 0 or num_decodes == 0:
+        ``(max_ratio - 1) * D(n) / c``, at least ``min_tokens``; None: no limit (off, no decodes,
+        more requests waiting than decoding, not yet fitted, or a fit without a positive step or
+        token cost).
+
+        ``num_waiting``: requests still waiting for their first step. While they outnumber the
+        decodes (a burst of arrivals), the bound would hold many first tokens back to spare few
+        streams' gaps, so it is lifted (module docstring: measured)."""
+        if self.max_ratio <= 0 or num_decodes == 0 or num_waiting > num_decodes:
             return None
         base, per_token = self.decode_step_estimate(num_decodes), self.token_cost()
         if base is None or per_token is None or base <= 0 or per_token <= 0:
