@@ -14,10 +14,10 @@ cannot suit both, so the scheduler measures instead:
   least ``min_tokens``, so that it lasts about ``ratio`` times a decode-only step.
 - The bound is lifted while more requests wait than decode: in a burst of arrivals it would make
   many users wait for a first token to spare the gaps of a few streams. Measured, 2-core CPU,
-  default model, 128 in / 64 out, two runs each (the bound always / lifted in bursts): 8 streams
+  default model, 128 in / 64 out (the bound always / lifted in bursts): 8 streams (one run each)
   out tok/s 73.2 / 81.7, p99 TTFT 4.2 / 3.0 s, mean TPOT 88.5 / 76.7 ms, p99 ITL 173 / 153 ms;
-  16 streams 84.9 / 94.2 tok/s, 8.8 / 5.9 s, 157 / 139 ms, 320 / 346 ms (other run: 84 / 100
-  tok/s, 9.0 / 5.7 s, 159 / 130 ms, 366 / 333 ms).
+  16 streams (two runs each) 84.9 / 94.2 tok/s, 8.8 / 5.9 s, 157 / 139 ms, 320 / 346 ms and
+  84 / 100 tok/s, 9.0 / 5.7 s, 159 / 130 ms, 366 / 333 ms.
 - A first version kept a moving average of decode-only steps per ``n`` and charged a mixed step's
   excess over it to its prefill tokens. Under load decode-only steps are rare, so ``D(n)`` came
   from another batch size, the token cost was overestimated, the limit fell to its floor and the
