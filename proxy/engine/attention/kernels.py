@@ -79,33 +79,22 @@ def attend(
             mask = _repeat_last_row(mask, pad)
         if sinks is not None and sinks.shape[-2] == rows:
             sinks = _repeat_last_row(sinks, pad)
-        return _attend(q, k, v, mask, scale, softcap, sinks)[..., :rows, :].contiguous()
-    return _attend(q, k, v, mask, scale, softcap, sinks)
-
-
-def _attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float | None,
-    softcap: float | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:
     if softcap is None and sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().unsqueeze(0).expand(scores.shape[0], -1, -1, -1)
-        combined = torch.cat([scores, sink], dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values
-        probs = torch.softmax(combined, dim=-1)[..., :-1]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     else:
-        probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs.to(v.dtype), v)
+        if scale is None:
+            scale = q.shape[-1] ** -0.5
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().unsqueeze(0).expand(scores.shape[0], -1, -1, -1)
+            combined = torch.cat([scores, sink], dim=-1)
+            combined = combined - combined.max(dim=-1, keepdim=True).values
+            probs = torch.softmax(combined, dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        out = torch.matmul(probs.to(v.dtype), v)
+    return out[..., :rows, :].contiguous() if pad else out
