@@ -39,6 +39,11 @@ class Settings:
             (so p99 inter-token latency stays near it); 0: off, only the token knobs bound them.
             Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
             Lifted while more requests wait than decode (a burst of arrivals).
+        dense_prefill: prompt tokens run through dense bf16 copies of the packed (quantized)
+            linears, in fixed 64-row calls that keep the output batch invariant; output tokens keep
+            the packed kernel (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs
+            with AMX, for one bf16 copy of the weights in memory (+212 MB for the default model).
+            None: on for CPUs with ``amx_bf16``; no effect without packed linears.
         enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
             (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.
@@ -89,6 +94,7 @@ class Settings:
     long_prefill_token_threshold: int = 128
     max_num_partial_prefills: int = 2
     max_prefill_step_ratio: float = 2.0
+    dense_prefill: bool | None = None
     enable_prefix_caching: bool = True
     block_size: int = 16
     num_kv_blocks: int | None = None

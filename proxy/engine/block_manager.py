@@ -15,6 +15,10 @@ Automatic prefix caching (vLLM v1's design, ``vllm/v1/core/kv_cache_utils.py`` a
   a multimodal input or a LoRA adapter would have to enter the hash). SHA-256 rather than Python's
   ``hash()`` because the prompts are client-controlled (vLLM moved to SHA-256 after a collision
   attack on the built-in hash, GHSA-rm76-4mrf-v9r8).
+- With ``output_blocks_apart`` (set when prompt tokens and output tokens run through different
+  weights, ``proxy.quant.dense_prefill``), a block holding any output token (position >= the
+  request's prompt length) enters the hash with a marker: its K/V came from the decode path, so a
+  later prompt holding the same tokens (a chat turn resending an answer) must not be served it.
 - Blocks are reference-counted; requests with a common prefix share its blocks (``n > 1`` choices
   share their prompt's blocks, a chat turn reuses the previous turn's).
 - A block whose count drops to zero returns to the free queue *keeping its contents and hash*; it is
@@ -44,9 +48,14 @@ BlockHash = bytes
 _ROOT_HASH: BlockHash = b""
 
 
-def hash_block(parent: BlockHash, token_ids: list[int]) -> BlockHash:
-    """The chained hash of one full block: ``sha256(parent || token ids as little-endian int64)``."""
-    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+#: hashed after the token ids of a block whose K/V came from output tokens (``output_blocks_apart``).
+OUTPUT_MARKER = b"output"
+
+
+def hash_block(parent: BlockHash, token_ids: list[int], extra: bytes = b"") -> BlockHash:
+    """The chained hash of one full block: ``sha256(parent || token ids as little-endian int64 ||
+    extra)`` (``extra``: :data:`OUTPUT_MARKER` or nothing)."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes() + extra).digest()
 
 
 class BlockManager:
@@ -57,6 +66,8 @@ class BlockManager:
         block_size: token slots per block (>= 1).
         enable_prefix_caching: share and keep full blocks by prefix hash (default True); when False,
             blocks are plain allocations, as before prefix caching existed.
+        output_blocks_apart: blocks holding output tokens hash apart from prompt blocks of the same
+            tokens (the module docstring; default False).
 
     Attributes:
         num_queries_tokens, num_hit_tokens: prompt tokens looked up in the prefix cache and those
@@ -67,12 +78,16 @@ class BlockManager:
         ValueError: on a non-positive size.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        output_blocks_apart: bool = False,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
         self.num_total_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.output_blocks_apart = output_blocks_apart
         self._ref_counts = [0] * num_blocks
         self._block_hash: list[BlockHash | None] = [None] * num_blocks
         self._cached: dict[BlockHash, int] = {}
@@ -114,9 +129,12 @@ class BlockManager:
         hashes = request.block_hashes
         bs = self.block_size
         tokens = request.all_token_ids
+        # blocks from this index on hold an output token
+        first_output_block = request.num_prompt_tokens // bs if self.output_blocks_apart else len(tokens)
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[i - 1] if i else _ROOT_HASH
-            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs]))
+            extra = OUTPUT_MARKER if i >= first_output_block else b""
+            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], extra))
         return hashes
 
     def find_cached_prefix(self, request: Request) -> list[int]:

@@ -19,6 +19,7 @@ from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler
 from proxy.errors import InvalidRequestError
 from proxy.protocol import resolve_max_tokens
+from proxy.quant.dense_prefill import CALL_ROWS
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -70,7 +71,8 @@ class EngineCore:
             max_model_len = kv_capacity
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(
-            self.runner.kv_cache.num_blocks, settings.block_size, settings.enable_prefix_caching
+            self.runner.kv_cache.num_blocks, settings.block_size, settings.enable_prefix_caching,
+            output_blocks_apart=self.runner.dense_prefill,
         )
         self.scheduler = Scheduler(
             self.block_manager,
@@ -82,6 +84,8 @@ class EngineCore:
             max_num_partial_prefills=settings.max_num_partial_prefills,
             max_prefill_step_ratio=settings.max_prefill_step_ratio,
         )
+        if self.runner.dense_prefill:  # a prefill chunk below one dense call's rows costs the call
+            self.scheduler.step_cost.multiple = CALL_ROWS
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         self.fault_injector: Callable[[], None] | None = None
         self.num_steps = 0

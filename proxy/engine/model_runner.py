@@ -42,6 +42,7 @@ from proxy.engine.attention import (
 )
 from proxy.engine.decode_graphs import DecodeGraph, DecodeGraphRunner
 from proxy.engine.scheduler import SchedulerOutput
+from proxy.quant.dense_prefill import active_row_plan, has_dense_weights, plan_rows
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class ModelRunner:
         )
         self.max_num_seqs = settings.max_num_seqs
         self.max_model_len = max_model_len
+        #: prompt tokens take the packed linears' dense copies (``proxy.quant.dense_prefill``)
+        self.dense_prefill = has_dense_weights(model)
         self.decode_graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and not settings.enforce_eager:
             from proxy.engine.decode_graphs import cuda_graph_factory
@@ -216,6 +219,9 @@ class ModelRunner:
                 valid = (qa[None, :] < p_nums[:, None]).reshape(-1)
                 meta.prefill_valid = valid.nonzero().squeeze(1)
                 meta.prefill_token_index = meta.prefill_query_index[meta.prefill_valid]
+        if self.dense_prefill and any(r.num_computed_tokens < r.num_prompt_tokens for r in requests):
+            prompt_lens = torch.tensor([r.num_prompt_tokens for r in requests], dtype=torch.long)
+            meta.row_plan = plan_rows(pos_t, pos_t < prompt_lens[row_of_token])
         input_ids = torch.tensor(token_ids, dtype=torch.long).view(1, num_tokens)
         position_ids = pos_t.view(1, num_tokens)
         return input_ids, position_ids, logits_index, meta
@@ -238,7 +244,7 @@ class ModelRunner:
         keep: torch.Tensor | int = 0,
     ) -> torch.Tensor:
         """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all)."""
-        with torch.inference_mode(), active_metadata(meta):
+        with torch.inference_mode(), active_metadata(meta), active_row_plan(meta.row_plan):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,

@@ -7,6 +7,8 @@ its tokenizer, context length and end-of-sequence ids.
 - ``max_model_len``: ``settings.max_model_len`` or the config's ``max_position_embeddings``.
 - ``eos_token_ids``: the generation config's ``eos_token_id`` (int or list) + the tokenizer's.
 - Packed sibling projections (q/k/v, gate/up) run as one matmul each (:mod:`proxy.quant.fuse`).
+- Packed linears get dense bf16 copies for prompt tokens where ``settings.dense_prefill`` says
+  (:mod:`proxy.quant.dense_prefill`).
 - Architectures the paged engine cannot serve exactly (Mamba / linear attention, ...) are refused
   with ``ModelLoadError`` by the rules of ``proxy.engine.architectures``.
 """
@@ -27,6 +29,7 @@ from proxy.models.loaded import LoadedModel, ModelLoadError
 from proxy.models.packed_load import load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
+from proxy.quant.dense_prefill import add_dense_weights, dense_prefill_default
 from proxy.quant.fuse import fuse_sibling_linears
 from proxy.settings import Settings
 
@@ -91,6 +94,13 @@ def load_model(settings: Settings) -> LoadedModel:
     fused = fuse_sibling_linears(model)
     if fused:
         logger.info("fused %d groups of packed sibling projections (q/k/v, gate/up), one matmul each", fused)
+    dense_prefill = settings.dense_prefill
+    if dense_prefill is None:
+        dense_prefill = dense_prefill_default(device)
+    if dense_prefill:
+        num_dense = add_dense_weights(model)
+        if num_dense:
+            logger.info("prompt tokens run through dense bf16 copies of %d packed linears", num_dense)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     max_len = settings.max_model_len or getattr(text, "max_position_embeddings", None)

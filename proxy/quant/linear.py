@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from proxy.quant import kernels
+from proxy.quant.dense_prefill import RowPlan, current_row_plan, dense_rows_mm
 
 
 @dataclass
@@ -139,6 +140,7 @@ class PackedLinear(nn.Module):
                 f"scales_and_zeros{i}", sz.to(device=device, dtype=kernel_dtype), persistent=False
             )
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(device), requires_grad=False)
+        self.dense_weight: torch.Tensor | None = None
 
     @classmethod
     def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
@@ -163,6 +165,7 @@ class PackedLinear(nn.Module):
         biases = [p.bias for p in parts]
         layer.bias = None if first.bias is None else nn.Parameter(
             torch.cat([b for b in biases if b is not None]), requires_grad=False)
+        layer.dense_weight = None
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,24 +178,54 @@ class PackedLinear(nn.Module):
             x2 = x2.contiguous()
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
+        plan = current_row_plan() if self.dense_weight is not None else None
+        if plan is not None and plan.num_tokens == x2.shape[0]:
+            y = self._mixed_rows(x2, plan, x.dtype)
+        else:
+            y = self._finish(self._packed_mm(x2), x.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def _finish(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Add the bias in ``y``'s dtype, then round once to ``dtype``."""
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        if y.dtype != dtype:
+            y = y.to(dtype)
+        return y
+
+    def _packed_mm(self, x2: torch.Tensor) -> torch.Tensor:
+        """``x2 [M, K] @ W.T`` through the packed kernel, no bias."""
         y = kernels.int4_mm(x2, self.packed0, self.group_size, self.scales_and_zeros0)
         if self.num_planes == 2:  # int8 as two nibble planes; add in fp32, round once
             y = y.float() + kernels.int4_mm(x2, self.packed1, self.group_size, self.scales_and_zeros1).float()
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
-        return y.reshape(*lead, self.out_features)
+        return y
+
+    def _mixed_rows(self, x2: torch.Tensor, plan: RowPlan, dtype: torch.dtype) -> torch.Tensor:
+        """The plan's dense rows through :attr:`dense_weight`, the others through the kernel, each
+        finished (bias, rounding) as it would be alone, so a row's bits do not depend on the mix."""
+        assert self.dense_weight is not None
+        yd = self._finish(dense_rows_mm(x2, self.dense_weight, plan), dtype)
+        if plan.packed_src is None:
+            return yd
+        lead = plan.num_leading_packed
+        if lead is not None:  # decodes first, then the prompt tokens: slices, one concatenation
+            return torch.cat([self._finish(self._packed_mm(x2[:lead]), dtype), yd])
+        yp = self._finish(self._packed_mm(x2.index_select(0, plan.packed_src)), dtype)
+        y = yd.new_empty(plan.num_tokens, self.out_features)
+        y.index_copy_(0, plan.dense_src, yd)
+        y.index_copy_(0, plan.packed_src, yp)
+        return y
+
+    def set_dense_weight(self, weight: torch.Tensor | None) -> None:
+        """Keep ``weight`` (``[out_features, in_features]``, the kernel dtype) for the rows an active
+        :class:`~proxy.quant.dense_prefill.RowPlan` marks dense; None drops it."""
+        self.dense_weight = None if weight is None else weight.detach().contiguous()
 
     def dequantize(self) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` as the kernel sees it (an identity matmul),
         in the kernel dtype, with no bias."""
         eye = torch.eye(self.in_features, dtype=self.kernel_dtype, device=self.packed0.device)
-        bias, self.bias = self.bias, None
-        try:
-            return self.forward(eye).t().contiguous()
-        finally:
-            self.bias = bias
+        return self._packed_mm(eye).to(self.kernel_dtype).t().contiguous()
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}, "

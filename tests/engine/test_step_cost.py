@@ -12,10 +12,11 @@ from proxy.engine.scheduler.step_cost import StepCostModel
 from proxy.sampling import SamplingParams
 
 
-def _steps(model: StepCostModel, steps: list[tuple[int, int]]) -> None:
-    """Feed steps whose time is exactly 20 ms + 3.5 ms a decode + 1.6 ms a prefill token."""
+def _steps(model: StepCostModel, steps: list[tuple[int, int]], fixed: float = 0.0) -> None:
+    """Feed steps whose time is exactly 20 ms + 3.5 ms a decode + 1.6 ms a prefill token (+ ``fixed``
+    seconds for a step with any prefill)."""
     for n, p in steps:
-        model.observe(n, p, 0.020 + 0.0035 * n + 0.0016 * p)
+        model.observe(n, p, 0.020 + 0.0035 * n + 0.0016 * p + (fixed if p else 0.0))
 
 
 def test_the_fit_recovers_the_step_costs_and_the_limit_keeps_the_ratio() -> None:
@@ -25,8 +26,9 @@ def test_the_fit_recovers_the_step_costs_and_the_limit_keeps_the_ratio() -> None
     assert model.prefill_token_limit(8) is None  # decode steps only: no prefill cost known
     # under load almost no step is decode-only, and no batch size repeats: the joint fit needs neither
     _steps(model, [(0, 128), (4, 16), (6, 30), (7, 8), (8, 26), (5, 20), (3, 64)])
-    a, b, c = model.coefficients() or (0, 0, 0)
+    a, b, c, e = model.coefficients() or (0, 0, 0, 0)
     assert (a, b, c) == pytest.approx((0.020, 0.0035, 0.0016), rel=1e-3)
+    assert e == pytest.approx(0.0, abs=1e-4)
     assert model.decode_step_estimate(8) == pytest.approx(0.048, rel=1e-3)
     assert model.prefill_token_limit(8) == 30  # (2 - 1) * 48 ms / 1.6 ms
     assert model.prefill_token_limit(16) == 47
@@ -50,10 +52,31 @@ def test_old_steps_are_forgotten() -> None:
     after = model.coefficients()
     assert before is not None and after is not None
     assert after == pytest.approx(tuple(2 * v for v in before), rel=0.02)
-    assert model.prefill_token_limit(8) == 30  # the ratio of costs is unchanged
+    assert model.prefill_token_limit(8) in (29, 30)  # the ratio of costs is unchanged (ridge: +-1)
     model.observe(0, 0, 1.0)
     model.observe(3, 0, 0.0)  # empty or unmeasured steps are ignored
     assert model.coefficients() == after
+
+
+def test_a_fixed_cost_of_prefill_steps_is_fitted_apart_and_charged_to_the_step() -> None:
+    """Prompt tokens in fixed 64-row calls (proxy.quant.dense_prefill) cost a step ~the same for 1
+    or 64 tokens: the fit finds that fixed part, the limit leaves room for it, and with
+    ``multiple`` the limit is a whole number of calls."""
+    model = StepCostModel(2.0, min_steps=4)
+    mix = [(8, 0), (4, 16), (6, 0), (7, 64), (8, 26), (5, 0), (3, 48), (8, 8), (2, 0), (6, 33)]
+    _steps(model, mix * 3, fixed=0.030)
+    a, b, c, e = model.coefficients() or (0, 0, 0, 0)
+    assert (a, b, c, e) == pytest.approx((0.020, 0.0035, 0.0016, 0.030), rel=1e-3)
+    assert model.prefill_token_limit(13) == 22  # ((2 - 1) * 65.5 ms - 30 ms) / 1.6 ms
+    assert model.prefill_token_limit(16) == 28  # (76 - 30) / 1.6
+    assert model.prefill_token_limit(8) == 16  # (48 - 30) / 1.6 = 11: the floor
+    calls = StepCostModel(2.0, min_steps=4, multiple=64)
+    _steps(calls, mix * 3, fixed=0.030)
+    assert calls.prefill_token_limit(8) == 64  # at least one call
+    assert calls.prefill_token_limit(60) == 64  # (230 - 30) / 1.6 = 125: rounded down to one call
+    assert calls.prefill_token_limit(70) == 128  # (265 - 30) / 1.6 = 146: two calls
+    with pytest.raises(ValueError, match="multiple"):
+        StepCostModel(2.0, multiple=0)
 
 
 @pytest.mark.parametrize("ratio", [0.5, 1.0, -1.0])

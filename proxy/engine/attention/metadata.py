@@ -87,6 +87,8 @@ class PagedAttentionMetadata:
         num_groups: the ``G`` ``prefill_mask`` was folded with.
         masks: per-step cache of the masks of other patterns / groups (filled by the first layer
             that needs one).
+        row_plan: which tokens the packed linears run through their dense copies (prompt tokens;
+            :class:`proxy.quant.dense_prefill.RowPlan`), or None (all packed, or no packed layers).
     """
 
     kv_cache: PagedKVCache
@@ -105,6 +107,7 @@ class PagedAttentionMetadata:
     prefill_query_len: int = 0
     num_groups: int = 1
     masks: dict[tuple[Any, ...], torch.Tensor | None] = field(default_factory=dict)
+    row_plan: Any = None
 
     def decode_mask_for(self, window: int | None, chunk: int | None) -> torch.Tensor | None:
         """The decode key mask ``[B_d, 1, 1, L_d]`` (or None: all keys visible) of a pattern."""

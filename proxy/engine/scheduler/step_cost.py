@@ -7,11 +7,17 @@ decode step of 8 sequences took 47 ms and each prefill token ~1.7 ms more (a 128
 the step 5.6x longer); on a GPU prefill tokens are nearly free up to hundreds. A fixed token cap
 cannot suit both, so the scheduler measures instead:
 
-- every step's time ``t`` is fitted as ``a + b * n + c * p`` for its ``n`` decodes and ``p``
-  prefill tokens (least squares, older steps forgotten geometrically), which gives the
-  decode-only step ``D(n) = a + b * n`` and the cost ``c`` of one prefill token;
-- a step with ``n`` decodes then takes at most ``p = (ratio - 1) * D(n) / c`` prefill tokens, at
-  least ``min_tokens``, so that it lasts about ``ratio`` times a decode-only step.
+- every step's time ``t`` is fitted as ``a + b * n + c * p + e * [p > 0]`` for its ``n`` decodes
+  and ``p`` prefill tokens (least squares, older steps forgotten geometrically), which gives the
+  decode-only step ``D(n) = a + b * n``, the cost ``c`` of one prefill token and the fixed cost
+  ``e`` of a step that carries any prefill;
+- a step with ``n`` decodes then takes at most ``p = ((ratio - 1) * D(n) - e) / c`` prefill
+  tokens, at least ``min_tokens``, so that it lasts about ``ratio`` times a decode-only step.
+- The fixed cost matters where prompt tokens run in calls of a fixed shape
+  (``proxy.quant.dense_prefill``: 64 rows through dense weights, ~34 ms a step for the default
+  model on a 2-core CPU whether the chunk has 1 or 64 tokens): a fit linear in ``p`` alone charged
+  it to the tokens of 64-token chunks, so a 16-token chunk was priced at a quarter of its cost and
+  the steps ran 3-5x a decode step (8 streams, p99 ITL 2.6x the mean TPOT).
 - The bound is lifted while more requests wait than decode: in a burst of arrivals it would make
   many users wait for a first token to spare the gaps of a few streams. Measured, 2-core CPU,
   default model, 128 in / 64 out (the bound always / lifted in bursts): 8 streams (one run each)
@@ -25,28 +31,33 @@ cannot suit both, so the scheduler measures instead:
 
 The ratio is ``Settings.max_prefill_step_ratio``; vLLM's token knobs (``long_prefill_token_threshold``,
 ``max_num_partial_prefills``, ``max_num_batched_tokens``) still bound the step on top. Until both
-costs are measured (the first steps of a run) only the token knobs apply. The cost of a chunk is
-taken as linear in its tokens: a fixed cost per chunk makes small chunks look dearer per token, so
-the limit settles where a step costs ``ratio`` decode steps, fixed part included. The bound trades
-time to first token for steady inter-token gaps (the package docstring has the figures).
-Pure Python (a 3 x 3 solve a step), no torch, as the scheduler package requires.
+costs are measured (the first steps of a run) only the token knobs apply. The bound trades time to
+first token for steady inter-token gaps (the package docstring has the figures).
+Pure Python (a 4 x 4 solve a step), no torch, as the scheduler package requires.
 """
 
 from __future__ import annotations
+
+_NUM_TERMS = 4
+"""Regressors of the fit: a step, a decode, a prefill token, any prefill."""
 
 
 class StepCostModel:
     """A step-time model fitted to measured steps, and the prefill-token limit it gives.
 
-    The model is ``t = a + b * num_decodes + c * num_prefill_tokens`` (seconds), fitted by least
-    squares with exponential forgetting (older steps weigh ``forgetting ** age``) and a small ridge
-    that keeps it defined before the steps vary enough. Under load nearly every step carries some
-    prefill, so decode-only steps of each batch size are rare: the joint fit uses them all.
+    The model is ``t = a + b * num_decodes + c * num_prefill_tokens + e * [num_prefill_tokens > 0]``
+    (seconds), fitted by least squares with exponential forgetting (older steps weigh
+    ``forgetting ** age``) and a small ridge that keeps it defined before the steps vary enough.
+    Under load nearly every step carries some prefill, so decode-only steps of each batch size are
+    rare: the joint fit uses them all.
 
     Args:
         max_ratio: the longest a step with decodes may take, in decode-only steps of the same
             batch (> 1); 0: no limit from measurements (:meth:`prefill_token_limit` is None).
         min_tokens: the smallest limit given (a prefill always moves on).
+        multiple: limits are rounded down to a multiple of this many tokens, at least one multiple:
+            where the model computes prompt tokens in calls of a fixed number of rows
+            (``proxy.quant.dense_prefill``), a smaller chunk costs a whole call.
         forgetting: weight kept by the earlier steps at each new one (0 < forgetting <= 1).
         min_steps: steps observed before a limit is given.
 
@@ -59,54 +70,58 @@ class StepCostModel:
     RIDGE = 1e-6
 
     def __init__(self, max_ratio: float, min_tokens: int = 16, forgetting: float = 0.98,
-                 min_steps: int = 8) -> None:
+                 min_steps: int = 8, multiple: int = 1) -> None:
         if 0 < max_ratio <= 1 or max_ratio < 0:
             raise ValueError(f"max_prefill_step_ratio must be 0 (off) or above 1, got {max_ratio}")
-        if min_tokens < 1 or not 0 < forgetting <= 1:
-            raise ValueError("min_tokens must be >= 1 and forgetting in (0, 1]")
+        if min_tokens < 1 or multiple < 1 or not 0 < forgetting <= 1:
+            raise ValueError("min_tokens and multiple must be >= 1 and forgetting in (0, 1]")
         self.max_ratio = max_ratio
         self.min_tokens = min_tokens
+        self.multiple = multiple
         self.forgetting = forgetting
         self.min_steps = min_steps
         self.num_steps = 0
-        self._xx = [[0.0] * 3 for _ in range(3)]  # sum of w * x x^T, x = (1, decodes, prefill tokens)
-        self._xt = [0.0] * 3  # sum of w * x * t
-        self._fit: tuple[float, float, float] | None = None
+        # sums of w * x x^T and w * x * t, x = (1, decodes, prefill tokens, any prefill)
+        self._xx = [[0.0] * _NUM_TERMS for _ in range(_NUM_TERMS)]
+        self._xt = [0.0] * _NUM_TERMS
+        self._fit: tuple[float, float, float, float] | None = None
 
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
         """Record one step: ``num_decodes`` one-token entries, ``num_prefill_tokens`` prefill tokens,
         ``seconds`` of forward pass and sampling."""
         if seconds <= 0 or num_decodes + num_prefill_tokens == 0:
             return
-        x = (1.0, float(num_decodes), float(num_prefill_tokens))
+        x = (1.0, float(num_decodes), float(num_prefill_tokens), float(num_prefill_tokens > 0))
         f = self.forgetting
-        for i in range(3):
+        for i in range(_NUM_TERMS):
             self._xt[i] = f * self._xt[i] + x[i] * seconds
-            for j in range(3):
+            for j in range(_NUM_TERMS):
                 self._xx[i][j] = f * self._xx[i][j] + x[i] * x[j]
         self.num_steps += 1
         self._fit = None
 
-    def coefficients(self) -> tuple[float, float, float] | None:
-        """``(a, b, c)``: seconds a step, a decode and a prefill token add; None before
-        ``min_steps`` steps with both decodes and prefill tokens among them."""
+    def coefficients(self) -> tuple[float, float, float, float] | None:
+        """``(a, b, c, e)``: seconds a step, a decode, a prefill token and a step's having any
+        prefill add; None before ``min_steps`` steps with both decodes and prefill tokens among them."""
         # sums of w * decodes^2 and w * tokens^2: zero until a step with decodes / prefill tokens
         if self.num_steps < self.min_steps or self._xx[1][1] == 0 or self._xx[2][2] == 0:
             return None
         if self._fit is None:
+            n = _NUM_TERMS
             m = [row[:] + [self._xt[i]] for i, row in enumerate(self._xx)]
-            for i in range(3):
+            for i in range(n):
                 m[i][i] += self.RIDGE * (1.0 + m[i][i])
-            for col in range(3):  # Gauss-Jordan with partial pivoting on the 3 x 4 system
-                pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+            for col in range(n):  # Gauss-Jordan with partial pivoting on the n x (n + 1) system
+                pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
                 m[col], m[pivot] = m[pivot], m[col]
                 if m[col][col] == 0.0:
                     return None
-                for r in range(3):
+                for r in range(n):
                     if r != col:
                         k = m[r][col] / m[col][col]
                         m[r] = [a - k * b for a, b in zip(m[r], m[col], strict=True)]
-            self._fit = (m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2])
+            a, b, c, e = (m[i][n] / m[i][i] for i in range(n))
+            self._fit = (a, b, c, e)
         return self._fit
 
     def decode_step_estimate(self, num_decodes: int) -> float | None:
@@ -119,9 +134,14 @@ class StepCostModel:
         fit = self.coefficients()
         return None if fit is None else fit[2]
 
+    def prefill_step_cost(self) -> float | None:
+        """``e``: seconds a step adds for carrying any prefill at all (None until fitted)."""
+        fit = self.coefficients()
+        return None if fit is None else fit[3]
+
     def prefill_token_limit(self, num_decodes: int, num_waiting: int = 0) -> int | None:
         """Most prefill tokens a step with ``num_decodes`` decodes should take,
-        ``(max_ratio - 1) * D(n) / c``, at least ``min_tokens``; None: no limit (off, no decodes,
+        ``((max_ratio - 1) * D(n) - e) / c``, at least ``min_tokens``; None: no limit (off, no decodes,
         more requests waiting than decoding, not yet fitted, or a fit without a positive step or
         token cost).
 
@@ -131,6 +151,8 @@ class StepCostModel:
         if self.max_ratio <= 0 or num_decodes == 0 or num_waiting > num_decodes:
             return None
         base, per_token = self.decode_step_estimate(num_decodes), self.token_cost()
-        if base is None or per_token is None or base <= 0 or per_token <= 0:
+        fixed = self.prefill_step_cost()
+        if base is None or per_token is None or fixed is None or base <= 0 or per_token <= 0:
             return None
-        return max(self.min_tokens, int((self.max_ratio - 1) * base / per_token))
+        limit = max(self.min_tokens, int(((self.max_ratio - 1) * base - max(fixed, 0.0)) / per_token))
+        return max(self.multiple, limit - limit % self.multiple)

@@ -1,0 +1,176 @@
+"""Prompt tokens through dense bf16 copies of the packed weights, in calls of a fixed shape.
+
+Why: on the CPU, torch's packed int4 kernel (``_weight_int4pack_mm_for_cpu``) is fast for decode
+(one row reads the 4-bit weights once) but computes many rows at ~0.15 TFLOP/s, while a dense bf16
+``F.linear`` (oneDNN, AMX on CPUs that have it) reaches ~1.5 TFLOP/s. Measured on a 2-core
+AVX-512/AMX VM, SmolLM2-135M's ``[576 -> 3072]`` layer, 64 rows: int4 1.87 ms, dense 0.31 ms;
+128 rows: 3.08 against 0.45 ms; one row: int4 0.066 ms, dense 0.158 ms. A 128-token prefill spent
+82% of its time in the int4 kernel. So prompt tokens (prefill) take the dense weights and output
+tokens (decode) the packed ones, as llama.cpp picks other kernels for prompt batches.
+
+Batch invariance (a request's text must not depend on what else runs in its step, nor on how its
+prompt is chunked or cached): oneDNN's dense GEMM is not row-invariant -- a row's bits change with
+the call's row count and with the row's position in the call. Measured (same machine, bf16, the
+model's four layer shapes and its lm_head): at a fixed call shape of 64 rows a row's bits do *not*
+depend on the other rows' contents (random or zero), nor on 1 or 2 threads. So every dense call
+has exactly :data:`CALL_ROWS` rows, and the prompt token at position ``p`` always sits in row
+``p % CALL_ROWS`` of its call (zeros in unused rows). Tokens of one step whose rows collide go to
+further calls: a token's call is its rank among the step's dense tokens with the same row
+(:func:`plan_rows`). Which tokens are dense is the caller's rule and must be a property of the token
+alone: the engine makes a request's prompt tokens dense and its output tokens packed, also when they
+are recomputed after preemption, and keeps KV blocks that hold output tokens apart in the prefix
+cache (their keys came from the packed weights).
+
+Numerics: the dense weight is the packed kernel's own dequantized weight (``fma(code - 8, scale,
+zero)`` in fp32), rounded to bf16; a prompt token's activations therefore differ from the packed
+path by bf16 rounding of the weights, well inside the int4 quantization error itself.
+
+Memory: one bf16 copy of every packed linear except the lm_head (which only ever sees the sampled
+rows): +212 MB for SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from proxy.quant import kernels
+
+#: rows of every dense call; a prompt token at position ``p`` sits in row ``p % CALL_ROWS``.
+CALL_ROWS = 64
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Which of a step's ``num_tokens`` flat rows take the dense weights, and where.
+
+    Attributes:
+        num_tokens: rows of the step (``T``); linears called with another row count (the lm_head on
+            the sampled rows) ignore the plan.
+        num_calls: dense calls of :data:`CALL_ROWS` rows each (at least 1).
+        dense_src: long ``[D]``, flat indices of the dense rows, ascending.
+        dense_dst: long ``[D]``, their rows in the stacked calls: ``call * CALL_ROWS + p % CALL_ROWS``.
+        gather: long ``[num_calls * CALL_ROWS]``, the flat row each call row reads; rows no token
+            uses read a dense row too (a row's result does not depend on the others').
+        packed_src: long ``[T - D]``, the other rows (packed kernel), or None when there are none.
+        num_leading_packed: when the packed rows are exactly the first ones (the step's decodes come
+            first), their count, so that they are a slice; else None.
+        in_place: every row is dense and already at its call row (``T`` a multiple of
+            :data:`CALL_ROWS`, positions aligned): the calls read the step's rows without a copy.
+    """
+
+    num_tokens: int
+    num_calls: int
+    dense_src: torch.Tensor
+    dense_dst: torch.Tensor
+    gather: torch.Tensor
+    packed_src: torch.Tensor | None
+    num_leading_packed: int | None
+    in_place: bool
+
+
+def plan_rows(positions: torch.Tensor, dense: torch.Tensor) -> RowPlan | None:
+    """The plan of a step (None when no row is dense: the packed kernel alone).
+
+    Args:
+        positions: long ``[T]``, each flat row's position in its sequence.
+        dense: bool ``[T]``, rows that take the dense weights (prompt tokens).
+    """
+    dense_src = dense.nonzero().squeeze(1)
+    num_dense = dense_src.numel()
+    if num_dense == 0:
+        return None
+    rows = positions[dense_src] % CALL_ROWS
+    counts = torch.bincount(rows, minlength=CALL_ROWS)
+    order = torch.argsort(rows, stable=True)
+    first_of_row = torch.cumsum(counts, 0) - counts
+    rank = torch.empty_like(rows)
+    rank[order] = torch.arange(num_dense) - first_of_row[rows[order]]
+    dense_dst = rank * CALL_ROWS + rows
+    num_calls = int(counts.max())
+    gather = dense_src[:1].repeat(num_calls * CALL_ROWS)
+    gather[dense_dst] = dense_src
+    num_tokens = int(positions.numel())
+    packed_src = (~dense).nonzero().squeeze(1)
+    num_packed = packed_src.numel()
+    leading = num_packed if num_packed and int(packed_src[-1]) == num_packed - 1 else None
+    return RowPlan(
+        num_tokens=num_tokens,
+        num_calls=num_calls,
+        dense_src=dense_src,
+        dense_dst=dense_dst,
+        gather=gather,
+        packed_src=packed_src if num_packed else None,
+        num_leading_packed=leading,
+        in_place=num_tokens == gather.numel() and bool((gather == torch.arange(num_tokens)).all()),
+    )
+
+
+_ACTIVE: list[RowPlan | None] = [None]
+
+
+@contextlib.contextmanager
+def active_row_plan(plan: RowPlan | None) -> Iterator[None]:
+    """Make ``plan`` the one :class:`~proxy.quant.linear.PackedLinear` layers follow in this block
+    (one forward pass of the engine; not re-entrant across threads: one engine thread runs forwards)."""
+    previous = _ACTIVE[0]
+    _ACTIVE[0] = plan
+    try:
+        yield
+    finally:
+        _ACTIVE[0] = previous
+
+
+def current_row_plan() -> RowPlan | None:
+    """The plan set by :func:`active_row_plan`, or None."""
+    return _ACTIVE[0]
+
+
+def dense_rows_mm(x: torch.Tensor, weight: torch.Tensor, plan: RowPlan) -> torch.Tensor:
+    """``x[plan.dense_src] @ weight.T`` in calls of :data:`CALL_ROWS` rows (module docstring).
+
+    Args:
+        x: ``[T, K]`` in ``weight``'s dtype.
+        weight: ``[N, K]`` dense.
+    Returns:
+        ``[D, N]``, one row per ``plan.dense_src``.
+    """
+    stacked = x if plan.in_place else x.index_select(0, plan.gather)
+    outs = [F.linear(stacked[i * CALL_ROWS:(i + 1) * CALL_ROWS], weight) for i in range(plan.num_calls)]
+    y = outs[0] if plan.num_calls == 1 else torch.cat(outs)
+    return y if plan.in_place else y.index_select(0, plan.dense_dst)
+
+
+def dense_prefill_default(device: torch.device) -> bool:
+    """Whether prompt tokens take dense weights when ``Settings.dense_prefill`` is None: on CPUs
+    with AMX BF16 (``amx_bf16`` in ``/proc/cpuinfo``), where it was measured 6-11x faster for
+    64-512 rows; not on CUDA (tinygemm), nor on CPUs without BF16 tiles (not measured)."""
+    return device.type == "cpu" and "amx_bf16" in kernels.cpu_flags()
+
+
+def add_dense_weights(model: nn.Module) -> int:
+    """Give every packed linear except the output layer a dense copy for prompt rows.
+
+    Returns:
+        the number of layers given one (0 when the model has no packed linears).
+    """
+    from proxy.quant.linear import PackedLinear
+
+    get_out = getattr(model, "get_output_embeddings", None)
+    out = get_out() if callable(get_out) else None
+    count = 0
+    for module in model.modules():
+        if type(module) is PackedLinear and module is not out and module.kernel_dtype == torch.bfloat16:
+            module.set_dense_weight(module.dequantize())
+            count += 1
+    return count
+
+
+def has_dense_weights(model: nn.Module) -> bool:
+    """Whether any packed linear of ``model`` holds a dense copy (:func:`add_dense_weights`)."""
+    return any(getattr(m, "dense_weight", None) is not None for m in model.modules())

@@ -1,0 +1,172 @@
+"""Prompt tokens through dense copies of the packed weights (proxy.quant.dense_prefill): the row
+plan, the bits of a row whatever else the step holds, and the engine's text whatever the chunking,
+batching and prefix cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from engine.engine_helpers import run_staggered
+
+from proxy.engine.block_manager import BlockManager
+from proxy.engine.core import EngineCore
+from proxy.engine.request import Request
+from proxy.quant import kernel_dtype, kernels, quantize_linears
+from proxy.quant.dense_prefill import (
+    CALL_ROWS,
+    active_row_plan,
+    add_dense_weights,
+    dense_prefill_default,
+    has_dense_weights,
+    plan_rows,
+)
+from proxy.quant.linear import PackedLinear, quantize_int4
+from proxy.sampling import SamplingParams
+from proxy.settings import Settings
+
+BF16 = kernel_dtype(torch.device("cpu")) == torch.bfloat16
+needs_bf16 = pytest.mark.skipif(not BF16, reason="dense copies are made for bf16 kernels only")
+
+
+def _step(parts: list[tuple[int, int, bool]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat positions and dense flags of a step: ``(start, count, dense)`` per request, in order."""
+    positions = torch.cat([torch.arange(s, s + n) for s, n, _ in parts])
+    dense = torch.cat([torch.full((n,), d) for _, n, d in parts])
+    return positions, dense
+
+
+def test_plan_rows_puts_each_prompt_token_at_its_position_mod_call_rows() -> None:
+    # two decodes (packed), A's prompt chunk at 60..69, B's at 0..9: rows 60-63 and 0-5 | 0-9 collide
+    positions, dense = _step([(100, 1, False), (50, 1, False), (60, 10, True), (0, 10, True)])
+    plan = plan_rows(positions, dense)
+    assert plan is not None
+    assert plan.num_tokens == 22 and plan.num_calls == 2 and plan.num_leading_packed == 2
+    assert plan.dense_src.tolist() == list(range(2, 22))
+    rows = [p % CALL_ROWS for p in positions[2:].tolist()]
+    calls = [0] * 10 + [1] * 6 + [0] * 4  # B's 0-5 meet A's 64-69 (rows 0-5) earlier in the step
+    assert plan.dense_dst.tolist() == [c * CALL_ROWS + r for c, r in zip(calls, rows, strict=True)]
+    assert torch.equal(plan.gather[plan.dense_dst], plan.dense_src)
+    assert not plan.in_place and plan.packed_src is not None and plan.packed_src.tolist() == [0, 1]
+    assert plan_rows(*_step([(7, 1, False)])) is None  # decodes only: the packed kernel alone
+    aligned = plan_rows(*_step([(64, 128, True)]))
+    assert aligned is not None and aligned.in_place and aligned.num_calls == 2
+
+
+@needs_bf16
+def test_a_rows_bits_do_not_depend_on_what_else_the_step_holds() -> None:
+    """A prompt token's output equals a lone CALL_ROWS-row dense call with it at row ``p % 64``, in
+    every step it may be part of; a decode's equals the packed layer's alone."""
+    torch.manual_seed(0)
+    layer = PackedLinear(quantize_int4(torch.randn(128, 64) * 0.1, 32), torch.randn(128) * 0.1, 32,
+                         torch.device("cpu"), torch.bfloat16, "int4 g32")
+    layer.set_dense_weight(layer.dequantize())
+    assert layer.dense_weight is not None
+    x = torch.randn(200, 64).bfloat16()  # row i: the token at position i of a prompt
+
+    def reference(p: int) -> torch.Tensor:
+        call = torch.zeros(CALL_ROWS, 64, dtype=torch.bfloat16)
+        call[p % CALL_ROWS] = x[p]
+        y = F.linear(call, layer.dense_weight)[p % CALL_ROWS]
+        return y + layer.bias.to(y.dtype)  # type: ignore[union-attr]
+
+    decode = torch.randn(1, 64).bfloat16()
+    decode_alone = layer(decode)[0]
+    steps = [  # (start, count) of prompt chunks; with or without a decode first
+        [(0, 200)], [(0, 37)], [(37, 100), (0, 20)], [(150, 50), (5, 64), (64, 11)],
+    ]
+    for chunks in steps:
+        for with_decode in (False, True):
+            rows = [decode] if with_decode else []
+            rows += [x[s:s + n] for s, n in chunks]
+            parts = ([(500, 1, False)] if with_decode else []) + [(s, n, True) for s, n in chunks]
+            plan = plan_rows(*_step(parts))
+            with active_row_plan(plan):
+                y = layer(torch.cat(rows))
+            offset = 1 if with_decode else 0
+            if with_decode:
+                assert torch.equal(y[0], decode_alone)
+            for s, n in chunks:
+                for i in range(n):
+                    assert torch.equal(y[offset + i], reference(s + i)), (chunks, with_decode, s + i)
+                offset += n
+    with active_row_plan(plan_rows(*_step([(0, 5, True)]))):
+        assert torch.equal(layer(decode)[0], decode_alone)  # another row count: the plan is not ours
+
+
+def _tiny_bf16() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=112, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    quantize_linears(model, "int4", 32, torch.bfloat16)
+    model.to(torch.bfloat16)
+    assert add_dense_weights(model) == 14  # every linear but the lm_head
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+@needs_bf16
+def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache() -> None:
+    model = _tiny_bf16()
+    assert has_dense_weights(model)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 112, (n,), generator=gen).tolist() for n in (5, 70, 150, 33, 64, 129)]
+
+    def run(budget: int, arrivals: list[int], prefix_caching: bool = True) -> dict[str, list[int]]:
+        core = EngineCore(model, Settings(max_num_batched_tokens=budget, max_prefill_step_ratio=0,
+                                          num_kv_blocks=256, block_size=16,
+                                          enable_prefix_caching=prefix_caching), [2], 512)
+        assert core.runner.dense_prefill and core.block_manager.output_blocks_apart
+        return run_staggered(core, prompts, params, arrivals)
+
+    alone = {}
+    for i, prompt in enumerate(prompts):
+        core = EngineCore(model, Settings(num_kv_blocks=256, enable_prefix_caching=False), [2], 512)
+        alone[str(i)] = run_staggered(core, [prompt], params, [0])["0"]
+    assert run(4096, [0] * 6) == alone  # together
+    assert run(23, [0, 1, 1, 4, 9, 9]) == alone  # chunked, staggered, mixed with decodes
+    assert run(64, [0, 0, 3, 3, 5, 30], prefix_caching=False) == alone
+    # a later prompt that resends an earlier prompt and its answer (a chat turn): the answer's
+    # blocks came from the decode path, so they are not served from the cache for it
+    turn2 = prompts[2] + alone["2"] + prompts[0]
+    core = EngineCore(model, Settings(num_kv_blocks=256, block_size=16), [2], 512)
+    first = run_staggered(core, [prompts[2], turn2], params, [0, 40])
+    cold = EngineCore(model, Settings(num_kv_blocks=256, enable_prefix_caching=False), [2], 512)
+    assert first["1"] == run_staggered(cold, [turn2], params, [0])["0"]
+    assert first["0"] == alone["2"]
+    assert core.block_manager.num_hit_tokens == 144  # prompts[2]'s 9 full prompt blocks, no more
+
+
+def test_blocks_holding_output_tokens_hash_apart() -> None:
+    tokens = list(range(10, 50))
+    answered = Request("a", tokens[:20], SamplingParams(max_tokens=30))
+    for t in tokens[20:]:
+        answered.append_token(t)
+    resent = Request("b", tokens, SamplingParams(max_tokens=5))
+    apart = BlockManager(16, 4, output_blocks_apart=True)
+    a, b = apart.block_hashes(answered), apart.block_hashes(resent)
+    assert a[:5] == b[:5] and all(x != y for x, y in zip(a[5:], b[5:], strict=True))  # 20 prompt tokens
+    same = BlockManager(16, 4)
+    assert same.block_hashes(Request("c", tokens[:21], SamplingParams())) == b[:5]
+    odd = Request("d", tokens[:22], SamplingParams(max_tokens=30))
+    for t in tokens[22:]:
+        odd.append_token(t)
+    assert apart.block_hashes(odd)[:5] == b[:5] and apart.block_hashes(odd)[5] != b[5]  # block 5 mixed
+
+
+def test_dense_prefill_is_on_by_default_only_on_cpus_with_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
+    assert dense_prefill_default(torch.device("cpu"))
+    assert not dense_prefill_default(torch.device("cuda"))
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    assert not dense_prefill_default(torch.device("cpu"))
