@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -288,7 +289,10 @@ def check_c34c(server: Server) -> None:
         "c_zero": ("/v1/completions", comp | {"frequency_penalty": 0, "presence_penalty": 0}),
     })
     zero = ok(r["zero"])
-    assert "apple apple" in zero["choices"][0]["message"]["content"]  # the unpenalised answer repeats
+    # the unpenalised answer repeats a word ('apple apple ...' with int4 prefill, 'more, more, ...' with
+    # the dense prefill of AMX CPUs: the wording is the model's, the repetition is the point)
+    words = zero["choices"][0]["message"]["content"].replace(",", " ").split()
+    assert max(Counter(words).values()) >= 4, words
     z_first = zero["choices"][0]["logprobs"]["content"][0]
     for key in ("freq", "presence"):
         body = ok(r[key])
