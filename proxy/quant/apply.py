@@ -60,10 +60,15 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
+def output_layer(model: nn.Module) -> Any:
+    """The model's output layer (``get_output_embeddings()``), or None where it has none."""
+    get_out = getattr(model, "get_output_embeddings", None)
+    return get_out() if callable(get_out) else None
+
+
 def untie_lm_head(model: nn.Module) -> None:
     """Give a tied output layer its own module so that swapping it leaves the embedding dense."""
-    get_out = getattr(model, "get_output_embeddings", None)
-    out = get_out() if callable(get_out) else None
+    out = output_layer(model)
     get_in = getattr(model, "get_input_embeddings", None)
     inp = get_in() if callable(get_in) else None
     if out is not None and inp is not None and out.weight is inp.weight:

@@ -14,7 +14,7 @@ the call's row count and with the row's position in the call. Measured (same mac
 model's four layer shapes and its lm_head): at a fixed call shape of 64 rows a row's bits do *not*
 depend on the other rows' contents (random or zero), nor on 1 or 2 threads. So every dense call
 has exactly :data:`CALL_ROWS` rows, and the prompt token at position ``p`` always sits in row
-``p % CALL_ROWS`` of its call (zeros in unused rows). Tokens of one step whose rows collide go to
+``p % CALL_ROWS`` of its call (unused rows repeat a used one). Tokens of one step whose rows collide go to
 further calls: a token's call is its rank among the step's dense tokens with the same row
 (:func:`plan_rows`). Which tokens are dense is the caller's rule and must be a property of the token
 alone: the engine makes a request's prompt tokens dense and its output tokens packed, also when they
@@ -159,10 +159,10 @@ def add_dense_weights(model: nn.Module) -> int:
     Returns:
         the number of layers given one (0 when the model has no packed linears).
     """
+    from proxy.quant.apply import output_layer  # apply -> linear -> this module
     from proxy.quant.linear import PackedLinear
 
-    get_out = getattr(model, "get_output_embeddings", None)
-    out = get_out() if callable(get_out) else None
+    out = output_layer(model)
     count = 0
     for module in model.modules():
         if type(module) is PackedLinear and module is not out and module.kernel_dtype == torch.bfloat16:

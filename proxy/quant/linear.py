@@ -216,10 +216,10 @@ class PackedLinear(nn.Module):
         y.index_copy_(0, plan.packed_src, yp)
         return y
 
-    def set_dense_weight(self, weight: torch.Tensor | None) -> None:
+    def set_dense_weight(self, weight: torch.Tensor) -> None:
         """Keep ``weight`` (``[out_features, in_features]``, the kernel dtype) for the rows an active
-        :class:`~proxy.quant.dense_prefill.RowPlan` marks dense; None drops it."""
-        self.dense_weight = None if weight is None else weight.detach().contiguous()
+        :class:`~proxy.quant.dense_prefill.RowPlan` marks dense."""
+        self.dense_weight = weight.detach().contiguous()
 
     def dequantize(self) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` as the kernel sees it (an identity matmul),

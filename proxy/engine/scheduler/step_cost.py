@@ -134,11 +134,6 @@ class StepCostModel:
         fit = self.coefficients()
         return None if fit is None else fit[2]
 
-    def prefill_step_cost(self) -> float | None:
-        """``e``: seconds a step adds for carrying any prefill at all (None until fitted)."""
-        fit = self.coefficients()
-        return None if fit is None else fit[3]
-
     def prefill_token_limit(self, num_decodes: int, num_waiting: int = 0) -> int | None:
         """Most prefill tokens a step with ``num_decodes`` decodes should take,
         ``((max_ratio - 1) * D(n) - e) / c``, at least ``min_tokens``; None: no limit (off, no decodes,
@@ -150,9 +145,12 @@ class StepCostModel:
         streams' gaps, so it is lifted (module docstring: measured)."""
         if self.max_ratio <= 0 or num_decodes == 0 or num_waiting > num_decodes:
             return None
-        base, per_token = self.decode_step_estimate(num_decodes), self.token_cost()
-        fixed = self.prefill_step_cost()
-        if base is None or per_token is None or fixed is None or base <= 0 or per_token <= 0:
+        fit = self.coefficients()
+        if fit is None:
+            return None
+        a, b, per_token, fixed = fit
+        base = a + b * num_decodes
+        if base <= 0 or per_token <= 0:
             return None
         limit = max(self.min_tokens, int(((self.max_ratio - 1) * base - max(fixed, 0.0)) / per_token))
         return max(self.multiple, limit - limit % self.multiple)

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from proxy.quant.apply import output_layer
+
 __all__ = ["apply_bitmask", "has_control_char", "logits_width", "token_mask"]
 
 _CONTROL_BYTES = frozenset(range(32))
@@ -35,8 +37,7 @@ def logits_width(model: torch.nn.Module) -> int:
     """Columns of the model's logits (what the masks must cover): the output head's ``out_features``
     (``nn.Linear`` and the quantized ``PackedLinear`` both have it; a packed head has no ``weight``),
     else its weight's rows, else the text config's ``vocab_size``."""
-    get_out = getattr(model, "get_output_embeddings", None)
-    head = get_out() if callable(get_out) else None
+    head = output_layer(model)
     width = getattr(head, "out_features", None)
     if width is None and head is not None and getattr(head, "weight", None) is not None:
         width = head.weight.shape[0]
