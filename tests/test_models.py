@@ -109,6 +109,15 @@ def test_auto_dtype_reads_the_cpu_bf16_flags(monkeypatch, caplog) -> None:
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     dtype, why = models.auto_dtype(cpu)
     assert dtype == torch.float32 and "neither avx512_bf16 nor amx_bf16" in why
+    # AVX2 only: bf16 when the linears are packed (the kernel runs bf16 activations there)
+    assert models.auto_dtype(cpu, packed=True) == (
+        torch.bfloat16, "packed linears, whose kernel runs bf16 activations on this CPU")
+    assert models.resolve_device_dtype(Settings(device="cpu")) == (cpu, torch.float32)  # auto: dense
+    for method in ("int4", "int8"):
+        settings = Settings(device="cpu", quantization=method)
+        assert models.resolve_device_dtype(settings) == (cpu, torch.bfloat16)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse4_2"}))
+    assert models.auto_dtype(cpu, packed=True)[0] == torch.float32  # the kernel runs fp32 there
     assert models.auto_dtype(torch.device("cuda")) == (torch.bfloat16, "CUDA")
 
 

@@ -9,8 +9,11 @@ given codes, scales and zeros, which torchao's quantize-from-float API does not 
   -> uint8 ``[N, K / 2]``; ``torch.ops.aten._weight_int4pack_mm_for_cpu(x [M, K], packed,
   group_size, scales_and_zeros [K / group_size, N, 2])`` -> ``[M, N]``, all of ``x``'s dtype.
   Needs ``N % 16 == 0``. Measured on this project's 2-core AVX-512/AMX machine (1 thread,
-  [1536 x 576] weight, 1 row): bf16 0.06 ms, fp32 1.8 ms, fp16 2.9 ms -- only bf16 is fast, so
-  the CPU kernel dtype is bf16 where the CPU has BF16 instructions.
+  [1536 x 576] weight, 1 row): bf16 0.06 ms, fp32 1.8 ms, fp16 2.9 ms; on a 2-core AVX2-only AMD
+  EPYC (2 threads, same weight): bf16 0.12 ms (1 row) / 0.48 ms (8 rows), fp32 2.7 / 21 ms, where
+  a dense fp32 matmul takes 0.13 / 0.58 ms with the weight in cache and ~3x that from memory.
+  Only bf16 is fast, with or without BF16 instructions, so the CPU kernel dtype is bf16 on CPUs
+  with AVX2 or BF16 instructions.
 - CUDA: ``torch.ops.aten._convert_weight_to_int4pack(uint8 [N, K / 2], inner_k_tiles)`` (two
   codes a byte, even index in the high nibble, as torchao packs) and
   ``torch.ops.aten._weight_int4pack_mm`` (tinygemm), bf16 only; ``N % 8 == 0`` and
@@ -53,16 +56,23 @@ def cpu_bf16_flags() -> list[str]:
 
 
 def kernel_dtype(device: torch.device) -> torch.dtype:
-    """Activation dtype the packed kernel runs in: bf16 on CUDA and on CPUs with BF16 instructions,
-    else fp32 (correct but slow on the CPU; see the module docstring)."""
-    if device.type == "cuda" or cpu_bf16_flags():
+    """Activation dtype the packed kernel runs in: bf16 on CUDA and on CPUs with BF16 instructions
+    or AVX2 (torch's kernel widens bf16 in registers there), else fp32 (correct but slow on the
+    CPU; see the module docstring)."""
+    if device.type == "cuda" or cpu_bf16_flags() or "avx2" in cpu_flags():
         return torch.bfloat16
     return torch.float32
 
 
 def is_fast(device: torch.device) -> bool:
-    """Whether the packed kernel is faster than a dense matmul here (bf16 kernels available)."""
-    return kernel_dtype(device) == torch.bfloat16
+    """Whether the packed kernel serves faster than dense weights here, so that quantization
+    ``"auto"`` packs a GGUF: on CUDA and on CPUs with BF16 instructions. Not on AVX2-only CPUs:
+    measured on a 2-core AMD EPYC, SmolLM2-135M, the bf16 kernel's decode step took 54-62 / 125-140
+    / 222-231 ms for 1 / 8 / 16 requests against 95-99 / 228-276 / 247 ms dense fp32, but a
+    128-token prefill 985 against 536 ms, and served with 128-token prompts and 64 output tokens
+    (``bench/compare.py``) dense fp32 gave 23.4 / 38.8 output tok/s at 8 / 16 streams against 23.4 /
+    25.7 packed; there ``--quantization int4`` opts in (a decode-heavy load: long answers)."""
+    return device.type == "cuda" or bool(cpu_bf16_flags())
 
 
 def supports_shape(out_features: int, in_features: int, group_size: int, device: torch.device) -> str | None:
