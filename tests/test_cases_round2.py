@@ -28,9 +28,12 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from e2e.server import REPO, Server, _stop, free_port, get_server, wait_until_healthy
 from test_cases import call, finish_of, joined, with_model
 from testdata import ROUND2_PUBLIC
+
+from proxy.quant import is_fast
 
 pytestmark = [pytest.mark.slow]
 
@@ -290,21 +293,28 @@ def check_c34c(server: Server) -> None:
     })
     zero = ok(r["zero"])
     # the unpenalised answer repeats a word ('apple apple ...' with int4 prefill, 'more, more, ...' with
-    # the dense prefill of AMX CPUs: the wording is the model's, the repetition is the point)
+    # the dense prefill of AMX CPUs, 'more apple apple apple ...' dense fp32 on an AVX2 CPU: the
+    # wording is the model's and the machine's, the repetition is the point)
     words = zero["choices"][0]["message"]["content"].replace(",", " ").split()
-    assert max(Counter(words).values()) >= 4, words
+    assert max(Counter(words).values()) >= 3, words
+    # the six requests run together: on a CPU that serves the default model dense fp32 (no BF16
+    # instructions; no batch-invariance promise, README) a logprob may move in its 7th digit with the
+    # batch, far below what a penalty on the prompt's tokens would do (penalty 2: nats)
+    tol = 0.0 if is_fast(torch.device("cpu")) else 1e-4
     z_first = zero["choices"][0]["logprobs"]["content"][0]
     for key in ("freq", "presence"):
         body = ok(r[key])
         assert body["choices"][0]["message"]["content"] != zero["choices"][0]["message"]["content"], key
         first = body["choices"][0]["logprobs"]["content"][0]
-        assert (first["token"], first["logprob"]) == (z_first["token"], z_first["logprob"]), key
+        assert first["token"] == z_first["token"], key
+        assert abs(first["logprob"] - z_first["logprob"]) <= tol, key
     c_zero = ok(r["c_zero"])["choices"][0]
     for key in ("c_freq", "c_presence"):
         choice = ok(r[key])["choices"][0]
         assert choice["text"] != c_zero["text"], key
         assert choice["logprobs"]["tokens"][0] == c_zero["logprobs"]["tokens"][0], key
-        assert choice["logprobs"]["token_logprobs"][0] == c_zero["logprobs"]["token_logprobs"][0], key
+        got, want = choice["logprobs"]["token_logprobs"][0], c_zero["logprobs"]["token_logprobs"][0]
+        assert abs(got - want) <= tol, key
 
 
 def check_c40a(server: Server) -> None:

@@ -96,7 +96,10 @@ _BF16_SERVING = bool(cpu_bf16_flags())
 
 
 @pytest.mark.parametrize("dtype", [
-    torch.bfloat16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        not _AVX512, reason="bf16 SDPA on an AVX2-only CPU (AMD EPYC, no AVX-512) gives a row other bits "
+        "when the kernel's row block changes from 32 to 64 (row 116 of 240 here, alone and among 33 or 34); "
+        "such CPUs serve the default model fp32 dense, which makes no batch-invariance promise (README)")),
     pytest.param(torch.float32, marks=pytest.mark.skipif(
         not _AVX512, reason="fp32 SDPA goes through MKL's sgemm, whose AVX2 kernels give rows 31-32 of "
         "each 32-row block other bits (measured with MKL_ENABLE_INSTRUCTIONS=AVX2): padding cannot help "
