@@ -129,11 +129,6 @@ class StepCostModel:
         fit = self.coefficients()
         return None if fit is None else fit[0] + fit[1] * num_decodes
 
-    def token_cost(self) -> float | None:
-        """``c``: seconds one prefill token adds to a step (None until fitted)."""
-        fit = self.coefficients()
-        return None if fit is None else fit[2]
-
     def prefill_token_limit(self, num_decodes: int, num_waiting: int = 0) -> int | None:
         """Most prefill tokens a step with ``num_decodes`` decodes should take,
         ``((max_ratio - 1) * D(n) - e) / c``, at least ``min_tokens``; None: no limit (off, no decodes,
@@ -145,11 +140,10 @@ class StepCostModel:
         streams' gaps, so it is lifted (module docstring: measured)."""
         if self.max_ratio <= 0 or num_decodes == 0 or num_waiting > num_decodes:
             return None
-        fit = self.coefficients()
-        if fit is None:
+        fit, base = self.coefficients(), self.decode_step_estimate(num_decodes)
+        if fit is None or base is None:
             return None
-        a, b, per_token, fixed = fit
-        base = a + b * num_decodes
+        _, _, per_token, fixed = fit
         if base <= 0 or per_token <= 0:
             return None
         limit = max(self.min_tokens, int(((self.max_ratio - 1) * base - max(fixed, 0.0)) / per_token))
