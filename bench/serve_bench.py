@@ -24,7 +24,8 @@ Datasets:
 - ``conversational``: the short chat requests of ``bench/prompts/conversational.jsonl`` (natural
   output lengths, capped by ``--max-tokens``; a fixed set, the same at every load point).
 - ``multiturn``: chat conversations that grow turn by turn, as chat apps resend them: a shared
-  system prompt of ``--multiturn-system-len`` words, then ``--multiturn-turns`` user messages of
+  system prompt of ``--multiturn-system-len`` words (``--multiturn-unique-system``: one of its own
+  per conversation, so that every turn 1 computes it), then ``--multiturn-turns`` user messages of
   ``--multiturn-user-len`` words, each request carrying the whole conversation so far (the earlier
   replies are the server's own text) and asking for ``--random-output-len`` tokens. A conversation
   holds one of the ``--max-concurrency`` slots for all its turns; ``--num-prompts`` counts
@@ -392,17 +393,25 @@ def multiturn_conversations(
     output_len: int,
     seed: int,
     fixed_output: bool = True,
+    shared_system: bool = True,
 ) -> list[Conversation]:
     """``num`` conversations sharing one system prompt of ``system_len`` common English words (about
     one token each; an agent's or a chat app's fixed preamble), each with ``turns`` user messages of
-    ``user_len`` words. Everything is drawn from ``seed``, so another seed gives another system
-    prompt (fresh prompts per load point)."""
+    ``user_len`` words. ``shared_system=False``: each conversation has a system prompt of its own
+    (a user's own instructions or memory), so its first turn computes the whole prompt on any
+    server. Everything is drawn from ``seed``, so another seed gives another system prompt (fresh
+    prompts per load point)."""
     rng = random.Random(seed)
-    system = f"[{seed}] You are a helpful assistant. " + " ".join(
-        rng.choice(_WORDS) for _ in range(system_len)
-    )
+
+    def system_prompt(tag: str) -> str:
+        words = " ".join(rng.choice(_WORDS) for _ in range(system_len))
+        return f"[{tag}] You are a helpful assistant. {words}"
+
+    system = system_prompt(str(seed))
     convs = []
     for c in range(num):
+        if not shared_system:
+            system = system_prompt(f"{seed}.{c}")
         msgs = [f"({c}.{t}) " + " ".join(rng.choice(_WORDS) for _ in range(max(user_len - 2, 1)))
                 for t in range(1, turns + 1)]
         convs.append(Conversation(system, msgs, output_len, fixed_output))
@@ -782,6 +791,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens of conversational requests")
     p.add_argument("--multiturn-turns", type=int, default=6, help="turns per multiturn conversation")
     p.add_argument("--multiturn-system-len", type=int, default=500, help="words of the shared system prompt")
+    p.add_argument("--multiturn-unique-system", action="store_true",
+                   help="a system prompt of its own per conversation (default: one shared by all), so "
+                        "turn 1 computes it on any server and turns 2+ show what caching saves")
     p.add_argument("--multiturn-user-len", type=int, default=40, help="words per user message")
     p.add_argument("--reuse-prompts", action="store_true",
                    help="send the same prompts at every load point and in the warm-up (default: fresh ones)")
@@ -870,6 +882,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             convs = multiturn_conversations(
                 n, args.multiturn_turns, args.multiturn_system_len, args.multiturn_user_len,
                 args.random_output_len, seed, fixed_output=args.eos_strategy != "none",
+                shared_system=not args.multiturn_unique_system,
             )
             if args.num_warmups:
                 warm_convs = multiturn_conversations(

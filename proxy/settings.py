@@ -39,6 +39,11 @@ class Settings:
             (so p99 inter-token latency stays near it); 0: off, only the token knobs bound them.
             Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
             Lifted while more requests wait than decode (a burst of arrivals).
+        max_long_gap_fraction: the measured bound is also lifted for a step while the inter-token
+            gaps of steps longer than ``max_prefill_step_ratio`` decode steps stay within this
+            share of all recent gaps (0.01: those steps alone leave p99 inter-token latency within
+            the ratio), so an occasional prompt (a chat's next turn beside another stream's
+            decode) is prefilled at once instead of in small chunks; 0: never.
         dense_prefill: prompt tokens run through dense bf16 copies of the packed (quantized)
             linears, in fixed 64-row calls that keep the output batch invariant; output tokens keep
             the packed kernel (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs
@@ -94,6 +99,7 @@ class Settings:
     long_prefill_token_threshold: int = 128
     max_num_partial_prefills: int = 2
     max_prefill_step_ratio: float = 2.0
+    max_long_gap_fraction: float = 0.01
     dense_prefill: bool | None = None
     enable_prefix_caching: bool = True
     block_size: int = 16
@@ -116,3 +122,18 @@ class Settings:
     ui: bool = True
     engine_process: bool | None = None
     enforce_eager: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuse the scheduling ratios that no engine could use, before a model is loaded (the CLI
+        turns the error into a usage message).
+
+        Raises:
+            ValueError: ``max_prefill_step_ratio`` in (0, 1] or negative, ``max_long_gap_fraction``
+                outside [0, 1).
+        """
+        if 0 < self.max_prefill_step_ratio <= 1 or self.max_prefill_step_ratio < 0:
+            raise ValueError(
+                f"--max-prefill-step-ratio must be 0 (off) or above 1, got {self.max_prefill_step_ratio}"
+            )
+        if not 0 <= self.max_long_gap_fraction < 1:
+            raise ValueError(f"--max-long-gap-fraction must be in [0, 1), got {self.max_long_gap_fraction}")

@@ -102,6 +102,19 @@ def test_bad_environment_value_is_an_error():
         parse([], {"STREAMPROXY_PORT": "abc"})
 
 
+@pytest.mark.parametrize("argv", [["--max-prefill-step-ratio", "0.5"], ["--max-long-gap-fraction", "1"],
+                                  ["--max-long-gap-fraction", "-0.1"]])
+def test_scheduling_ratios_no_engine_could_use_are_a_usage_error(argv: list[str], capsys) -> None:
+    """Refused before a model is loaded, as argparse refuses a bad value (exit status 2)."""
+    from proxy.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *argv])
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+    assert parse(["--max-long-gap-fraction", "0"]).max_long_gap_fraction == 0.0  # 0: never lifted
+
+
 def test_python_m_proxy_help():
     out = subprocess.run([sys.executable, "-m", "proxy", "serve", "--help"], check=False, capture_output=True,
                          text=True, timeout=60)

@@ -362,6 +362,19 @@ def test_multiturn_conversations_grow_and_report_per_turn(fake_server, tmp_path:
     assert run["max_concurrent_requests"] == 2
 
 
+def test_multiturn_unique_system_prompts() -> None:
+    """``--multiturn-unique-system``: every conversation has a system prompt of its own (so turn 1
+    computes it on any server); the user turns are the same as with the shared one."""
+    shared = sb.multiturn_conversations(3, 2, 10, 4, 8, seed=5)
+    unique = sb.multiturn_conversations(3, 2, 10, 4, 8, seed=5, shared_system=False)
+    assert len({c.system for c in shared}) == 1 and len({c.system for c in unique}) == 3
+    assert all(len(c.system.split()) == 10 + 6 for c in unique)
+    assert [c.user_turns for c in unique] != [c.user_turns for c in shared]  # drawn after each prompt
+    assert unique == sb.multiturn_conversations(3, 2, 10, 4, 8, seed=5, shared_system=False)
+    args = sb.build_parser().parse_args(["--base-url", "http://x", "--multiturn-unique-system"])
+    assert args.multiturn_unique_system is True
+
+
 def test_turn_metrics_and_hit_rate_exact() -> None:
     rs = [
         _res(0, 1.0, 2.0, [], 1, turn=1, cached_tokens=0),

@@ -108,7 +108,7 @@ def test_the_scheduler_bounds_a_decode_steps_prefill_by_measured_cost() -> None:
     scheduler = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512,
                           max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
                           max_num_partial_prefills=2,
-                          max_prefill_step_ratio=2.0)
+                          step_cost=StepCostModel(2.0))
     for i in range(4):
         scheduler.add_request(_request(f"d{i}", 5, 10 * i))  # distinct prompts: no cache hits
     first = scheduler.schedule()
@@ -126,7 +126,7 @@ def test_a_burst_lifts_the_measured_bound_while_the_waiting_outnumber_the_decode
     decodes, the next step is bounded again."""
     scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=16, max_num_batched_tokens=512,
                           max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
-                          max_num_partial_prefills=2, max_prefill_step_ratio=2.0)
+                          max_num_partial_prefills=2, step_cost=StepCostModel(2.0))
     for i in range(4):
         scheduler.add_request(_request(f"d{i}", 5, 10 * i))
     first = scheduler.schedule()
@@ -140,3 +140,52 @@ def test_a_burst_lifts_the_measured_bound_while_the_waiting_outnumber_the_decode
     assert scheduler.num_waiting == 4
     bounded = scheduler.schedule()  # 6 decodes now, 4 waiting: the measured limit again
     assert bounded.num_decodes == 6 and sum(bounded.num_new_tokens) - 6 < 100
+
+
+def test_a_share_of_long_gaps_lifts_the_bound_for_an_occasional_prompt() -> None:
+    """``long_gap_fraction``: the bound is lifted for a step while the inter-token gaps of steps
+    that ran longer than ``max_ratio`` decode steps stay within that share of all recent gaps
+    (p99.5 ITL within the ratio at 0.005), so one conversation's next turn is prefilled in one
+    step beside another's decode instead of in floor-sized chunks, while frequent arrivals stay
+    bounded."""
+    model = StepCostModel(2.0, min_steps=4, long_gap_fraction=0.01, gap_forgetting=1.0)
+    _steps(model, [(4, 0), (0, 20), (3, 16), (4, 8), (2, 0), (4, 12), (1, 12), (4, 0)])
+    assert model.prefill_token_limit(1) == 16  # 22 gaps, none long: a long one would be 1 in 23
+    _steps(model, [(1, 0)] * 77)  # 99 gaps, none long: a long gap for 1 decode would be 1 in 100
+    assert model.prefill_token_limit(1) is None
+    assert model.prefill_token_limit(2) == 16  # 2 long gaps in 101: above 1%
+    model.observe(1, 60, 0.020 + 0.0035 + 0.0016 * 60)  # 119.5 ms against 2 x 23.5: a long gap
+    assert model.prefill_token_limit(1) == 16  # spent: bounded again
+    _steps(model, [(1, 0)] * 98)
+    assert model.prefill_token_limit(1) == 16  # 2 in 199
+    _steps(model, [(1, 0)] * 5)
+    assert model.prefill_token_limit(1) is None  # 2 in 204
+    model.observe(1, 10, 0.020 + 0.0035 + 0.0016 * 10)  # a bounded step within the ratio: not long
+    assert model.prefill_token_limit(1) is None
+    assert StepCostModel(2.0, long_gap_fraction=0).long_gap_fraction == 0  # 0: never lifted
+    with pytest.raises(ValueError, match="long_gap_fraction"):
+        StepCostModel(2.0, long_gap_fraction=1.0)
+
+
+def test_the_scheduler_lets_an_occasional_prompt_in_whole_while_long_gaps_are_rare() -> None:
+    """4 streams decode; after 400 of their gaps with none long, a 100-token prompt joins one step
+    whole (the token knob's 128 allow it; the measured bound alone would give 21); that step's
+    time over 2 decode steps makes 4 long gaps in 404, so the next prompt is bounded again."""
+    scheduler = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512,
+                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
+                          max_num_partial_prefills=2,
+                          step_cost=StepCostModel(2.0, long_gap_fraction=0.01, gap_forgetting=1.0))
+    for i in range(4):
+        scheduler.add_request(_request(f"d{i}", 5, 10 * i))
+    scheduler.update(scheduler.schedule(), [7, 7, 7, 7])
+    cost = scheduler.step_cost
+    _steps(cost, [(0, 20), (3, 16), (4, 8), (2, 0), (4, 12), (1, 12)])
+    _steps(cost, [(4, 0)] * 96)  # 4 + 3 + 4 + 2 + 4 + 1 + 384 = 402 gaps, none long
+    scheduler.add_request(_request("turn", 100, 100))
+    step = scheduler.schedule()
+    assert step.num_decodes == 4 and step.num_new_tokens == [1, 1, 1, 1, 100]
+    _steps(cost, [(4, 100)])  # 214 ms against 2 x 34 ms: 4 long gaps
+    scheduler.update(step, [7] * 5)
+    scheduler.add_request(_request("next", 100, 300))
+    step = scheduler.schedule()
+    assert step.num_decodes == 5 and step.num_new_tokens == [1, 1, 1, 1, 1, 23]  # 37.5 ms / 1.6 ms

@@ -35,8 +35,8 @@ class Scheduler:
             request (tokens); 0: no cap beyond the step budget.
         max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks
             join it (>= 1).
-        max_prefill_step_ratio: the measured bound on a decode step's prefill tokens, lifted while
-            more requests wait than decode (``StepCostModel``, fed by ``step_cost.observe``); 0: off.
+        step_cost: the measured bound on a decode step's prefill tokens (fed by
+            ``step_cost.observe``); None: ``StepCostModel(0)``, off.
 
     Raises:
         ValueError: a count below its minimum.
@@ -51,14 +51,14 @@ class Scheduler:
         eos_token_ids: Iterable[int],
         long_prefill_token_threshold: int = 0,
         max_num_partial_prefills: int = 1_000_000,
-        max_prefill_step_ratio: float = 0.0,
+        step_cost: StepCostModel | None = None,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_num_partial_prefills < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and max_num_partial_prefills must be >= 1")
         if long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
         self.long_prefill_token_threshold = long_prefill_token_threshold
-        self.step_cost = StepCostModel(max_prefill_step_ratio)
+        self.step_cost = step_cost or StepCostModel(0)
         self.max_num_partial_prefills = max_num_partial_prefills
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
