@@ -25,6 +25,7 @@ Usage (CPU, the issue's sweep)::
     python bench/compare.py                       # all CPU peers, concurrency 1,4,8,16,32
     python bench/compare.py --concurrency 1,4 --num-prompts 4 --output-len 32   # smoke run
     python bench/compare.py --build-only          # compile the llama.cpp peers, run nothing
+    python bench/compare.py --eos-logit-bias      # every peer masks EOS by logit_bias, not ignore_eos
     python bench/compare.py --device cuda         # GPU: streamproxy, transformers, vllm
 """
 
@@ -495,6 +496,28 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path, out: Path, base_url: str,
+                    model_id: str) -> list[str]:
+    """The serve_bench command line of one peer's sweep (``folder``: the model's HF folder, whose
+    tokenizer measures prompts and whose config gives the EOS ids)."""
+    cmd = [sys.executable, str(SERVE_BENCH), "--base-url", base_url, "--model", model_id,
+           "--label", peer.name, "--result-dir", str(out / peer.name), "--dataset", args.dataset,
+           "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+           "--max-tokens", str(args.output_len), "--max-concurrency", args.concurrency,
+           "--num-prompts", str(args.num_prompts), "--tokenizer", str(folder),
+           "--seed", str(args.seed), *peer.bench_args]
+    if args.no_progress:
+        cmd.append("--no-progress")
+    if args.reuse_prompts:
+        cmd.append("--reuse-prompts")
+    if args.dataset == "multiturn":
+        cmd += args.multiturn_args.split()
+    if args.eos_logit_bias:  # after the peer's own: the last --eos-strategy wins
+        eos = ",".join(str(i) for i in eos_token_ids(folder))
+        cmd += ["--eos-strategy", "logit_bias", "--eos-token-ids", eos]
+    return cmd
+
+
 def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, port: int) -> dict[str, Any]:
     """Start ``peer``, run the serve_bench sweep against it, stop it; returns its summary dict.
 
@@ -521,18 +544,7 @@ def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, po
                 [str(spy), "record", "--pid", str(proc.pid), "--rate", "50", "--subprocesses",
                  "--format", "raw", "--output", str(raw), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cmd = [sys.executable, str(SERVE_BENCH), "--base-url", base_url, "--model", model_id,
-               "--label", peer.name, "--result-dir", str(out / peer.name), "--dataset", args.dataset,
-               "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-               "--max-tokens", str(args.output_len), "--max-concurrency", args.concurrency,
-               "--num-prompts", str(args.num_prompts), "--tokenizer", str(hf_folder(scratch)),
-               "--seed", str(args.seed), *peer.bench_args]
-        if args.no_progress:
-            cmd.append("--no-progress")
-        if args.reuse_prompts:
-            cmd.append("--reuse-prompts")
-        if args.dataset == "multiturn":
-            cmd += args.multiturn_args.split()
+        cmd = serve_bench_cmd(peer, args, hf_folder(scratch), out, base_url, model_id)
         rc = subprocess.call(cmd, cwd=REPO, env=dict(os.environ, HF_HUB_OFFLINE="1"))
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes the profile on SIGINT
@@ -674,6 +686,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--multiturn-args", default="",
                    help="extra serve_bench args for --dataset multiturn, e.g. '--multiturn-turns 6'")
+    p.add_argument("--eos-logit-bias", action="store_true",
+                   help="every peer keeps generating by a logit_bias of -100 on the EOS ids instead of its "
+                        "own strategy (ignore_eos lets a model emit special tokens such as <|im_end|>, whose "
+                        "empty text sends no chunk, so the client sees a gap of two steps)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="compute threads of every server")
     p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np")
     p.add_argument("--streamproxy-args", default="", help="extra args of `python -m proxy serve`")

@@ -545,3 +545,18 @@ def test_comparison_table_multiturn_rows() -> None:
            "prefix_cache_hit_rate": 0.8123}
     lines = cmp.comparison_table({"streamproxy": {"runs": [run]}}, {}).splitlines()
     assert lines[-1] == "| 4 | streamproxy | 1000 | 150 | 0.15 | 1000 / 150 | 81.2% |"
+
+
+def test_compare_eos_logit_bias_overrides_each_peers_eos_strategy(tmp_path: Path) -> None:
+    """``compare.py --eos-logit-bias``: serve_bench gets ``--eos-strategy logit_bias`` and the model's
+    EOS ids after the peer's own strategy, and its parser keeps the last one."""
+    cmp = _load_compare()
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    peer = cmp.Peer("llama-server", ["llama-server"], "smollm2", {}, ["--eos-strategy", "ignore_eos"])
+    for flag, strategy, ids in (([], "ignore_eos", []), (["--eos-logit-bias"], "logit_bias", [2, 7])):
+        args = cmp.build_parser().parse_args(["--concurrency", "8", *flag])
+        cmd = cmp.serve_bench_cmd(peer, args, tmp_path, tmp_path / "out", "http://127.0.0.1:1", "smollm2")
+        parsed = sb.build_parser().parse_args(cmd[2:])
+        assert (parsed.eos_strategy, parsed.eos_token_ids) == (strategy, ids)
+        assert parsed.max_concurrency == [8] and parsed.tokenizer == str(tmp_path)
