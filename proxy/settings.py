@@ -128,12 +128,23 @@ class Settings:
         turns the error into a usage message).
 
         Raises:
-            ValueError: ``max_prefill_step_ratio`` in (0, 1] or negative, ``max_long_gap_fraction``
-                outside [0, 1).
+            ValueError: as :func:`check_prefill_bound`.
         """
-        if 0 < self.max_prefill_step_ratio <= 1 or self.max_prefill_step_ratio < 0:
-            raise ValueError(
-                f"--max-prefill-step-ratio must be 0 (off) or above 1, got {self.max_prefill_step_ratio}"
-            )
-        if not 0 <= self.max_long_gap_fraction < 1:
-            raise ValueError(f"--max-long-gap-fraction must be in [0, 1), got {self.max_long_gap_fraction}")
+        check_prefill_bound(self.max_prefill_step_ratio, self.max_long_gap_fraction)
+
+
+def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: float) -> None:
+    """The ranges of the measured prefill bound's knobs (``Settings`` and
+    ``proxy.engine.scheduler.StepCostModel`` both check them here).
+
+    Raises:
+        ValueError: ``max_prefill_step_ratio`` in (0, 1] or negative (0 is off),
+            ``max_long_gap_fraction`` outside [0, 1).
+    """
+    if 0 < max_prefill_step_ratio <= 1 or max_prefill_step_ratio < 0:
+        raise ValueError(f"max_prefill_step_ratio (--max-prefill-step-ratio) must be 0 (off) or above 1, "
+                         f"got {max_prefill_step_ratio}")
+    if not 0 <= max_long_gap_fraction < 1:
+        raise ValueError(
+            f"max_long_gap_fraction (--max-long-gap-fraction) must be in [0, 1), got {max_long_gap_fraction}"
+        )

@@ -49,6 +49,8 @@ Pure Python (a 4 x 4 solve a step), no torch, as the scheduler package requires.
 
 from __future__ import annotations
 
+from proxy.settings import check_prefill_bound
+
 _NUM_TERMS = 4
 """Regressors of the fit: a step, a decode, a prefill token, any prefill."""
 
@@ -77,8 +79,9 @@ class StepCostModel:
         min_steps: steps observed before a limit is given.
 
     Raises:
-        ValueError: ``max_ratio`` in (0, 1] or negative, ``min_tokens`` < 1, ``forgetting`` or
-            ``gap_forgetting`` outside (0, 1], ``long_gap_fraction`` outside [0, 1).
+        ValueError: ``max_ratio`` or ``long_gap_fraction`` out of range
+            (:func:`proxy.settings.check_prefill_bound`), ``min_tokens`` or ``multiple`` < 1,
+            ``forgetting`` or ``gap_forgetting`` outside (0, 1].
     """
 
     #: ridge added to the normal equations' diagonal (seconds^0 units of a step's regressors)
@@ -87,13 +90,9 @@ class StepCostModel:
     def __init__(self, max_ratio: float, min_tokens: int = 16, forgetting: float = 0.98,
                  min_steps: int = 8, multiple: int = 1, long_gap_fraction: float = 0.0,
                  gap_forgetting: float = 0.998) -> None:
-        if 0 < max_ratio <= 1 or max_ratio < 0:
-            raise ValueError(f"max_prefill_step_ratio must be 0 (off) or above 1, got {max_ratio}")
-        if not 0 <= long_gap_fraction < 1 or not 0 < gap_forgetting <= 1:
-            raise ValueError(f"long_gap_fraction must be in [0, 1), got {long_gap_fraction}; "
-                             f"gap_forgetting in (0, 1], got {gap_forgetting}")
-        if min_tokens < 1 or multiple < 1 or not 0 < forgetting <= 1:
-            raise ValueError("min_tokens and multiple must be >= 1 and forgetting in (0, 1]")
+        check_prefill_bound(max_ratio, long_gap_fraction)
+        if min_tokens < 1 or multiple < 1 or not 0 < forgetting <= 1 or not 0 < gap_forgetting <= 1:
+            raise ValueError("min_tokens and multiple must be >= 1, forgetting and gap_forgetting in (0, 1]")
         self.max_ratio = max_ratio
         self.min_tokens = min_tokens
         self.multiple = multiple
