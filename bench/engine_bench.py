@@ -7,7 +7,7 @@ all requests / wall time from submission to the last token) and mean TTFT (submi
 generated token). Ratios are from this one run, all in the same process:
 
 - ``ours / static``: target >= 0.9 at 16 requests (static batched ``generate`` with left padding is
-  the reference limit: same forward cost, no scheduling).
+  the reference limit: same forward cost and the same linears, no scheduling).
 - ``ours / hf-cb``: target >= 1.4 at 16 requests (``model.continuous_batching_context_manager``,
   streaming requests, a separate model instance using SDPA).
 
@@ -39,6 +39,7 @@ import torch
 
 from proxy.engine.core import EngineCore
 from proxy.models import load_model
+from proxy.quant.skinny import use_skinny_linears
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         loaded.model_path, dtype=loaded.dtype, attn_implementation="sdpa"
     )
     ref.eval()
+    # The same linears as ours (proxy.quant.skinny on CPU fp32): the ratio measures scheduling.
+    use_skinny_linears(ref)
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts_all = build_prompts(tokenizer, max(levels))
     print(f"model {loaded.served_model_name}, {loaded.device} {loaded.dtype}, {args.threads} threads, "

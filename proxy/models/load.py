@@ -6,6 +6,8 @@ its tokenizer, context length and end-of-sequence ids.
 - The paged attention is registered before ``from_pretrained(..., attn_implementation=...)``.
 - ``max_model_len``: ``settings.max_model_len`` or the config's ``max_position_embeddings``.
 - ``eos_token_ids``: the generation config's ``eos_token_id`` (int or list) + the tokenizer's.
+- Dense fp32 linears on the CPU compute calls of few rows (decode steps) as ``W @ x^T``
+  (:mod:`proxy.quant.skinny`).
 - Packed sibling projections (q/k/v, gate/up) run as one matmul each (:mod:`proxy.quant.fuse`).
 - Packed linears get dense bf16 copies for prompt tokens where ``settings.dense_prefill`` says
   (:mod:`proxy.quant.dense_prefill`).
@@ -31,6 +33,7 @@ from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
 from proxy.quant.dense_prefill import add_dense_weights, dense_prefill_default
 from proxy.quant.fuse import fuse_sibling_linears
+from proxy.quant.skinny import use_skinny_linears
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -91,6 +94,9 @@ def load_model(settings: Settings) -> LoadedModel:
         model.to(device)  # type: ignore[arg-type]
         model.eval()
         quantization = apply_quantization(model, settings, gguf, device)
+    skinny = use_skinny_linears(model)
+    if skinny:
+        logger.info("%d dense fp32 CPU linears compute calls of few rows as W @ x^T", skinny)
     fused = fuse_sibling_linears(model)
     if fused:
         logger.info("fused %d groups of packed sibling projections (q/k/v, gate/up), one matmul each", fused)

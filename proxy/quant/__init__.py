@@ -5,6 +5,7 @@
 - :mod:`proxy.quant.linear`: :class:`PackedLinear` and float -> int4 / int8 planes.
 - :mod:`proxy.quant.apply`: swap a model's ``nn.Linear`` modules (``--quantization int4|int8``).
 - :mod:`proxy.quant.fuse`: q/k/v and gate/up packed siblings run as one matmul.
+- :mod:`proxy.quant.skinny`: dense fp32 CPU linears compute calls of few rows as ``W @ x^T``.
 - :mod:`proxy.quant.gguf_file`: a GGUF file's tensor index (memory-mapped) and tensor names.
 - :mod:`proxy.quant.gguf_blocks`: a GGUF's own blocks -> packed layers (``--quantization auto``).
 """

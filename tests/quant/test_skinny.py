@@ -1,0 +1,96 @@
+"""proxy.quant.skinny: dense fp32 CPU linears compute calls of 2..MAX_SWAPPED_ROWS rows as W @ x^T."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from proxy.quant import quantize_linears, skinny
+from proxy.quant.skinny import MAX_SWAPPED_ROWS, SkinnyLinear, use_skinny_linears
+
+
+def _linear(bias: bool) -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(96, 160, bias=bias)
+
+
+@pytest.fixture
+def linear_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Row counts of the calls SkinnyLinear hands to F.linear."""
+    calls: list[int] = []
+
+    def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        calls.append(x.numel() // x.shape[-1])
+        return F.linear(x, w, b)
+
+    monkeypatch.setattr(skinny, "F", types.SimpleNamespace(linear=linear))
+    return calls
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1, 96), (1, 2, 96), (2, 5, 96), (1, MAX_SWAPPED_ROWS, 96),
+                                   (1, MAX_SWAPPED_ROWS + 1, 96), (3, 96), (96,)])
+def test_equals_the_linear_and_takes_the_swapped_form_for_few_rows(
+        shape: tuple[int, ...], bias: bool, linear_calls: list[int]) -> None:
+    base = _linear(bias)
+    module = SkinnyLinear.from_linear(base)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        y = module(x)
+        ref = base(x)
+    rows = x.numel() // 96
+    assert y.shape == ref.shape == (*shape[:-1], 160) and y.is_contiguous() and y.dtype == torch.float32
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    swapped = 2 <= rows <= MAX_SWAPPED_ROWS
+    assert linear_calls == ([] if swapped else [rows])
+    if swapped:  # the swapped product, bit for bit
+        expected = (base.weight @ x.reshape(rows, 96).T).T + (base.bias if bias else 0)
+        assert torch.equal(y.reshape(rows, 160), expected)
+
+
+def test_shares_the_parameters_and_state_dict_keys() -> None:
+    base = _linear(True)
+    module = SkinnyLinear.from_linear(base)
+    assert module.weight is base.weight and module.bias is base.bias
+    assert module.state_dict().keys() == base.state_dict().keys()
+    assert (module.in_features, module.out_features) == (96, 160)
+
+
+def _tiny_llama(tie: bool) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=112, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      tie_word_embeddings=tie)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_swaps_every_fp32_cpu_linear_keeps_ties_and_the_logits(tie: bool) -> None:
+    model = _tiny_llama(tie)
+    ids = torch.randint(0, 112, (3, 7), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        before = model(ids).logits
+    keys = model.state_dict().keys()
+    assert use_skinny_linears(model) == 2 * 7 + 1  # q, k, v, o, gate, up, down a layer; the lm_head
+    assert all(type(m) is not nn.Linear for m in model.modules())
+    assert type(model.lm_head) is SkinnyLinear
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tie
+    assert model.state_dict().keys() == keys
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-4, atol=1e-4)
+    assert use_skinny_linears(model) == 0  # idempotent
+
+
+def test_leaves_other_dtypes_and_packed_linears_alone() -> None:
+    model = _tiny_llama(False).to(torch.bfloat16)
+    assert use_skinny_linears(model) == 0
+    packed = _tiny_llama(False)
+    quantize_linears(packed, "int8", 32, torch.float32)
+    num_plain = sum(type(m) is nn.Linear for m in packed.modules())
+    assert use_skinny_linears(packed) == num_plain < 15
