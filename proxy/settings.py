@@ -38,7 +38,8 @@ class Settings:
             many as the measured step times say keep the step within this many decode-only steps
             (so p99 inter-token latency stays near it); 0: off, only the token knobs bound them.
             Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
-            Lifted while more requests wait than decode (a burst of arrivals).
+            The room it leaves grows by ``1 + waiting / decoding`` requests, and it is lifted
+            while more requests wait than decode (a burst of arrivals).
         max_long_gap_fraction: the measured bound is also lifted for a step while the inter-token
             gaps of steps longer than ``max_prefill_step_ratio`` decode steps stay within this
             share of all recent gaps (0.01: those steps alone leave p99 inter-token latency within

@@ -17,13 +17,27 @@ cannot suit both, so the scheduler measures instead:
   (``proxy.quant.dense_prefill``: 64 rows through dense weights, ~34 ms a step for the default
   model on a 2-core CPU whether the chunk has 1 or 64 tokens): a fit linear in ``p`` alone charged
   it to the tokens of 64-token chunks, so a 16-token chunk was priced at a quarter of its cost and
-  the steps ran 3-5x a decode step (8 streams, p99 ITL 2.6x the mean TPOT).
+  the steps ran 3-5x a decode step (8 streams, p99 ITL 2.6x the mean TPOT). Only decode-only
+  steps tell ``e`` apart from ``a``; a prior (``FIXED_COST_RIDGE``) keeps ``e`` near 0 until they do:
+  under steady load the split was arbitrary and once gave ``D(11)`` 155 ms where a decode-only step
+  took 200 ms (skinny fp32 linears, 2-core AVX2 CPU), so the limit sat at its floor and prompts of a
+  16-stream burst were admitted 3.3 s apart instead of ~1 s.
 - The bound is lifted while more requests wait than decode: in a burst of arrivals it would make
   many users wait for a first token to spare the gaps of a few streams. Measured, 2-core CPU,
   default model, 128 in / 64 out (the bound always / lifted in bursts): 8 streams (one run each)
   out tok/s 73.2 / 81.7, p99 TTFT 4.2 / 3.0 s, mean TPOT 88.5 / 76.7 ms, p99 ITL 173 / 153 ms;
   16 streams (two runs each) 84.9 / 94.2 tok/s, 8.8 / 5.9 s, 157 / 139 ms, 320 / 346 ms and
   84 / 100 tok/s, 9.0 / 5.7 s, 159 / 130 ms, 366 / 333 ms.
+- Below a burst, the room grows with the queue: ``(max_ratio - 1) * D(n)`` is scaled by
+  ``1 + w / n`` for ``w`` requests waiting. With the ratio alone the prefill share of time is capped
+  near ``(ratio - 1) / ratio`` less the fixed cost; once decode steps got faster (skinny fp32
+  linears) that fell below what 16 closed-loop streams of 128-token prompts need, and the queue grew:
+  measured, 2-core AVX2 CPU, 128 in / 64 out, ``bench/compare.py``, streamproxy alone, runs one
+  after another (ratio alone / scaled): 8 streams 21.0 / 27.5 tok/s, p99 TTFT 13.8 / 9.2 s, p99 ITL
+  / mean TPOT 2.24 / 1.57; 16 streams 24.4 / 33.8 tok/s, 34.2 / 14.6 s, 1.98 / 1.71. (Tried the same
+  day, and not kept: ratio 3, which left 8 streams at p99 ITL 2.60x the TPOT; the ratio taken
+  against the mean recent gap instead of ``D(n)``: 2.95x; the burst rule at ``2 w > n``: 16 streams
+  3.0x with 28 s p99 TTFT.)
 - The bound is also lifted while long gaps are rare: a step with ``n`` decodes that runs over
   ``ratio`` decode steps gives its ``n`` streams a long inter-token gap; while such gaps stay within
   ``long_gap_fraction`` of all recent ones (counted over steps with forgetting), a step may be long.
@@ -86,6 +100,12 @@ class StepCostModel:
 
     #: ridge added to the normal equations' diagonal (seconds^0 units of a step's regressors)
     RIDGE = 1e-6
+    #: further ridge on the fixed prefill cost ``e``, in (forgotten) decode-only steps: ``e`` is told
+    #: apart from ``a`` only by steps without prefill; where there are (nearly) none, as under steady
+    #: load, the two columns are collinear and the split was arbitrary (measured: ``e`` 157 ms and
+    #: ``a`` 100 ms where a decode-only step of 11 took 246 ms, so ``D(n)`` was underestimated and
+    #: the limit sat at its floor); this prior puts the step's cost in ``a`` until steps show ``e``.
+    FIXED_COST_RIDGE = 0.5
 
     def __init__(self, max_ratio: float, min_tokens: int = 16, forgetting: float = 0.98,
                  min_steps: int = 8, multiple: int = 1, long_gap_fraction: float = 0.0,
@@ -141,6 +161,7 @@ class StepCostModel:
             m = [row[:] + [self._xt[i]] for i, row in enumerate(self._xx)]
             for i in range(n):
                 m[i][i] += self.RIDGE * (1.0 + m[i][i])
+            m[3][3] += self.FIXED_COST_RIDGE
             for col in range(n):  # Gauss-Jordan with partial pivoting on the n x (n + 1) system
                 pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
                 m[col], m[pivot] = m[pivot], m[col]
@@ -160,14 +181,16 @@ class StepCostModel:
         return None if fit is None else fit[0] + fit[1] * num_decodes
 
     def prefill_token_limit(self, num_decodes: int, num_waiting: int = 0) -> int | None:
-        """Most prefill tokens a step with ``num_decodes`` decodes should take,
-        ``((max_ratio - 1) * D(n) - e) / c``, at least ``min_tokens``; None: no limit (off, no decodes,
-        more requests waiting than decoding, long gaps rare enough to allow this step's, not yet
-        fitted, or a fit without a positive step or token cost).
+        """Most prefill tokens a step with ``n = num_decodes`` decodes should take,
+        ``((max_ratio - 1) * D(n) * (1 + w / n) - e) / c`` for ``w = num_waiting``, at least
+        ``min_tokens``; None: no limit (off, no decodes, more requests waiting than decoding, long
+        gaps rare enough to allow this step's, not yet fitted, or a fit without a positive step or
+        token cost).
 
-        ``num_waiting``: requests still waiting for their first step. While they outnumber the
-        decodes (a burst of arrivals), the bound would hold many first tokens back to spare few
-        streams' gaps, so it is lifted (module docstring: measured)."""
+        ``num_waiting``: requests still waiting for their first step. The bound spares ``n`` streams
+        a longer gap at the cost of ``w`` users' first tokens, so the room it leaves grows with
+        ``w / n``; while they outnumber the decodes (a burst of arrivals) it is lifted (module
+        docstring: measured)."""
         if self.max_ratio <= 0 or num_decodes == 0 or num_waiting > num_decodes:
             return None
         q = self.long_gap_fraction
@@ -179,5 +202,6 @@ class StepCostModel:
         _, _, per_token, fixed = fit
         if base <= 0 or per_token <= 0:
             return None
-        limit = max(self.min_tokens, int(((self.max_ratio - 1) * base - max(fixed, 0.0)) / per_token))
+        extra = (self.max_ratio - 1) * base * (1 + num_waiting / num_decodes)
+        limit = max(self.min_tokens, int((extra - max(fixed, 0.0)) / per_token))
         return max(self.multiple, limit - limit % self.multiple)
