@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         loaded.model_path, dtype=loaded.dtype, attn_implementation="sdpa"
     )
     ref.eval()
-    # The same linears as ours (proxy.quant.skinny on CPU fp32): the ratio measures scheduling.
+    # The same linears as ours (proxy.quant.skinny on CPU fp32) for both baselines: the ratios
+    # measure scheduling.
     use_skinny_linears(ref)
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts_all = build_prompts(tokenizer, max(levels))

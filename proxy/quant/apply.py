@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from proxy.quant.linear import Int4Plane, PackedLinear, quantize_int4, quantize_int8
+from proxy.quant.skinny import SkinnyLinear
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +29,9 @@ FLOAT_METHODS: dict[str, Callable[[torch.Tensor, int], list[Int4Plane]]] = {
 
 
 def named_linears(model: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
-    """``(qualified name, module)`` of every ``nn.Linear`` (a snapshot list, safe to replace while
-    iterating)."""
-    return iter([(n, m) for n, m in model.named_modules() if type(m) is nn.Linear])
+    """``(qualified name, module)`` of every dense linear, ``nn.Linear`` or
+    :class:`~proxy.quant.skinny.SkinnyLinear` (a snapshot list, safe to replace while iterating)."""
+    return iter([(n, m) for n, m in model.named_modules() if type(m) in (nn.Linear, SkinnyLinear)])
 
 
 _LIBC: Any = None

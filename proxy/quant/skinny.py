@@ -31,48 +31,38 @@ MAX_SWAPPED_ROWS = 128
 
 
 class SkinnyLinear(nn.Linear):
-    """An ``nn.Linear`` (same parameters, same state-dict keys) whose calls of 2 to
-    :data:`MAX_SWAPPED_ROWS` rows compute ``(W @ x^T)^T`` (module docstring: why and measured).
+    """An ``nn.Linear`` whose calls of 2 to :data:`MAX_SWAPPED_ROWS` rows compute ``(W @ x^T)^T``
+    (module docstring: why and measured); :func:`use_skinny_linears` turns a model's linears into
+    it in place (same module objects, parameters, hooks and state-dict keys).
 
     Input ``[..., in_features]``, output ``[..., out_features]`` contiguous, both the weight's dtype.
     """
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> SkinnyLinear:
-        """A ``SkinnyLinear`` sharing ``linear``'s weight and bias parameters (tied weights stay tied)."""
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-        module.in_features = linear.in_features
-        module.out_features = linear.out_features
-        module.weight = linear.weight
-        module.bias = linear.bias
-        return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features if self.in_features else 0
         if rows < 2 or rows > MAX_SWAPPED_ROWS:
             return F.linear(x, self.weight, self.bias)
-        y = torch.mm(self.weight, x.reshape(rows, self.in_features).t()).t()
-        if self.bias is not None:
-            y = y + self.bias
-        return y.contiguous().view(*x.shape[:-1], self.out_features)
+        x_t = x.reshape(rows, self.in_features).t()
+        if self.bias is None:
+            y = torch.mm(self.weight, x_t)
+        else:
+            y = torch.addmm(self.bias.unsqueeze(1), self.weight, x_t)
+        return y.t().contiguous().view(*x.shape[:-1], self.out_features)
 
 
 def use_skinny_linears(model: nn.Module) -> int:
-    """Replace every plain ``nn.Linear`` of ``model`` whose weight is float32 on the CPU by a
-    :class:`SkinnyLinear` sharing its parameters; others (subclasses such as packed linears, other
-    dtypes or devices) are left alone.
+    """Turn every plain ``nn.Linear`` of ``model`` whose weight is float32 on the CPU into a
+    :class:`SkinnyLinear`, in place (its class changes; nothing else); other modules (packed
+    linears, other dtypes or devices) are left alone. Quantization must come first: it replaces
+    dense linears (``proxy.quant.apply.named_linears`` sees both kinds).
 
     Returns:
-        how many linears were replaced.
+        how many linears were turned.
     """
     swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Linear and child.weight.device.type == "cpu"
-        and child.weight.dtype == torch.float32
+        m for m in model.modules()
+        if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
     ]
-    for parent, name, child in swaps:
-        setattr(parent, name, SkinnyLinear.from_linear(child))
+    for module in swaps:
+        module.__class__ = SkinnyLinear
     return len(swaps)

@@ -37,8 +37,8 @@ def test_the_fit_recovers_the_step_costs_and_the_limit_keeps_the_ratio() -> None
     # a burst: more requests wait than decode, the measured bound is lifted (token knobs only)
     # requests waiting for a first step widen it by their share of the decodes: 30 x (1 + w / n)
     assert model.prefill_token_limit(8, num_waiting=1) == 33
-    assert model.prefill_token_limit(8, num_waiting=4) == 45
-    assert model.prefill_token_limit(8, num_waiting=8) == 60
+    assert model.prefill_token_limit(8, num_waiting=3) == 41  # 41.25
+    assert model.prefill_token_limit(8, num_waiting=7) == 56  # 56.25
     assert model.prefill_token_limit(8, num_waiting=9) is None
     assert StepCostModel(3.0).prefill_token_limit(8) is None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
@@ -9,13 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from proxy.quant import quantize_linears, skinny
+from proxy.quant import PackedLinear, quantize_linears, skinny
 from proxy.quant.skinny import MAX_SWAPPED_ROWS, SkinnyLinear, use_skinny_linears
 
 
 def _linear(bias: bool) -> nn.Linear:
     torch.manual_seed(0)
     return nn.Linear(96, 160, bias=bias)
+
+
+def _skinny(base: nn.Linear) -> nn.Module:
+    module = copy.deepcopy(base)
+    assert use_skinny_linears(module) == 1 and type(module) is SkinnyLinear
+    return module
 
 
 @pytest.fixture
@@ -37,7 +44,7 @@ def linear_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_equals_the_linear_and_takes_the_swapped_form_for_few_rows(
         shape: tuple[int, ...], bias: bool, linear_calls: list[int]) -> None:
     base = _linear(bias)
-    module = SkinnyLinear.from_linear(base)
+    module = _skinny(base)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         y = module(x)
@@ -48,16 +55,30 @@ def test_equals_the_linear_and_takes_the_swapped_form_for_few_rows(
     swapped = 2 <= rows <= MAX_SWAPPED_ROWS
     assert linear_calls == ([] if swapped else [rows])
     if swapped:  # the swapped product, bit for bit
-        expected = (base.weight @ x.reshape(rows, 96).T).T + (base.bias if bias else 0)
+        x_t = x.reshape(rows, 96).T
+        expected = (torch.addmm(base.bias[:, None], base.weight, x_t) if bias else base.weight @ x_t).T
         assert torch.equal(y.reshape(rows, 160), expected)
 
 
-def test_shares_the_parameters_and_state_dict_keys() -> None:
+def test_a_non_contiguous_input() -> None:
     base = _linear(True)
-    module = SkinnyLinear.from_linear(base)
-    assert module.weight is base.weight and module.bias is base.bias
-    assert module.state_dict().keys() == base.state_dict().keys()
-    assert (module.in_features, module.out_features) == (96, 160)
+    x = torch.randn(5, 192, generator=torch.Generator().manual_seed(3))[:, ::2]
+    assert not x.is_contiguous()
+    with torch.inference_mode():
+        torch.testing.assert_close(_skinny(base)(x), base(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_module_is_turned_in_place_keeping_its_state() -> None:
+    module = _linear(True).eval()
+    weight, bias, keys = module.weight, module.bias, module.state_dict().keys()
+    seen: list[tuple[int, ...]] = []
+    module.register_forward_hook(lambda _m, _args, out: seen.append(tuple(out.shape)))
+    assert use_skinny_linears(module) == 1
+    assert type(module) is SkinnyLinear and not module.training
+    assert module.weight is weight and module.bias is bias and module.state_dict().keys() == keys
+    with torch.inference_mode():
+        module(torch.zeros(3, 96))
+    assert seen == [(3, 160)]  # hooks kept
 
 
 def _tiny_llama(tie: bool) -> nn.Module:
@@ -92,5 +113,18 @@ def test_leaves_other_dtypes_and_packed_linears_alone() -> None:
     assert use_skinny_linears(model) == 0
     packed = _tiny_llama(False)
     quantize_linears(packed, "int8", 32, torch.float32)
+    num_packed = sum(type(m) is PackedLinear for m in packed.modules())
     num_plain = sum(type(m) is nn.Linear for m in packed.modules())
-    assert use_skinny_linears(packed) == num_plain < 15
+    assert num_packed > 0 and num_packed + num_plain == 15
+    assert use_skinny_linears(packed) == num_plain
+    assert sum(type(m) is PackedLinear for m in packed.modules()) == num_packed
+
+
+def test_quantization_after_the_swap_still_packs_every_linear() -> None:
+    """proxy.quant.apply.named_linears sees skinny linears as dense ones."""
+    reference, model = _tiny_llama(False), _tiny_llama(False)
+    use_skinny_linears(model)
+    counts = quantize_linears(reference, "int8", 32, torch.float32)
+    assert quantize_linears(model, "int8", 32, torch.float32) == counts
+    assert sum(type(m) is PackedLinear for m in model.modules()) == sum(
+        type(m) is PackedLinear for m in reference.modules()) > 0

@@ -11,8 +11,9 @@ cannot suit both, so the scheduler measures instead:
   and ``p`` prefill tokens (least squares, older steps forgotten geometrically), which gives the
   decode-only step ``D(n) = a + b * n``, the cost ``c`` of one prefill token and the fixed cost
   ``e`` of a step that carries any prefill;
-- a step with ``n`` decodes then takes at most ``p = ((ratio - 1) * D(n) - e) / c`` prefill
-  tokens, at least ``min_tokens``, so that it lasts about ``ratio`` times a decode-only step.
+- a step with ``n`` decodes then takes at most ``p = ((ratio - 1) * D(n) * (1 + w / n) - e) / c``
+  prefill tokens for ``w`` requests waiting, at least ``min_tokens``, so that with no queue it
+  lasts about ``ratio`` times a decode-only step (a queue widens it, below).
 - The fixed cost matters where prompt tokens run in calls of a fixed shape
   (``proxy.quant.dense_prefill``: 64 rows through dense weights, ~34 ms a step for the default
   model on a 2-core CPU whether the chunk has 1 or 64 tokens): a fit linear in ``p`` alone charged
@@ -79,8 +80,9 @@ class StepCostModel:
     rare: the joint fit uses them all.
 
     Args:
-        max_ratio: the longest a step with decodes may take, in decode-only steps of the same
-            batch (> 1); 0: no limit from measurements (:meth:`prefill_token_limit` is None).
+        max_ratio: the longest a step with decodes may take with no request waiting, in
+            decode-only steps of the same batch (> 1; waiting requests widen it,
+            :meth:`prefill_token_limit`); 0: no limit from measurements (always None).
         min_tokens: the smallest limit given (a prefill always moves on).
         multiple: limits are rounded down to a multiple of this many tokens, at least one multiple:
             where the model computes prompt tokens in calls of a fixed number of rows
@@ -100,11 +102,12 @@ class StepCostModel:
 
     #: ridge added to the normal equations' diagonal (seconds^0 units of a step's regressors)
     RIDGE = 1e-6
-    #: further ridge on the fixed prefill cost ``e``, in (forgotten) decode-only steps: ``e`` is told
-    #: apart from ``a`` only by steps without prefill; where there are (nearly) none, as under steady
-    #: load, the two columns are collinear and the split was arbitrary (measured: ``e`` 157 ms and
-    #: ``a`` 100 ms where a decode-only step of 11 took 246 ms, so ``D(n)`` was underestimated and
-    #: the limit sat at its floor); this prior puts the step's cost in ``a`` until steps show ``e``.
+    #: further ridge on the fixed prefill cost ``e`` (added to its diagonal entry, the forgotten
+    #: count of steps with prefill): ``e`` is told apart from ``a`` only by steps without prefill;
+    #: where there are (nearly) none, as under steady load, the two columns are collinear and the
+    #: split was arbitrary (measured: ``e`` 157 ms and ``a`` 100 ms, so ``D(11)`` 155 ms where a
+    #: decode-only step of 11 took 200 ms, and the limit sat at its floor); this prior puts the
+    #: step's cost in ``a`` until steps show ``e``.
     FIXED_COST_RIDGE = 0.5
 
     def __init__(self, max_ratio: float, min_tokens: int = 16, forgetting: float = 0.98,
@@ -187,7 +190,8 @@ class StepCostModel:
         gaps rare enough to allow this step's, not yet fitted, or a fit without a positive step or
         token cost).
 
-        ``num_waiting``: requests still waiting for their first step. The bound spares ``n`` streams
+        ``num_waiting``: requests in the waiting queue (new or preempted, the one being admitted
+        included), as the scheduler passes ``len(waiting)``. The bound spares ``n`` streams
         a longer gap at the cost of ``w`` users' first tokens, so the room it leaves grows with
         ``w / n``; while they outnumber the decodes (a burst of arrivals) it is lifted (module
         docstring: measured)."""
