@@ -41,12 +41,12 @@ class Settings:
             Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
             The room it leaves grows by ``1 + waiting / decoding`` requests, and it is lifted
             while more requests wait than decode (a burst of arrivals).
-        max_long_gap_fraction: the measured bound is also lifted for a step while the inter-token
-            gaps of steps longer than ``max_prefill_step_ratio`` decode steps stay within this
-            share of all recent gaps (0.01: those steps alone leave p99 inter-token latency within
-            the ratio; steps a queue widened past the ratio count too, so while requests queue
-            the share is soon spent), so an occasional prompt (a chat's next turn beside another stream's
-            decode) is prefilled at once instead of in small chunks; 0: never.
+        max_long_gap_fraction: the measured bound is also lifted for a step while the inter-token gaps
+            of steps longer than ``max_prefill_step_ratio`` decode steps stay within this share of all
+            recent gaps (0.01: those steps alone leave p99 inter-token latency within the ratio; steps a
+            queue widened past the ratio count too, so while requests queue the share is soon spent), so
+            an occasional prompt (a chat's next turn beside another stream's decode) is prefilled at
+            once instead of in small chunks; 0: never.
         dense_prefill: prompt tokens run through dense bf16 copies of the packed (quantized)
             linears, in fixed 64-row calls that keep the output batch invariant; output tokens keep
             the packed kernel (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs

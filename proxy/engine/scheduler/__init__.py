@@ -20,15 +20,16 @@ Policy (vLLM v1's unified scheduler, simplified):
   2-core CPU (SmolLM2-135M bf16, 8 streams, 128 in / 64 out, three servers side by side) they gave
   p99 ITL / mean TPOT 1.70 against 1.64 unbounded and 2.09 for 64 tokens / 1 prompt, whose p99
   TTFT was 2.6x the unbounded one: per-step overhead dominates there, so small chunks cost more
-  time to first token than they save in inter-token gaps. On top of the token knobs, the prefill tokens of a
-  decode step are held to what keeps it within ``max_prefill_step_ratio`` decode-only steps by a model
-  fitted to measured step times (``step_cost``; device-independent), widened by ``1 + waiting / decoding``
-  requests, and lifted while more requests wait than decode (a burst: the bound would hold many first tokens
-  back to spare few streams) and while the steps that ran over the ratio gave at most
-  ``max_long_gap_fraction`` of the recent inter-token gaps (an occasional prompt joins at once: a percentile
-  of gaps is what streaming users see). Idle 2-core CPU, default model, 128 in / 64 out, beside
-  llama-server: 8 streams p99 ITL / mean TPOT 1.38 (97 / 70 ms), p99 TTFT 3.8 s (llama-server 4.0 s); 16
-  streams 2.47 (303 / 123 ms), 7.6 s (7.7 s), before the burst exception (``step_cost`` has its figures).
+  time to first token than they save in inter-token gaps. On top of the token knobs, the prefill
+  tokens of a decode step are held to what keeps it within ``max_prefill_step_ratio`` decode-only
+  steps by a model fitted to measured step times (``step_cost``; device-independent), widened by
+  ``1 + waiting / decoding`` requests, and lifted while more requests wait than decode (a burst: the
+  bound would hold many first tokens back to spare few streams) and while the steps that ran over
+  the ratio gave at most ``max_long_gap_fraction`` of the recent inter-token gaps (an occasional
+  prompt joins at once: a percentile of gaps is what streaming users see). Idle 2-core CPU, default
+  model, 128 in / 64 out, beside llama-server: 8 streams p99 ITL / mean TPOT 1.38 (97 / 70 ms), p99
+  TTFT 3.8 s (llama-server 4.0 s); 16 streams 2.47 (303 / 123 ms), 7.6 s (7.7 s), before the burst
+  exception (``step_cost`` has its figures).
 - Prefix caching (``BlockManager``): a waiting request starts after its longest cached prefix of full
   blocks (at least its last token is computed, its logits are needed); the blocks its step fills
   join the cache once the step is scheduled, and are dropped again if the step fails.

@@ -68,6 +68,8 @@ from proxy.settings import check_prefill_bound
 
 _NUM_TERMS = 4
 """Regressors of the fit: a step, a decode, a prefill token, any prefill."""
+_FIXED = 3
+"""Index of the last regressor, any prefill (its coefficient is the fixed cost ``e``)."""
 
 
 class StepCostModel:
@@ -164,7 +166,7 @@ class StepCostModel:
             m = [row[:] + [self._xt[i]] for i, row in enumerate(self._xx)]
             for i in range(n):
                 m[i][i] += self.RIDGE * (1.0 + m[i][i])
-            m[3][3] += self.FIXED_COST_RIDGE
+            m[_FIXED][_FIXED] += self.FIXED_COST_RIDGE
             for col in range(n):  # Gauss-Jordan with partial pivoting on the n x (n + 1) system
                 pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
                 m[col], m[pivot] = m[pivot], m[col]
