@@ -28,7 +28,9 @@ class Settings:
         quantization_group_size: input features per scale for ``int4`` / ``int8``.
         max_model_len: context length in tokens (prompt + completion); None: the model's own.
         max_num_seqs: most requests in the running batch.
-        max_num_batched_tokens: token budget of one engine step (decode tokens + prefill chunks).
+        max_num_batched_tokens: token budget of one engine step (decode tokens + prefill chunks);
+            2048, vLLM's OpenAI-server default: a burst of prompts into an idle engine is prefilled
+            in one or two steps, its first tokens together (scheduler package docstring).
         long_prefill_token_threshold: in a step that carries running decodes, the largest prefill
             chunk (tokens) one request may add; 0: only max_num_batched_tokens bounds it. Lower
             keeps inter-token latency steady while prompts arrive, higher gives a lower TTFT.
@@ -39,8 +41,9 @@ class Settings:
             while no request waits (so p99 inter-token latency stays near it); 0: off, only the
             token knobs bound them.
             Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
-            The room it leaves grows by ``1 + waiting / decoding`` requests, and it is lifted
-            while more requests wait than decode (a burst of arrivals).
+            The room it leaves grows by ``1 + waiting / decoding`` requests. While more requests
+            wait than decode (a burst of arrivals) no prefill bound applies, the token knobs'
+            neither: the burst's prompts take the step's whole token budget.
         max_long_gap_fraction: the measured bound is also lifted for a step while the inter-token gaps
             of steps longer than ``max_prefill_step_ratio`` decode steps stay within this share of all
             recent gaps (0.01: those steps alone leave p99 inter-token latency within the ratio; steps a
@@ -98,7 +101,7 @@ class Settings:
     quantization_group_size: int = 32
     max_model_len: int | None = None
     max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 128
     max_num_partial_prefills: int = 2
     max_prefill_step_ratio: float = 2.0

@@ -34,12 +34,11 @@ def test_the_fit_recovers_the_step_costs_and_the_limit_keeps_the_ratio() -> None
     assert model.prefill_token_limit(16) == 47
     assert model.prefill_token_limit(1) == 16  # 14.7 -> the floor: a prefill always moves on
     assert model.prefill_token_limit(0) is None  # no decodes: the step budget alone
-    # a burst: more requests wait than decode, the measured bound is lifted (token knobs only)
     # requests waiting for a first step widen it by their share of the decodes: 30 x (1 + w / n)
     assert model.prefill_token_limit(8, num_waiting=1) == 33
     assert model.prefill_token_limit(8, num_waiting=3) == 41  # 41.25
     assert model.prefill_token_limit(8, num_waiting=7) == 56  # 56.25
-    assert model.prefill_token_limit(8, num_waiting=9) is None
+    assert model.prefill_token_limit(8, num_waiting=9) == 63  # 63.75 (a burst is the scheduler's call)
     assert StepCostModel(3.0).prefill_token_limit(8) is None
 
 
@@ -148,26 +147,62 @@ def test_the_scheduler_bounds_a_decode_steps_prefill_by_measured_cost() -> None:
     assert step.num_decodes == 4 and step.num_new_tokens == [1, 1, 1, 1, 26]
 
 
-def test_a_burst_lifts_the_measured_bound_while_the_waiting_outnumber_the_decodes() -> None:
-    """4 decodes and 6 requests arriving at once: the first prompts join up to the token knobs
-    (2 prompts of at most 128 tokens), not the measured 21 tokens; with 4 left waiting against 4
-    decodes, the next step is bounded again."""
+def _four_decoding(ratio: float) -> Scheduler:
+    """A scheduler with 4 streams decoding and step costs fitted (34 ms decode steps of 4, 1.6 ms a
+    prefill token: the measured limit is 21 tokens)."""
     scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=16, max_num_batched_tokens=512,
                           max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
-                          max_num_partial_prefills=2, step_cost=StepCostModel(2.0))
+                          max_num_partial_prefills=2, step_cost=StepCostModel(ratio))
     for i in range(4):
         scheduler.add_request(_request(f"d{i}", 5, 10 * i))
     first = scheduler.schedule()
     scheduler.update(first, [7, 7, 7, 7])
     _steps(scheduler.step_cost, [(4, 0), (0, 20), (3, 16), (4, 8), (2, 0), (4, 30), (1, 12), (4, 0)])
+    return scheduler
+
+
+def test_a_burst_takes_the_whole_token_budget_while_the_waiting_outnumber_the_decodes() -> None:
+    """4 decodes and 6 requests arriving at once: the prompts join as in a step without decodes,
+    up to the 512-token budget (not the measured 21 tokens, nor the knobs' 2 prompts of 128); with
+    none left waiting against 9 decodes, the rest of the sixth prompt is bounded again."""
+    scheduler = _four_decoding(2.0)
     for i in range(6):
         scheduler.add_request(_request(f"new{i}", 100, 100 + 100 * i))
     burst = scheduler.schedule()
-    assert burst.num_decodes == 4 and burst.num_new_tokens == [1, 1, 1, 1, 100, 100]
-    scheduler.update(burst, [7] * 6)
-    assert scheduler.num_waiting == 4
-    bounded = scheduler.schedule()  # 6 decodes now, 4 waiting: the measured limit again
-    assert bounded.num_decodes == 6 and sum(bounded.num_new_tokens) - 6 < 100
+    assert burst.num_decodes == 4 and burst.num_new_tokens == [1] * 4 + [100] * 5 + [8]
+    scheduler.update(burst, [7] * 9)
+    assert scheduler.num_waiting == 0
+    bounded = scheduler.schedule()  # 9 decodes, the sixth prompt's 92 tokens left: measured limit
+    assert bounded.num_decodes == 9 and bounded.num_new_tokens[9:] == [32]  # D(9) 51.5 ms / 1.6 ms
+
+
+def test_without_the_measured_bound_a_burst_keeps_the_token_knobs() -> None:
+    """``max_prefill_step_ratio`` 0 (vLLM's policy): the knobs hold in every step with decodes,
+    burst or not: 2 prompts of at most 128 tokens."""
+    scheduler = _four_decoding(0.0)
+    for i in range(6):
+        scheduler.add_request(_request(f"new{i}", 100, 100 + 100 * i))
+    step = scheduler.schedule()
+    assert step.num_decodes == 4 and step.num_new_tokens == [1, 1, 1, 1, 100, 100]
+
+
+def test_a_burst_into_an_idle_engine_is_prefilled_together() -> None:
+    """The first of 8 simultaneous requests reached the idle engine alone; the other 7 then
+    outnumber its one decode, so they all join the next step (2048-token budget) and take their
+    first tokens together, instead of two 128-token chunks a step beside the growing decodes."""
+    scheduler = Scheduler(BlockManager(1024, 16), max_num_seqs=16, max_num_batched_tokens=2048,
+                          max_model_len=1024, eos_token_ids=[2], long_prefill_token_threshold=128,
+                          max_num_partial_prefills=2, step_cost=StepCostModel(2.0))
+    scheduler.add_request(_request("r0", 134, 0))
+    first = scheduler.schedule()
+    assert first.num_new_tokens == [134]
+    scheduler.update(first, [7])
+    for i in range(1, 8):
+        scheduler.add_request(_request(f"r{i}", 134, 1000 * i))
+    burst = scheduler.schedule()
+    assert burst.num_decodes == 1 and burst.num_new_tokens == [1] + [134] * 7
+    scheduler.update(burst, [7] * 8)
+    assert scheduler.schedule().num_new_tokens == [1] * 8  # all decoding, none left
 
 
 def test_a_share_of_long_gaps_lifts_the_bound_for_an_occasional_prompt() -> None:

@@ -156,11 +156,16 @@ class Scheduler:
         """Choose this step's requests and token counts, allocating their KV slots.
 
         Decodes first, then running requests mid-prefill, then waiting ones FCFS (each after its
-        longest cached prefix); with decodes in the step, prefill is bounded (package docstring).
+        longest cached prefix); with decodes in the step, prefill is bounded unless the step admits
+        a burst (package docstring).
         """
-        budget = StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold,
-                            self.max_num_partial_prefills,
-                            lambda n: self.step_cost.prefill_token_limit(n, len(self.waiting)))
+        if self._in_burst():
+            # a burst's prompts join as in a step without decodes: the whole token budget
+            budget = StepBudget(self.max_num_batched_tokens, 0, self.max_num_batched_tokens)
+        else:
+            budget = StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold,
+                                self.max_num_partial_prefills,
+                                lambda n: self.step_cost.prefill_token_limit(n, len(self.waiting)))
         scheduled: dict[Request, int] = {}
         preempted = False
         bm = self.block_manager
@@ -210,6 +215,14 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
         return out
+
+    def _in_burst(self) -> bool:
+        """Whether this step admits a burst of arrivals (package docstring): the measured bound is
+        on and more requests wait than decode."""
+        if self.step_cost.max_ratio <= 0 or not self.waiting:
+            return False
+        num_decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+        return len(self.waiting) > num_decodes
 
     def _admit_waiting(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
         bm = self.block_manager

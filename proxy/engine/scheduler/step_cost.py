@@ -23,12 +23,9 @@ cannot suit both, so the scheduler measures instead:
   under steady load the split was arbitrary and once gave ``D(11)`` 155 ms where a decode-only step
   took 200 ms (skinny fp32 linears, 2-core AVX2 CPU), so the limit sat at its floor and prompts of a
   16-stream burst were admitted 3.3 s apart instead of ~1 s.
-- The bound is lifted while more requests wait than decode: in a burst of arrivals it would make
-  many users wait for a first token to spare the gaps of a few streams. Measured, 2-core CPU,
-  default model, 128 in / 64 out (the bound always / lifted in bursts): 8 streams (one run each)
-  out tok/s 73.2 / 81.7, p99 TTFT 4.2 / 3.0 s, mean TPOT 88.5 / 76.7 ms, p99 ITL 173 / 153 ms;
-  16 streams (two runs each) 84.9 / 94.2 tok/s, 8.8 / 5.9 s, 157 / 139 ms, 320 / 346 ms and
-  84 / 100 tok/s, 9.0 / 5.7 s, 159 / 130 ms, 366 / 333 ms.
+- In a burst of arrivals (more requests waiting than decoding) the scheduler asks for no limit: it
+  admits the burst's prompts up to the step's token budget (the scheduler package docstring has
+  the rule and its figures).
 - Below a burst, the room grows with the queue: ``(max_ratio - 1) * D(n)`` is scaled by
   ``1 + w / n`` for ``w`` requests waiting. With the ratio alone the prefill share of time is capped
   near ``(ratio - 1) / ratio`` less the fixed cost; once decode steps got faster (skinny fp32
@@ -188,16 +185,15 @@ class StepCostModel:
     def prefill_token_limit(self, num_decodes: int, num_waiting: int = 0) -> int | None:
         """Most prefill tokens a step with ``n = num_decodes`` decodes should take,
         ``((max_ratio - 1) * D(n) * (1 + w / n) - e) / c`` for ``w = num_waiting``, at least
-        ``min_tokens``; None: no limit (off, no decodes, more requests waiting than decoding, long
-        gaps rare enough to allow this step's, not yet fitted, or a fit without a positive step or
-        token cost).
+        ``min_tokens``; None: no limit (off, no decodes, long gaps rare enough to allow this step's,
+        not yet fitted, or a fit without a positive step or token cost).
 
         ``num_waiting``: requests in the waiting queue (new or preempted, the one being admitted
         included), as the scheduler passes ``len(waiting)``. The bound spares ``n`` streams
         a longer gap at the cost of ``w`` users' first tokens, so the room it leaves grows with
-        ``w / n``; while they outnumber the decodes (a burst of arrivals) it is lifted (module
-        docstring: measured)."""
-        if self.max_ratio <= 0 or num_decodes == 0 or num_waiting > num_decodes:
+        ``w / n`` (module docstring: measured); while they outnumber the decodes (a burst) the
+        scheduler does not ask."""
+        if self.max_ratio <= 0 or num_decodes == 0:
             return None
         q = self.long_gap_fraction
         if q > 0 and self._long_gaps + num_decodes <= q * (self._gaps + num_decodes):
