@@ -29,13 +29,15 @@ class Settings:
         max_model_len: context length in tokens (prompt + completion); None: the model's own.
         max_num_seqs: most requests in the running batch.
         max_num_batched_tokens: token budget of one engine step (decode tokens + prefill chunks);
-            2048, vLLM's OpenAI-server default: a burst of prompts into an idle engine is prefilled
-            in one or two steps, its first tokens together (scheduler package docstring).
+            2048, vLLM's OpenAI-server default on CPUs and GPUs under 70 GiB: a burst of prompts into
+            an idle engine is prefilled in one or two steps, its first tokens together (scheduler
+            package docstring).
         long_prefill_token_threshold: in a step that carries running decodes, the largest prefill
-            chunk (tokens) one request may add; 0: only max_num_batched_tokens bounds it. Lower
-            keeps inter-token latency steady while prompts arrive, higher gives a lower TTFT.
+            chunk (tokens) one request may add (not in a burst while max_prefill_step_ratio > 0); 0:
+            only max_num_batched_tokens bounds it. Lower keeps inter-token latency steady while
+            prompts arrive, higher gives a lower TTFT.
         max_num_partial_prefills: in a step that carries running decodes, the most requests whose
-            prefill chunks may join it.
+            prefill chunks may join it (not in a burst while max_prefill_step_ratio > 0).
         max_prefill_step_ratio: in a step that carries running decodes, prefill tokens join only as
             many as the measured step times say keep the step within this many decode-only steps
             while no request waits (so p99 inter-token latency stays near it); 0: off, only the

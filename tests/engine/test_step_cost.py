@@ -163,8 +163,9 @@ def _four_decoding(ratio: float) -> Scheduler:
 
 def test_a_burst_takes_the_whole_token_budget_while_the_waiting_outnumber_the_decodes() -> None:
     """4 decodes and 6 requests arriving at once: the prompts join as in a step without decodes,
-    up to the 512-token budget (not the measured 21 tokens, nor the knobs' 2 prompts of 128); with
-    none left waiting against 9 decodes, the rest of the sixth prompt is bounded again."""
+    up to the 512-token budget (not the measured 21 tokens, nor the knobs' 2 prompts of 128): five
+    whole ones and 8 tokens of the sixth, which, then alone waiting against 9 decodes, is bounded
+    again."""
     scheduler = _four_decoding(2.0)
     for i in range(6):
         scheduler.add_request(_request(f"new{i}", 100, 100 + 100 * i))
@@ -172,8 +173,45 @@ def test_a_burst_takes_the_whole_token_budget_while_the_waiting_outnumber_the_de
     assert burst.num_decodes == 4 and burst.num_new_tokens == [1] * 4 + [100] * 5 + [8]
     scheduler.update(burst, [7] * 9)
     assert scheduler.num_waiting == 0
-    bounded = scheduler.schedule()  # 9 decodes, the sixth prompt's 92 tokens left: measured limit
-    assert bounded.num_decodes == 9 and bounded.num_new_tokens[9:] == [32]  # D(9) 51.5 ms / 1.6 ms
+    bounded = scheduler.schedule()  # its 92 tokens left: D(9) = 51.5 ms / 1.6 ms
+    assert bounded.num_decodes == 9 and bounded.num_new_tokens[9:] == [32]
+
+
+def test_a_step_caps_its_padded_prefill_rows() -> None:
+    """Chunks are padded to the step's longest (``B_p x Q_p`` attention rows): with a 64-token
+    budget, a 60-token prompt and 3-token ones join while chunks x 60 stays within 128 rows, so two
+    short ones wait instead of making 4 x 60 rows for 69 real tokens."""
+    budget = StepBudget(64, 0, 64, max_padded_prefill_rows=128)
+    assert budget.prefill_chunk(60) == 60
+    budget.take(60, False)
+    assert budget.prefill_chunk(3) == 3
+    budget.take(3, False)
+    assert budget.prefill_chunk(3) == 0  # 3 x 60 = 180 rows
+    first = StepBudget(512, 0, 512, max_padded_prefill_rows=512)
+    first.take(100, False)
+    first.take(100, False)
+    assert first.prefill_chunk(300) == 170  # 3 chunks of at most 170 rows
+    assert first.longest_prefill_chunk == 100
+
+
+def test_a_full_batch_is_no_burst() -> None:
+    """With ``max_num_seqs`` reached, the waiting requests cannot start, so however many they are
+    the step is bounded: a running prompt's next chunk gets the measured limit, not the budget."""
+    scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=5, max_num_batched_tokens=512,
+                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
+                          max_num_partial_prefills=2, step_cost=StepCostModel(2.0))
+    for i in range(4):
+        scheduler.add_request(_request(f"d{i}", 5, 10 * i))
+    scheduler.update(scheduler.schedule(), [7, 7, 7, 7])
+    _steps(scheduler.step_cost, [(4, 0), (0, 20), (3, 16), (4, 8), (2, 0), (4, 30), (1, 12), (4, 0)])
+    scheduler.add_request(_request("long", 300, 100))
+    first = scheduler.schedule()  # 1 waiting against 4 decodes: bounded, 34 ms x 1.25 / 1.6 ms
+    assert first.num_new_tokens == [1, 1, 1, 1, 26]
+    scheduler.update(first, [7] * 4)
+    for i in range(6):
+        scheduler.add_request(_request(f"new{i}", 100, 1000 + 100 * i))
+    step = scheduler.schedule()  # 6 waiting, no room: bounded (widened by them), 34 ms x 2.5 / 1.6 ms
+    assert step.num_decodes == 4 and step.num_new_tokens == [1, 1, 1, 1, 53]
 
 
 def test_without_the_measured_bound_a_burst_keeps_the_token_knobs() -> None:

@@ -13,7 +13,8 @@ Policy (vLLM v1's unified scheduler, simplified):
   time grows with its tokens, and every running stream waits for the whole step, so each prefill
   token in a decode step lengthens every stream's inter-token gap; bounding them keeps p99 ITL near
   the decode step time. The price is time to first token when many prompts arrive together: they
-  are prefilled one small chunk per step instead of all at once. A step without decodes (nothing is
+  are prefilled one small chunk per step instead of all at once (with the measured bound off; with
+  it on, a burst is admitted whole, below). A step without decodes (nothing is
   streaming yet) takes prompts up to the full budget. Sarathi-Serve (Agrawal et al. 2024) makes the
   same trade with a per-step token budget. The server's defaults (``Settings``: 128 tokens, 2
   prompts) cap a decode step's prefill at 256 tokens (half the step budget of 512 then); on the shared
@@ -29,20 +30,21 @@ Policy (vLLM v1's unified scheduler, simplified):
   out, beside llama-server: 8 streams p99 ITL / mean TPOT 1.38 (97 / 70 ms), p99 TTFT 3.8 s
   (llama-server 4.0 s); 16 streams 2.47 (303 / 123 ms), 7.6 s (7.7 s), before the burst rule below
   (``step_cost`` has its figures).
-- A burst of arrivals (more requests waiting than decoding, with the measured bound on) is admitted
-  as in a step without decodes: its prompts take the step's whole token budget, and neither the
-  measured bound nor the token knobs apply. Bounding it would hold many users' first tokens back to
-  spare a few streams' gaps, and chunks of the knobs' size gave every running stream a long gap at
-  each step of the burst (a step with a prompt chunk is long whatever the chunk), where a step of
-  the whole budget gives each one. With vLLM's OpenAI-server budget of 2048 tokens (``Settings``),
-  the burst into an idle engine of a benchmark's (or a batch job's) first wave is prefilled in one
-  or two steps and its first tokens come together, as llama-server's batched prompts do; its
-  streams then decode in step. Measured, 2-core AVX2 CPU, default model (dense fp32), 128 in / 64
-  out, closed loop, ``bench/compare.py``: the bursts bounded by the knobs and a 512-token budget
-  made p99 TTFT 9.9 / 20.2 s at 8 / 16 streams (llama-server 9.2 / 18.4 s in that run); the whole
-  budget of 2048 tokens, in one run with llama-server: 8 streams p99 TTFT 4.9 s (llama-server
-  8.4 s), p99 ITL / mean TPOT 1.12, 36.0 tok/s (37.7); 16 streams 9.8 s (18.1 s), 1.90, 41.6 tok/s
-  (35.0).
+- A burst of arrivals (with the measured bound on, more waiting requests than decoding ones, of
+  those ``max_num_seqs`` leaves room for) is admitted as in a step without decodes: its prompts take
+  the step's whole token budget, and neither the measured bound nor the token knobs apply (every
+  step caps its prefill rows as padded to the longest chunk at twice the budget, ``budget``).
+  Bounding it would hold many users' first tokens back to spare a few streams' gaps, and chunks of
+  the knobs' size gave every running stream a long gap at each step of the burst (a step with a
+  prompt chunk is long whatever the chunk), where a step of the whole budget gives each one. With
+  vLLM's OpenAI-server budget of 2048 tokens (``Settings``), the burst into an idle engine of a
+  benchmark's (or a batch job's) first wave is prefilled in one or two steps and its first tokens
+  come together, as llama-server's batched prompts do; its streams then decode in step. Measured,
+  2-core AVX2 CPU, default model (dense fp32), 128 in / 64 out, closed loop, ``bench/compare.py``:
+  the bursts bounded by the knobs and a 512-token budget made p99 TTFT 9.9 / 20.2 s at 8 / 16
+  streams (llama-server 9.2 / 18.4 s in that run); the whole budget of 2048 tokens, in one run with
+  llama-server: 8 streams p99 TTFT 4.9 s (llama-server 8.4 s), p99 ITL / mean TPOT 1.12, 36.0 tok/s
+  (37.7); 16 streams 9.8 s (18.1 s), 1.90, 41.6 tok/s (35.0).
   With ``max_prefill_step_ratio`` 0 (vLLM's policy) the knobs hold in every step with decodes.
 - Prefix caching (``BlockManager``): a waiting request starts after its longest cached prefix of full
   blocks (at least its last token is computed, its logits are needed); the blocks its step fills

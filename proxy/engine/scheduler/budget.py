@@ -3,8 +3,16 @@
 The bound on prefill in a step that carries decodes (``long_prefill_token_threshold`` tokens per
 prompt, ``max_num_partial_prefills`` prompts, vLLM's knobs; and the measured limit of
 :class:`~proxy.engine.scheduler.step_cost.StepCostModel` on all its prefill tokens) is the package
-docstring's second policy item; this class is its one source. Like vLLM's ``SchedulingBudget``, it
-also counts what the step holds so far, so a preempted victim's tokens can be given back.
+docstring's second policy item; this class applies it, and the scheduler decides when a burst of
+arrivals lifts it (it then builds the budget without it; package docstring). Like vLLM's
+``SchedulingBudget``, it also counts what the step holds so far, so a preempted victim's tokens can be
+given back.
+
+The model runner pads a step's prefill chunks to the longest one (``B_p x Q_p`` query rows, see
+``proxy.engine.attention.metadata``), so a budget also caps those padded rows
+(``max_padded_prefill_rows``; the scheduler allows twice the token budget, the attention of two whole
+chunks): a 1700-token chunk beside fifteen 20-token ones would otherwise make the step attend
+16 x 1700 query rows, ~14x the real ones.
 """
 
 from __future__ import annotations
@@ -25,18 +33,24 @@ class StepBudget:
             join it.
         prefill_token_limit: in a step with decodes, the most prefill tokens in all for a number
             of decodes (None from it: no limit); :meth:`StepCostModel.prefill_token_limit`.
+        max_padded_prefill_rows: the most prefill query rows once every chunk is padded to the
+            longest (chunks x longest chunk); None: no cap.
         num_decodes: one-token entries taken so far.
         num_prefills: prefill chunks taken so far.
         num_prefill_tokens: tokens of those chunks.
+        longest_prefill_chunk: the longest of them (tokens; kept when a chunk is given back, so the
+            cap stays on the safe side).
     """
 
     num_tokens_left: int
     long_prefill_token_threshold: int
     max_num_partial_prefills: int
     prefill_token_limit: Callable[[int], int | None] | None = None
+    max_padded_prefill_rows: int | None = None
     num_decodes: int = 0
     num_prefills: int = 0
     num_prefill_tokens: int = 0
+    longest_prefill_chunk: int = 0
 
     def prefill_chunk(self, remaining: int) -> int:
         """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none)."""
@@ -49,6 +63,12 @@ class StepBudget:
             limit = self.prefill_token_limit(self.num_decodes) if self.prefill_token_limit else None
             if limit is not None:
                 num_new = max(0, min(num_new, limit - self.num_prefill_tokens))
+        rows = self.max_padded_prefill_rows
+        if rows is not None and num_new > 0:
+            chunks = self.num_prefills + 1
+            if chunks * self.longest_prefill_chunk > rows:
+                return 0
+            num_new = min(num_new, rows // chunks)
         return num_new
 
     def take(self, num_new: int, is_decode: bool) -> None:
@@ -59,6 +79,7 @@ class StepBudget:
         else:
             self.num_prefills += 1
             self.num_prefill_tokens += num_new
+            self.longest_prefill_chunk = max(self.longest_prefill_chunk, num_new)
 
     def give_back(self, num_new: int, is_decode: bool) -> None:
         """Undo :meth:`take` for an entry that leaves the step (its request was preempted)."""

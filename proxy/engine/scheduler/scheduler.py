@@ -159,13 +159,15 @@ class Scheduler:
         longest cached prefix); with decodes in the step, prefill is bounded unless the step admits
         a burst (package docstring).
         """
+        tokens = self.max_num_batched_tokens
+        rows = 2 * tokens  # padded prefill query rows (budget module): attention of 2 full chunks
         if self._in_burst():
             # a burst's prompts join as in a step without decodes: the whole token budget
-            budget = StepBudget(self.max_num_batched_tokens, 0, self.max_num_batched_tokens)
+            budget = StepBudget(tokens, 0, tokens, max_padded_prefill_rows=rows)
         else:
-            budget = StepBudget(self.max_num_batched_tokens, self.long_prefill_token_threshold,
-                                self.max_num_partial_prefills,
-                                lambda n: self.step_cost.prefill_token_limit(n, len(self.waiting)))
+            budget = StepBudget(tokens, self.long_prefill_token_threshold, self.max_num_partial_prefills,
+                                lambda n: self.step_cost.prefill_token_limit(n, len(self.waiting)),
+                                max_padded_prefill_rows=rows)
         scheduled: dict[Request, int] = {}
         preempted = False
         bm = self.block_manager
@@ -218,11 +220,12 @@ class Scheduler:
 
     def _in_burst(self) -> bool:
         """Whether this step admits a burst of arrivals (package docstring): the measured bound is
-        on and more requests wait than decode."""
+        on and more waiting requests than running ones decode could start now (``max_num_seqs``
+        leaves room for them: with the batch full nobody's first token would come sooner)."""
         if self.step_cost.max_ratio <= 0 or not self.waiting:
             return False
         num_decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
-        return len(self.waiting) > num_decodes
+        return min(len(self.waiting), self.max_num_seqs - len(self.running)) > num_decodes
 
     def _admit_waiting(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
         bm = self.block_manager
