@@ -3,8 +3,8 @@
 The bound on prefill in a step that carries decodes (``long_prefill_token_threshold`` tokens per
 prompt, ``max_num_partial_prefills`` prompts, vLLM's knobs; and the measured limit of
 :class:`~proxy.engine.scheduler.step_cost.StepCostModel` on all its prefill tokens) is the package
-docstring's second policy item; this class applies it, and the scheduler decides when a burst of
-arrivals lifts it (it then builds the budget without it; package docstring). Like vLLM's
+docstring's second policy item; this class is its one source, and :meth:`StepBudget.for_step`
+lifts it for a burst of arrivals (package docstring). Like vLLM's
 ``SchedulingBudget``, it also counts what the step holds so far, so a preempted victim's tokens can be
 given back.
 
@@ -17,8 +17,10 @@ chunks): a 1700-token chunk beside fifteen 20-token ones would otherwise make th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
+
+from proxy.engine.scheduler.step_cost import StepCostModel
 
 
 @dataclass
@@ -51,6 +53,26 @@ class StepBudget:
     num_prefills: int = 0
     num_prefill_tokens: int = 0
     longest_prefill_chunk: int = 0
+
+    @classmethod
+    def for_step(cls, max_num_batched_tokens: int, long_prefill_token_threshold: int,
+                 max_num_partial_prefills: int, step_cost: StepCostModel, waiting: Sized,
+                 num_free_seqs: int, num_decodes: int) -> StepBudget:
+        """The budget of the step a scheduler is choosing (package docstring).
+
+        A burst of arrivals, where the measured bound is on (``step_cost.max_ratio > 0``) and more
+        of the ``waiting`` requests than ``num_decodes`` can start (``num_free_seqs``, the room
+        ``max_num_seqs`` leaves: with the batch full nobody's first token would come sooner), takes
+        the whole token budget as a step without decodes does; any other step is bounded by the
+        token knobs and the measured limit (``len(waiting)`` read as admissions go). Padded prefill
+        rows are capped at twice the token budget (module docstring).
+        """
+        tokens = max_num_batched_tokens
+        rows = 2 * tokens
+        if step_cost.max_ratio > 0 and min(len(waiting), num_free_seqs) > num_decodes:
+            return cls(tokens, 0, tokens, max_padded_prefill_rows=rows)
+        return cls(tokens, long_prefill_token_threshold, max_num_partial_prefills,
+                   lambda n: step_cost.prefill_token_limit(n, len(waiting)), max_padded_prefill_rows=rows)
 
     def prefill_chunk(self, remaining: int) -> int:
         """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none)."""

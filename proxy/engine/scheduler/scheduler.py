@@ -156,18 +156,12 @@ class Scheduler:
         """Choose this step's requests and token counts, allocating their KV slots.
 
         Decodes first, then running requests mid-prefill, then waiting ones FCFS (each after its
-        longest cached prefix); with decodes in the step, prefill is bounded unless the step admits
-        a burst (package docstring).
+        longest cached prefix); prefill beside decodes is bounded outside a burst (``StepBudget.for_step``).
         """
-        tokens = self.max_num_batched_tokens
-        rows = 2 * tokens  # padded prefill query rows (budget module): attention of 2 full chunks
-        if self._in_burst():
-            # a burst's prompts join as in a step without decodes: the whole token budget
-            budget = StepBudget(tokens, 0, tokens, max_padded_prefill_rows=rows)
-        else:
-            budget = StepBudget(tokens, self.long_prefill_token_threshold, self.max_num_partial_prefills,
-                                lambda n: self.step_cost.prefill_token_limit(n, len(self.waiting)),
-                                max_padded_prefill_rows=rows)
+        budget = StepBudget.for_step(
+            self.max_num_batched_tokens, self.long_prefill_token_threshold, self.max_num_partial_prefills,
+            self.step_cost, self.waiting, self.max_num_seqs - len(self.running),
+            sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1))
         scheduled: dict[Request, int] = {}
         preempted = False
         bm = self.block_manager
@@ -218,15 +212,6 @@ class Scheduler:
                 request.first_scheduled_time = now
         return out
 
-    def _in_burst(self) -> bool:
-        """Whether this step admits a burst of arrivals (package docstring): the measured bound is
-        on and more waiting requests than running ones decode could start now (``max_num_seqs``
-        leaves room for them: with the batch full nobody's first token would come sooner)."""
-        if self.step_cost.max_ratio <= 0 or not self.waiting:
-            return False
-        num_decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
-        return min(len(self.waiting), self.max_num_seqs - len(self.running)) > num_decodes
-
     def _admit_waiting(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
         bm = self.block_manager
         watermark = self._watermark_blocks
@@ -242,9 +227,8 @@ class Scheduler:
                 if num_new == 0:
                     break
             total = request.num_computed_tokens + num_cached + num_new
-            needed = (
-                bm.num_blocks_for(total) - len(request.block_ids) - len(cached) + bm.num_free_among(cached)
-            )
+            needed = bm.num_blocks_for(total) - len(request.block_ids) - len(cached)
+            needed += bm.num_free_among(cached)
             if self.running and bm.num_free_blocks - needed < watermark:
                 break
             if not bm.allocate_slots(request, num_new, cached):
