@@ -3,16 +3,15 @@
 The bound on prefill in a step that carries decodes (``long_prefill_token_threshold`` tokens per
 prompt, ``max_num_partial_prefills`` prompts, vLLM's knobs; and the measured limit of
 :class:`~proxy.engine.scheduler.step_cost.StepCostModel` on all its prefill tokens) is the package
-docstring's second policy item; this class is its one source, and :meth:`StepBudget.for_step`
-lifts it for a burst of arrivals (package docstring). Like vLLM's
-``SchedulingBudget``, it also counts what the step holds so far, so a preempted victim's tokens can be
-given back.
+docstring's second policy item; this class is its one source, and :meth:`StepBudget.for_step` lifts
+it for a burst of arrivals (package docstring). Like vLLM's ``SchedulingBudget``, it also counts
+what the step holds so far, so a preempted victim's tokens can be given back.
 
 The model runner pads a step's prefill chunks to the longest one (``B_p x Q_p`` query rows, see
 ``proxy.engine.attention.metadata``), so a budget also caps those padded rows
-(``max_padded_prefill_rows``; the scheduler allows twice the token budget, the attention of two whole
-chunks): a 1700-token chunk beside fifteen 20-token ones would otherwise make the step attend
-16 x 1700 query rows, ~14x the real ones.
+(``max_padded_prefill_rows``; ``for_step`` allows twice the token budget, the attention of two whole
+chunks): a 1700-token chunk beside fifteen 20-token ones would otherwise make the step attend 16 x
+1700 query rows, ~14x the real ones.
 """
 
 from __future__ import annotations
