@@ -44,8 +44,8 @@ class Settings:
             token knobs bound them.
             Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
             The room it leaves grows by ``1 + waiting / decoding`` requests. While more requests
-            wait than decode (a burst of arrivals) no prefill bound applies, the token knobs'
-            neither: the burst's prompts take the step's whole token budget.
+            wait than decode (a burst of arrivals), neither it nor the token knobs apply: the
+            burst's prompts take the step's whole token budget.
         max_long_gap_fraction: the measured bound is also lifted for a step while the inter-token gaps
             of steps longer than ``max_prefill_step_ratio`` decode steps stay within this share of all
             recent gaps (0.01: those steps alone leave p99 inter-token latency within the ratio; steps a

@@ -147,10 +147,10 @@ def test_the_scheduler_bounds_a_decode_steps_prefill_by_measured_cost() -> None:
     assert step.num_decodes == 4 and step.num_new_tokens == [1, 1, 1, 1, 26]
 
 
-def _four_decoding(ratio: float) -> Scheduler:
+def _four_decoding(ratio: float, max_num_seqs: int = 16) -> Scheduler:
     """A scheduler with 4 streams decoding and step costs fitted (34 ms decode steps of 4, 1.6 ms a
     prefill token: the measured limit is 21 tokens)."""
-    scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=16, max_num_batched_tokens=512,
+    scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
                           max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
                           max_num_partial_prefills=2, step_cost=StepCostModel(ratio))
     for i in range(4):
@@ -197,13 +197,7 @@ def test_a_step_caps_its_padded_prefill_rows() -> None:
 def test_a_full_batch_is_no_burst() -> None:
     """With ``max_num_seqs`` reached, the waiting requests cannot start, so however many they are
     the step is bounded: a running prompt's next chunk gets the measured limit, not the budget."""
-    scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=5, max_num_batched_tokens=512,
-                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
-                          max_num_partial_prefills=2, step_cost=StepCostModel(2.0))
-    for i in range(4):
-        scheduler.add_request(_request(f"d{i}", 5, 10 * i))
-    scheduler.update(scheduler.schedule(), [7, 7, 7, 7])
-    _steps(scheduler.step_cost, [(4, 0), (0, 20), (3, 16), (4, 8), (2, 0), (4, 30), (1, 12), (4, 0)])
+    scheduler = _four_decoding(2.0, max_num_seqs=5)
     scheduler.add_request(_request("long", 300, 100))
     first = scheduler.schedule()  # 1 waiting against 4 decodes: bounded, 34 ms x 1.25 / 1.6 ms
     assert first.num_new_tokens == [1, 1, 1, 1, 26]

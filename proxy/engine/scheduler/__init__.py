@@ -12,23 +12,23 @@ Policy (vLLM v1's unified scheduler, simplified):
   ``max_num_partial_prefills`` prompts join (vLLM's name for concurrent partial prefills). A step's
   time grows with its tokens, and every running stream waits for the whole step, so each prefill
   token in a decode step lengthens every stream's inter-token gap; bounding them keeps p99 ITL near
-  the decode step time. The price is time to first token when many prompts arrive together: they
-  are prefilled one small chunk per step instead of all at once (with the measured bound off; with
-  it on, a burst is admitted whole, below). A step without decodes (nothing is
-  streaming yet) takes prompts up to the full budget. Sarathi-Serve (Agrawal et al. 2024) makes the
-  same trade with a per-step token budget. The server's defaults (``Settings``: 128 tokens, 2
-  prompts) cap a decode step's prefill at 256 tokens (half the step budget of 512 then); on the shared
-  2-core CPU (SmolLM2-135M bf16, 8 streams, 128 in / 64 out, three servers side by side) they gave
-  p99 ITL / mean TPOT 1.70 against 1.64 unbounded and 2.09 for 64 tokens / 1 prompt, whose p99
-  TTFT was 2.6x the unbounded one: per-step overhead dominates there, so small chunks cost more
-  time to first token than they save in inter-token gaps. On top of the token knobs, the prefill
-  tokens of a decode step are held to what keeps it within ``max_prefill_step_ratio`` decode-only
-  steps by a model fitted to measured step times (``step_cost``; device-independent), widened by
+  the decode step time. The price is time to first token when many prompts arrive together: they are
+  prefilled one small chunk per step instead of all at once (with the measured bound off; with it
+  on, a burst is admitted whole, below). A step without decodes (nothing is streaming yet) takes
+  prompts up to the full budget. Sarathi-Serve (Agrawal et al. 2024) makes the same trade with a
+  per-step token budget. The server's defaults (``Settings``: 128 tokens, 2 prompts) cap a decode
+  step's prefill at 256 tokens (half the step budget of 512 then); on the shared 2-core CPU
+  (SmolLM2-135M bf16, 8 streams, 128 in / 64 out, three servers side by side) they gave p99 ITL /
+  mean TPOT 1.70 against 1.64 unbounded and 2.09 for 64 tokens / 1 prompt, whose p99 TTFT was 2.6x
+  the unbounded one: per-step overhead dominates there, so small chunks cost more time to first
+  token than they save in inter-token gaps. On top of the token knobs, the prefill tokens of a
+  decode step are held to what keeps it within ``max_prefill_step_ratio`` decode-only steps by a
+  model fitted to measured step times (``step_cost``; device-independent), widened by
   ``1 + waiting / decoding`` requests, and lifted while the steps that ran over the ratio gave at
   most ``max_long_gap_fraction`` of the recent inter-token gaps (an occasional prompt joins at once:
   a percentile of gaps is what streaming users see). Idle 2-core CPU, default model, 128 in / 64
-  out, beside llama-server: 8 streams p99 ITL / mean TPOT 1.38 (97 / 70 ms), p99 TTFT 3.8 s
-  (llama-server 4.0 s); 16 streams 2.47 (303 / 123 ms), 7.6 s (7.7 s), before the burst rule below
+  out, beside llama-server: 8 streams p99 ITL / mean TPOT 1.38 (97 / 70 ms), p99 TTFT 3.8 s (llama-
+  server 4.0 s); 16 streams 2.47 (303 / 123 ms), 7.6 s (7.7 s), before the burst rule below
   (``step_cost`` has its figures).
 - A burst of arrivals (with the measured bound on, more waiting requests than decoding ones, of
   those ``max_num_seqs`` leaves room for) is admitted as in a step without decodes: its prompts take

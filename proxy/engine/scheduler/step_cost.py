@@ -52,11 +52,11 @@ cannot suit both, so the scheduler measures instead:
   from another batch size, the token cost was overestimated, the limit fell to its floor and the
   queue backed up (8 streams: p99 TTFT 2.5 -> 10 s). The joint fit does not need them.
 
-The ratio is ``Settings.max_prefill_step_ratio``; vLLM's token knobs (``long_prefill_token_threshold``,
-``max_num_partial_prefills``, ``max_num_batched_tokens``) still bound the step on top (outside a
-burst, where only the token budget does). Until both
-costs are measured (the first steps of a run) only the token knobs apply. The bound trades time to
-first token for steady inter-token gaps (the package docstring has the figures).
+The ratio is ``Settings.max_prefill_step_ratio``; vLLM's token knobs
+(``long_prefill_token_threshold``, ``max_num_partial_prefills``, ``max_num_batched_tokens``) still
+bound the step on top (outside a burst, where only the token budget does). Until both costs are
+measured (the first steps of a run) only the token knobs apply. The bound trades time to first token
+for steady inter-token gaps (the package docstring has the figures).
 Pure Python (a 4 x 4 solve a step), no torch, as the scheduler package requires.
 """
 
