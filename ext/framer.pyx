@@ -82,6 +82,18 @@ cdef inline Py_ssize_t _escape_into(unsigned char* out, const unsigned char* s, 
     return o
 
 
+cdef bytes _escaped(str text):
+    """``text`` as the body of a JSON string (UTF-8, without quotes)."""
+    cdef Py_ssize_t n
+    cdef const unsigned char* s = <const unsigned char*>PyUnicode_AsUTF8AndSize(text, &n)
+    cdef Py_ssize_t extra = _escaped_extra(s, n)
+    if extra == 0:
+        return PyBytes_FromStringAndSize(<const char*>s, n)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, n + extra)
+    _escape_into(<unsigned char*>PyBytes_AS_STRING(out), s, n)
+    return out
+
+
 cdef class ChunkFramer:
     """See ``proxy.hotpath.python.ChunkFramer``."""
 
@@ -167,6 +179,17 @@ cdef class ChunkFramer:
         memcpy(p + o, PyBytes_AS_STRING(self._null_finish_tail), e)
         return out
 
+    def reasoning(self, index, str text):
+        """Thinking text: ``delta = {"reasoning_content": text, "reasoning": text}``."""
+        cdef bytes escaped = _escaped(text)
+        return b"".join((self._choice_head, self._index(index), b',"delta":{"reasoning_content":"', escaped,
+                         b'","reasoning":"', escaped, b'"},"logprobs":null', self._null_finish_tail))
+
+    def tool_calls(self, index, str tool_calls_json):
+        """``delta = {"tool_calls": <tool_calls_json>}`` (a serialized JSON array)."""
+        return b"".join((self._choice_head, self._index(index), b',"delta":{"tool_calls":',
+                         tool_calls_json.encode(), b'},"logprobs":null', self._null_finish_tail))
+
     def finish(self, index, finish_reason):
         """Last chunk of a choice: empty delta (chat) or ``"text":""``, with ``finish_reason``."""
         body = b',"delta":{},"logprobs":null,"finish_reason":' if self.is_chat \
@@ -191,3 +214,31 @@ cdef class ChunkFramer:
     def done(self):
         """The terminating ``data: [DONE]`` event."""
         return _DONE
+
+
+cdef class EventFramer:
+    """See ``proxy.hotpath.python.EventFramer``."""
+
+    cdef public long sequence_number
+
+    def __init__(self):
+        self.sequence_number = 0
+
+    def event(self, str type, str fields_json):
+        """One event ``{"type", "sequence_number", ...fields}``."""
+        cdef long n = self.sequence_number
+        self.sequence_number = n + 1
+        rest = fields_json[1:-1]
+        return (f'event: {type}\ndata: {{"type":{dumps(type)},"sequence_number":{n}'
+                f'{"," if rest else ""}{rest}}}\n\n').encode()
+
+    def delta(self, str type, str item_id, output_index, content_index, str text, logprobs_json=None):
+        """A text delta event (``content_index`` left out when None, ``logprobs`` when given)."""
+        cdef long n = self.sequence_number
+        self.sequence_number = n + 1
+        head = (f'event: {type}\ndata: {{"type":{dumps(type)},"sequence_number":{n},"item_id":{dumps(item_id)},'
+                f'"output_index":{int(output_index)}')
+        if content_index is not None:
+            head += f',"content_index":{int(content_index)}'
+        tail = '"}\n\n' if logprobs_json is None else f'","logprobs":{logprobs_json}}}\n\n'
+        return b"".join((head.encode(), b',"delta":"', _escaped(text), tail.encode()))

@@ -88,6 +88,9 @@ class Settings:
             vLLM v1 does (``proxy.engine.core_proc``); detokenization and streaming stay in the
             server process. If the child dies, open streams end with an error and it is restarted.
             None: on for CUDA, off on CPU (the in-process engine thread, as before).
+        responses_store_max_entries: most Responses API responses kept in memory for
+            ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used out); 0: none.
+        responses_store_max_bytes: most bytes of JSON those stored responses may take.
         enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
             replay a graph captured per padded batch size and key-length bucket
             (``proxy.engine.decode_graphs``). CPU steps always run eager.
@@ -130,6 +133,8 @@ class Settings:
     ui: bool = True
     engine_process: bool | None = None
     enforce_eager: bool = False
+    responses_store_max_entries: int = 1000
+    responses_store_max_bytes: int = 128 * 1024 * 1024
 
     def __post_init__(self) -> None:
         """Refuse the scheduling ratios that no engine could use, before a model is loaded (the CLI

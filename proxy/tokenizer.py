@@ -116,10 +116,11 @@ class Tokenizer:
         """Token ids of ``text`` (BOS etc. added per the tokenizer when ``add_special_tokens``)."""
         return list(self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def apply_chat_template(
+    def render_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
-    ) -> list[int]:
-        """Prompt token ids of a chat: the template rendered to text, then encoded without adding specials.
+    ) -> str:
+        """The chat rendered to prompt text by the tokenizer's chat template (``kwargs``: ``tools``,
+        ``chat_template_kwargs`` entries such as ``enable_thinking``).
 
         Raises:
             InvalidRequestError: the tokenizer has no chat template, or the template rejects the messages
@@ -141,7 +142,18 @@ class Tokenizer:
             ) from exc
         if not isinstance(text, str):
             raise InvalidRequestError("The chat template did not render to text.", param="messages")
-        return list(hf.encode(text, add_special_tokens=False))
+        return text
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> list[int]:
+        """Prompt token ids of a chat: :meth:`render_chat_template`, then encoded without adding specials.
+
+        Raises:
+            InvalidRequestError: as :meth:`render_chat_template`.
+        """
+        text = self.render_chat_template(messages, add_generation_prompt, **kwargs)
+        return list(self.hf_tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         """``tokenizer.decode(ids, skip_special_tokens=True)``: the non-streamed text."""

@@ -23,6 +23,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
     ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2), ("proxy.decode_table", 2),
     ("proxy.engine", 3), ("proxy.models", 3), ("proxy.quant", 3),
+    ("proxy.pipeline", 3.5),
     ("proxy.api", 4),
     ("proxy.cli", 5),
     ("proxy.__main__", 6),
@@ -37,7 +38,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def layer(name: str) -> int:
+def layer(name: str) -> float:
     best = max((p for p, _ in LAYERS if name == p or name.startswith(p + ".")), key=len)
     return dict(LAYERS)[best]
 
@@ -106,7 +107,7 @@ def test_only_one_place_imports_the_web_stack(library, allowed):
     assert users and all(m == allowed or m.startswith(allowed + ".") for m in users), users
 
 
-@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith("proxy.api")))
+@pytest.mark.parametrize("mod", sorted(m for m in MODULES if m.startswith(("proxy.api", "proxy.pipeline"))))
 def test_api_sees_the_engine_only_through_the_engine_client(mod):
     engine = {d for d in proxy_imports(mod) if d.startswith("proxy.engine")}
     assert engine <= {"proxy.engine.client", "proxy.engine.factory"}, f"{mod} imports {engine}"

@@ -41,6 +41,7 @@ from . import routes
 from .auth import ApiKeyMiddleware
 from .faults import FaultInjector
 from .responses import error_response
+from .responses_api import routes as responses_api
 from .state import ServerState
 from .ui import INDEX as UI_INDEX
 from .ui import asset as ui_asset
@@ -185,6 +186,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         Route("/v1/models/{model_id:path}", routes.get_model, methods=["GET"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/responses", responses_api.create_response, methods=["POST"]),
+        Route("/v1/responses/input_tokens", responses_api.count_input_tokens, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", responses_api.list_input_items, methods=["GET"]),
     ]
     if settings.ui:
         table += [Route("/", _ui_page, methods=["GET"]), Route("/ui/{name}", _ui_page, methods=["GET"])]

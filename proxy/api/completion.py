@@ -26,10 +26,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy.engine.client import ChoiceDelta, EngineClient, Generation
-from proxy.protocol import ChoiceResult, CompletionFormat, LogprobEntry, StreamOptions
-from proxy.sampling import SamplingParams
-from proxy.tools.output import ChoiceToolOutput
-from proxy.tools.request import ChatTools
+from proxy.pipeline import ChoiceOutput, PreparedRequest
+from proxy.protocol import ChoiceResult, CompletionFormat, LogprobEntry
+from proxy.settings import Settings
 
 from .responses import SSE_HEADERS, SSE_MEDIA_TYPE, json_response
 from .streaming import sse_body
@@ -58,7 +57,8 @@ async def unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
     raise ClientDisconnect()
 
 
-async def _collect(generation: Generation, wants_logprobs: bool) -> list[ChoiceResult]:
+async def collect(generation: Generation, wants_logprobs: bool) -> list[ChoiceResult]:
+    """Every choice of ``generation`` whole (text, logprobs when wanted, finish reason)."""
     n = generation.num_choices
     texts: list[list[str]] = [[] for _ in range(n)]
     logprobs: list[list[LogprobEntry]] = [[] for _ in range(n)]
@@ -73,32 +73,38 @@ async def _collect(generation: Generation, wants_logprobs: bool) -> list[ChoiceR
             for i in range(n)]
 
 
-async def _first_deltas(generation: Generation, timeout_s: float | None) -> list[ChoiceDelta] | None:
+async def first_deltas(generation: Generation, timeout_s: float | None) -> list[ChoiceDelta] | None:
     """The first deltas, or None when nothing came within ``timeout_s`` seconds."""
     if not await generation.wait(timeout_s):
         return None
     return await generation.__anext__()
 
 
-def _with_tool_calls(body: dict[str, Any], outputs: list[ChoiceToolOutput]) -> dict[str, Any]:
-    """The non-stream chat body with each choice's text split into content and ``tool_calls``."""
+def headers_wait_s(settings: Settings) -> float | None:
+    """The longest a stream waits for its first output before its headers go out (seconds; None:
+    until it comes): the smaller of the keep-alive interval and ``stream_headers_timeout_s``."""
+    waits = [t for t in (settings.keepalive_interval_s, settings.stream_headers_timeout_s) if t]
+    return min(waits) if waits else None
+
+
+def _split_messages(body: dict[str, Any], outputs: list[ChoiceOutput]) -> dict[str, Any]:
+    """The non-stream chat body with each choice's text split into its message's fields (content,
+    ``tool_calls``) by the same :class:`~proxy.pipeline.ChoiceOutput` a stream goes through."""
     for choice, out in zip(body["choices"], outputs):
         out.feed(choice["message"]["content"])
-        _, _, choice["finish_reason"] = out.finish(choice["finish_reason"])
+        _, choice["finish_reason"] = out.finish(choice["finish_reason"])
         choice["message"] = out.message()
     return body
 
 
-async def respond(request: Request, client: EngineClient, fmt: CompletionFormat, prompt_ids: list[int],
-                  params: SamplingParams, n: int, stream: StreamOptions, keepalive_s: float | None,
-                  headers_timeout_s: float | None = None, *, tools: ChatTools | None = None,
-                  parser_name: str | None = None) -> Response:
-    """Generate ``n`` choices for ``prompt_ids`` and answer in ``fmt``.
+async def respond(request: Request, client: EngineClient, fmt: CompletionFormat, prepared: PreparedRequest,
+                  settings: Settings) -> Response:
+    """Generate the choices of ``prepared`` and answer in ``fmt``, as SSE or as one JSON body.
 
-    ``keepalive_s``: seconds of silence between SSE comments (None: never). ``headers_timeout_s``: the
-    longest a stream waits for its first output before its headers go out (None: ``keepalive_s``).
-    With ``tools`` (chat), each choice's output goes through a
-    :class:`~proxy.tools.output.ChoiceToolOutput` (``parser_name`` for ``tool_choice: "auto"``).
+    ``settings.keepalive_interval_s``: seconds of silence between SSE comments (0: never);
+    ``settings.stream_headers_timeout_s``: the longest a stream waits for its first output before
+    its headers go out (0: the keep-alive interval). Each choice's text goes through a
+    :class:`~proxy.pipeline.ChoiceOutput` (content, tool calls).
 
     Raises (before any byte is sent, so the client gets a JSON error with its status):
         RateLimitError, EngineDeadError, ContextLengthExceededError: from ``generate``.
@@ -109,24 +115,22 @@ async def respond(request: Request, client: EngineClient, fmt: CompletionFormat,
     response_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
     created = int(time.time())
     model = client.model.served_model_name
-    generation = client.generate(prompt_ids, params, n, request_id=response_id)
-    tool_outputs = [ChoiceToolOutput(tools, parser_name) for _ in range(n)] if tools is not None else None
+    params, n, stream = prepared.params, prepared.n, prepared.stream
+    keepalive_s = settings.keepalive_interval_s or None
+    generation = client.generate(prepared.prompt_ids, params, n, request_id=response_id)
+    outputs = [ChoiceOutput(prepared.tools, prepared.tool_parser) for _ in range(n)]
     handed_to_body = False
     try:
         if not stream.stream:
-            results = await unless_disconnected(request, _collect(generation, params.logprobs))
+            results = await unless_disconnected(request, collect(generation, params.logprobs))
             reply = fmt.body(response_id, created, model, results, generation.usage)
-            if tool_outputs is not None:
-                reply = _with_tool_calls(reply, tool_outputs)
-            return json_response(reply)
-        waits = [t for t in (keepalive_s, headers_timeout_s) if t is not None]
-        first = await unless_disconnected(request, _first_deltas(generation, min(waits) if waits else None))
-        body = sse_body(generation, fmt, fmt.framer(response_id, created, model, stream.include_usage),
-                        keepalive_s=keepalive_s, include_usage=stream.include_usage, first=first,
-                        tool_outputs=tool_outputs, chunk_ids=(response_id, created, model))
+            return json_response(_split_messages(reply, outputs) if fmt.is_chat else reply)
+        first = await unless_disconnected(request, first_deltas(generation, headers_wait_s(settings)))
+        framer = fmt.framer(response_id, created, model, stream.include_usage)
+        body = sse_body(generation, fmt, framer, outputs, keepalive_s=keepalive_s,
+                        include_usage=stream.include_usage, first=first)
         handed_to_body = True
         return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
     finally:
         if not handed_to_body:
             await generation.aclose()
-

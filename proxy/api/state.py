@@ -13,9 +13,11 @@ import logging
 
 from proxy.engine.client import EngineClient
 from proxy.errors import ServiceUnavailableError
+from proxy.pipeline import ModelFeatures
 from proxy.settings import Settings
 
 from .faults import FaultInjector
+from .responses_api.store import ResponseStore
 
 log = logging.getLogger("proxy.api")
 
@@ -29,6 +31,8 @@ class ServerState:
         status: ``"loading"``, ``"ready"``, ``"failed"`` or ``"stopped"`` (draining is
             :attr:`is_draining`).
         client: the :class:`~proxy.engine.client.EngineClient` once loaded (started).
+        features: what the served model's chat template supports (read once, when it is ready).
+        responses_store: stored Responses API responses (``previous_response_id``), in memory.
         load_error: why loading failed, for ``/health``.
         fault_injector: the test-only fault hook, when enabled.
     """
@@ -37,12 +41,17 @@ class ServerState:
         self.settings = settings
         self.status = "loading"
         self.client: EngineClient | None = None
+        self.features = ModelFeatures()
+        self.responses_store = ResponseStore(settings.responses_store_max_entries,
+                                             settings.responses_store_max_bytes)
         self.load_error: str | None = None
         self.is_draining = False
         self.fault_injector = fault_injector
         self._grace_timer: asyncio.TimerHandle | None = None
 
     def set_ready(self, client: EngineClient) -> None:
+        """The model is loaded and its engine started: serve it (its features are read now)."""
+        self.features = ModelFeatures.detect(client.tokenizer, self.settings.tool_call_parser)
         self.client, self.status = client, "ready"
 
     def set_failed(self, message: str) -> None:

@@ -1,11 +1,10 @@
 """The SSE body of a streaming completion: role chunks, deltas, finish, usage, ``[DONE]``.
 
-Event order per the OpenAI streaming reference (and the cases C13-C17 of
-``../shared/cases/log.md``):
+Event order per the OpenAI streaming reference (and the cases C13-C17 of ``tests/data/cases/log.md``):
 
 1. chat only: one chunk per choice with ``delta: {"role": "assistant", "content": ""}``;
-2. content chunks (``finish_reason: null``), each carrying what the choice had pending when the
-   response woke (a lagging client gets fewer, larger chunks);
+2. reasoning, content and ``tool_calls`` chunks (``finish_reason: null``), each carrying what the
+   choice had pending when the response woke (a lagging client gets fewer, larger chunks);
 3. per choice, one chunk with an empty delta and its ``finish_reason``;
 4. with ``stream_options.include_usage`` only: one chunk with ``choices: []`` and ``usage``;
 5. ``data: [DONE]``.
@@ -23,73 +22,58 @@ arrives), an error, or the end of the server.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from proxy.engine.client import ChoiceDelta, Generation
 from proxy.errors import StreamproxyError
 from proxy.hotpath import ChunkFramer, dumps
+from proxy.pipeline import ChoiceOutput, ChoiceParts
 from proxy.protocol import CompletionFormat
-from proxy.tools.output import ChoiceToolOutput, tool_calls_chunk
 
 KEEPALIVE = b": keepalive\n\n"
-_Framing = Callable[[Sequence[ChoiceDelta], CompletionFormat, ChunkFramer, list[int], list[bytes]], None]
 
 
-def _frame_tools(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: ChunkFramer,
-                 text_offsets: list[int], out: list[bytes], tool_outputs: list[ChoiceToolOutput],
-                 chunk_ids: tuple[str, int, str]) -> None:
-    """Like :func:`_frame`, with each choice's text split into content and tool-call deltas."""
+def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: ChunkFramer,
+           outputs: list[ChoiceOutput], text_offsets: list[int], out: list[bytes]) -> None:
+    """Append the chunks of ``deltas``: each choice's text split by its :class:`ChoiceOutput` into
+    reasoning, content (with the delta's logprobs) and tool-call chunks, then its finish chunk."""
     for d in deltas:
-        tools = tool_outputs[d.index]
-        text, calls = tools.feed(d.text)
+        choice = outputs[d.index]
+        parts = choice.feed(d.text)
         finish = d.finish_reason
         if finish is not None:
-            last, more, finish = tools.finish(finish)
-            text, calls = text + last, calls + more
-        if text or d.logprobs:
+            last, finish = choice.finish(finish)
+            parts = ChoiceParts(parts.reasoning + last.reasoning, parts.content + last.content,
+                                parts.calls + last.calls)
+        if parts.reasoning:
+            out.append(framer.reasoning(d.index, parts.reasoning))
+        if parts.content or d.logprobs:
             lp_json = dumps(fmt.logprobs(d.logprobs, text_offsets[d.index])) if d.logprobs else None
-            out.append(framer.content(d.index, text, lp_json))
-            text_offsets[d.index] += len(text)
-        if calls:
-            out.append(tool_calls_chunk(*chunk_ids, d.index, calls))
+            out.append(framer.content(d.index, parts.content, lp_json))
+            text_offsets[d.index] += len(parts.content)
+        for call in parts.calls:  # one chunk a call delta, as OpenAI streams them
+            out.append(framer.tool_calls(d.index, dumps([call.to_openai()])))
         if finish is not None:
             out.append(framer.finish(d.index, finish))
 
 
-def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: ChunkFramer, text_offsets: list[int],
-           out: list[bytes]) -> None:
-    for d in deltas:
-        if d.text or d.logprobs:
-            lp_json = dumps(fmt.logprobs(d.logprobs, text_offsets[d.index])) if d.logprobs else None
-            out.append(framer.content(d.index, d.text, lp_json))
-            text_offsets[d.index] += len(d.text)
-        if d.finish_reason is not None:
-            out.append(framer.finish(d.index, d.finish_reason))
-
-
-async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkFramer, *,
-                   keepalive_s: float | None, include_usage: bool, first: Sequence[ChoiceDelta] | None,
-                   tool_outputs: list[ChoiceToolOutput] | None = None,
-                   chunk_ids: tuple[str, int, str] = ("", 0, "")) -> AsyncIterator[bytes]:
+async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkFramer,
+                   outputs: list[ChoiceOutput], *, keepalive_s: float | None, include_usage: bool,
+                   first: Sequence[ChoiceDelta] | None) -> AsyncIterator[bytes]:
     """The response body; each yielded item is one socket write of one or more SSE events.
 
     Args:
         generation: the request's generation (closed when the body ends, however it ends).
         fmt: chat or legacy completions (role chunks, ``logprobs`` shape).
         framer: the hot path's ``ChunkFramer`` for this response.
+        outputs: per choice, the splitter of its text (reasoning, content, tool calls).
         keepalive_s: seconds of silence before a ``: keepalive`` comment; None: never.
         include_usage: send the ``choices: []`` usage chunk before ``[DONE]``.
         first: deltas already taken from the generation; None: nothing came within
             ``keepalive_s`` (the request waits in the queue or a long prefill), so the body
             starts with a keep-alive comment and the headers go out now.
-        tool_outputs: per choice, the tool-call splitter (chat with tools); None: plain text.
-        chunk_ids: ``(response id, created, model)`` of the chunks, for the ``tool_calls`` chunks.
     """
     text_offsets = [0] * generation.num_choices
-    _frame_any: _Framing = _frame
-    if tool_outputs is not None:
-        _frame_any = functools.partial(_frame_tools, tool_outputs=tool_outputs, chunk_ids=chunk_ids)
     try:
         out: list[bytes] = []
         if first is None:
@@ -97,7 +81,7 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkF
         if fmt.is_chat:
             out.extend(framer.role(i) for i in range(generation.num_choices))
         if first:
-            _frame_any(first, fmt, framer, text_offsets, out)
+            _frame(first, fmt, framer, outputs, text_offsets, out)
         while True:
             if out and not generation.is_finished:
                 yield b"".join(out)
@@ -113,7 +97,7 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkF
                 out += [framer.error(exc.message, exc.type, exc.code), framer.done()]
                 yield b"".join(out)
                 return
-            _frame_any(deltas, fmt, framer, text_offsets, out)
+            _frame(deltas, fmt, framer, outputs, text_offsets, out)
         if include_usage:
             usage = generation.usage
             out.append(framer.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens))

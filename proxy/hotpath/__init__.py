@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from proxy.hotpath.compiled import (
         ChunkFramer,
         DecodeTable,
+        EventFramer,
         IncrementalDetokenizer,
         StopChecker,
         dumps,
@@ -42,6 +43,7 @@ else:
     IncrementalDetokenizer = _impl.IncrementalDetokenizer
     StopChecker = _impl.StopChecker
     ChunkFramer = _impl.ChunkFramer
+    EventFramer = _impl.EventFramer
     dumps = _impl.dumps
     utf8_complete_prefix_len = _impl.utf8_complete_prefix_len
 
@@ -50,6 +52,7 @@ __all__ = [
     "IS_COMPILED",
     "ChunkFramer",
     "DecodeTable",
+    "EventFramer",
     "IncrementalDetokenizer",
     "StopChecker",
     "dumps",

@@ -14,13 +14,14 @@ Raises:
 from __future__ import annotations
 
 from proxy.hotpath._detokenizer import DecodeTable, IncrementalDetokenizer
-from proxy.hotpath._framer import ChunkFramer, dumps
+from proxy.hotpath._framer import ChunkFramer, EventFramer, dumps
 from proxy.hotpath._stop_checker import StopChecker
 from proxy.hotpath._utf8 import utf8_complete_prefix_len
 
 __all__ = [
     "ChunkFramer",
     "DecodeTable",
+    "EventFramer",
     "IncrementalDetokenizer",
     "StopChecker",
     "dumps",

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.hotpath import dumps
 from proxy.tools.parsers import CallStream, PendingCall, ToolCall, ToolCallDelta, ToolCallParser, call_deltas
 from proxy.tools.request import ChatTools
 
-__all__ = ["ChoiceToolOutput", "tool_calls_chunk"]
+__all__ = ["ChoiceToolOutput"]
 
 
 class ChoiceToolOutput:
@@ -98,21 +97,3 @@ class ChoiceToolOutput:
         if self.tool_calls:
             msg["tool_calls"] = [c.to_openai() for c in self.tool_calls]
         return msg
-
-
-def tool_calls_chunk(response_id: str, created: int, model: str, index: int,
-                     deltas: list[ToolCallDelta]) -> bytes:
-    """SSE events carrying ``delta.tool_calls`` for choice ``index`` (OpenAI's chunk shape), one
-    event per delta, so that each chunk holds one entry per call, as OpenAI streams them."""
-    events = []
-    for d in deltas:
-        chunk = {
-            "id": response_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": index, "delta": {"tool_calls": [d.to_openai()]},
-                         "logprobs": None, "finish_reason": None}],
-        }
-        events.append(b"data: " + dumps(chunk).encode() + b"\n\n")
-    return b"".join(events)

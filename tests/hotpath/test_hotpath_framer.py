@@ -53,6 +53,20 @@ class TestChat:
                                        "finish_reason": None}]}
         assert f.content(0, "Hi", impl.dumps(lp)) == sse(with_usage(d, include_usage))
 
+    def test_reasoning_tricky_text(self, impl, include_usage):
+        f = impl.ChunkFramer(CHAT, "chatcmpl-1", 1700000000, "smollm2", include_usage)
+        delta = {"reasoning_content": TRICKY, "reasoning": TRICKY}
+        d = head(CHAT) | {"choices": [{"index": 2, "delta": delta, "logprobs": None, "finish_reason": None}]}
+        assert f.reasoning(2, TRICKY) == sse(with_usage(d, include_usage))
+
+    def test_tool_calls(self, impl, include_usage):
+        f = impl.ChunkFramer(CHAT, "chatcmpl-1", 1700000000, "smollm2", include_usage)
+        calls = [{"index": 0, "id": "call_1", "type": "function",
+                  "function": {"name": "get_weather", "arguments": "{\"city\": \"é\"}"}}]
+        d = head(CHAT) | {"choices": [{"index": 1, "delta": {"tool_calls": calls}, "logprobs": None,
+                                       "finish_reason": None}]}
+        assert f.tool_calls(1, impl.dumps(calls)) == sse(with_usage(d, include_usage))
+
     @pytest.mark.parametrize("reason", ["stop", "length", "tool_calls"])
     def test_finish(self, impl, include_usage, reason):
         f = impl.ChunkFramer(CHAT, "chatcmpl-1", 1700000000, "smollm2", include_usage)
@@ -141,3 +155,38 @@ def test_differential_compiled_vs_python(text, lp, chat):
     b = python.ChunkFramer(obj, "r", 7, "m", True)
     assert a.content(2, text, lp) == b.content(2, text, lp)
     assert a.role(0) == b.role(0) and a.finish(0, "stop") == b.finish(0, "stop")
+
+
+def event_sse(d) -> bytes:
+    return b"event: " + d["type"].encode() + b"\ndata: " + json.dumps(
+        d, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_event_framer_sequence_and_shapes(impl):
+    f = impl.EventFramer()
+    created = {"response": {"id": "resp_1", "status": "in_progress", "output": []}}
+    assert f.event("response.created", impl.dumps(created)) == event_sse(
+        {"type": "response.created", "sequence_number": 0} | created)
+    assert f.event("response.in_progress", "{}") == event_sse(
+        {"type": "response.in_progress", "sequence_number": 1})
+    assert f.delta("response.output_text.delta", "msg_1", 0, 0, TRICKY, "[]") == event_sse(
+        {"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1", "output_index": 0,
+         "content_index": 0, "delta": TRICKY, "logprobs": []})
+    assert f.delta("response.function_call_arguments.delta", "fc_1", 3, None, '{"a": "é"}') == event_sse(
+        {"type": "response.function_call_arguments.delta", "sequence_number": 3, "item_id": "fc_1",
+         "output_index": 3, "delta": '{"a": "é"}'})
+    assert f.delta("response.reasoning_text.delta", "rs_1", 0, 0, "") == event_sse(
+        {"type": "response.reasoning_text.delta", "sequence_number": 4, "item_id": "rs_1", "output_index": 0,
+         "content_index": 0, "delta": ""})
+    assert f.sequence_number == 5
+
+
+@given(st.text())
+@settings(max_examples=200, deadline=None)
+def test_event_framer_twins_agree(text):
+    if compiled is None:
+        return
+    a, b = python.EventFramer(), compiled.EventFramer()
+    assert a.delta("response.output_text.delta", "m", 1, 0, text, "[]") == b.delta(
+        "response.output_text.delta", "m", 1, 0, text, "[]")

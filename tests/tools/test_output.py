@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from proxy.tools.output import ChoiceToolOutput, tool_calls_chunk
+from proxy.hotpath import ChunkFramer, dumps
+from proxy.tools.output import ChoiceToolOutput
 from proxy.tools.request import parse_chat_tools
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -62,7 +63,8 @@ def test_none_and_plain_auto_text() -> None:
 def test_chunk_shape() -> None:
     out = ChoiceToolOutput(parse_chat_tools({"tools": [WEATHER], "tool_choice": "required"}), None)
     _, deltas, _ = run(out, ['[{"name": "get_weather", "parameters": {"city": "X"}}]'], "stop")
-    raw = tool_calls_chunk("chatcmpl-1", 5, "m", 0, deltas[:1])
+    raw = ChunkFramer("chat.completion.chunk", "chatcmpl-1", 5, "m", False).tool_calls(
+        0, dumps([deltas[0].to_openai()]))
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
     chunk = json.loads(raw[6:])
     assert chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["finish_reason"] is None

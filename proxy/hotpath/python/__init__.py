@@ -18,13 +18,14 @@ twin's API (the stubs ``proxy/hotpath/_NAME.pyi``); import them from here.
 from __future__ import annotations
 
 from proxy.hotpath.python.detokenizer import DecodeTable, IncrementalDetokenizer
-from proxy.hotpath.python.framer import ChunkFramer, dumps
+from proxy.hotpath.python.framer import ChunkFramer, EventFramer, dumps
 from proxy.hotpath.python.stop_checker import StopChecker
 from proxy.hotpath.python.utf8 import utf8_complete_prefix_len
 
 __all__ = [
     "ChunkFramer",
     "DecodeTable",
+    "EventFramer",
     "IncrementalDetokenizer",
     "StopChecker",
     "dumps",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["ChunkFramer", "dumps"]
+__all__ = ["ChunkFramer", "EventFramer", "dumps"]
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
@@ -74,6 +74,26 @@ class ChunkFramer:
         )
         return s.encode()
 
+    def reasoning(self, index: int, text: str) -> bytes:
+        """A chat chunk carrying thinking text: ``delta = {"reasoning_content": text, "reasoning": text}``
+        (vLLM's field and its newer name, the same text in both so clients read either)."""
+        escaped = _escape(text)
+        s = (
+            f'{self._choice_head}{int(index)},"delta":{{"reasoning_content":"{escaped}","reasoning":"{escaped}"}},'
+            f'"logprobs":null,"finish_reason":null{self._tail}'
+        )
+        return s.encode()
+
+    def tool_calls(self, index: int, tool_calls_json: str) -> bytes:
+        """A chat chunk with ``delta = {"tool_calls": <tool_calls_json>}``: ``tool_calls_json`` is the
+        serialized JSON array of OpenAI ``ChoiceDeltaToolCall`` objects (one entry per call, as OpenAI
+        streams them)."""
+        s = (
+            f'{self._choice_head}{int(index)},"delta":{{"tool_calls":{tool_calls_json}}},'
+            f'"logprobs":null,"finish_reason":null{self._tail}'
+        )
+        return s.encode()
+
     def finish(self, index: int, finish_reason: str) -> bytes:
         """Last chunk of a choice: empty delta (chat) or ``"text":""``, with ``finish_reason``."""
         body = '"delta":{}' if self.is_chat else '"text":""'
@@ -109,3 +129,38 @@ class ChunkFramer:
     def done(self) -> bytes:
         """The terminating ``data: [DONE]`` event."""
         return _DONE
+
+
+class EventFramer:
+    """SSE events of one Responses API stream: ``event: <type>`` then ``data: <json>``, the JSON
+    ``{"type": <type>, "sequence_number": n, ...fields}`` with ``n`` counting from 0, one more each
+    event (OpenAI "Streaming responses"). Each event is byte-identical to
+    ``b"event: " + type + b"\ndata: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    + b"\n\n"`` of that object, keys in that order.
+    """
+
+    def __init__(self) -> None:
+        self.sequence_number = 0
+
+    def event(self, type: str, fields_json: str) -> bytes:
+        """One event; ``fields_json`` is the serialized JSON object of its other fields (``"{}"``: none)."""
+        n = self.sequence_number
+        self.sequence_number = n + 1
+        rest = fields_json[1:-1]
+        sep = "," if rest else ""
+        s = f'event: {type}\ndata: {{"type":{dumps(type)},"sequence_number":{n}{sep}{rest}}}\n\n'
+        return s.encode()
+
+    def delta(self, type: str, item_id: str, output_index: int, content_index: int | None, text: str,
+              logprobs_json: str | None = None) -> bytes:
+        """A text delta event: ``item_id``, ``output_index``, ``content_index`` (left out when None, as
+        in ``response.function_call_arguments.delta``), ``delta`` and, when given, ``logprobs``."""
+        n = self.sequence_number
+        self.sequence_number = n + 1
+        ci = "" if content_index is None else f',"content_index":{int(content_index)}'
+        lp = "" if logprobs_json is None else f',"logprobs":{logprobs_json}'
+        s = (
+            f'event: {type}\ndata: {{"type":{dumps(type)},"sequence_number":{n},"item_id":{dumps(item_id)},'
+            f'"output_index":{int(output_index)}{ci},"delta":"{_escape(text)}"{lp}}}\n\n'
+        )
+        return s.encode()

@@ -1,0 +1,167 @@
+"""A validated chat or completion request -> what the engine runs and what the output path needs.
+
+:func:`prepare_chat` is vLLM's ``OpenAIServingChat._preprocess_chat`` in our terms: the messages and
+tools go through the chat template (or, on a template without tool support, a system prompt), the
+prompt is tokenized (off the event loop when long), ``max_tokens`` is resolved against the context,
+and a grammar (``response_format``, a ``required`` / named tool choice) is compiled before the
+request is submitted, so a bad schema is a 400 before anything runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy import protocol
+from proxy.engine.client import EngineClient
+from proxy.errors import InvalidRequestError, ModelNotFoundError
+from proxy.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
+from proxy.sampling import SamplingParams, StructuredOutputParams
+from proxy.tools import ToolCallParser
+from proxy.tools.request import ChatTools, template_messages, tool_system_prompt
+
+from .features import PROMPTED_TOOL_PARSER, ModelFeatures
+
+LARGE_PROMPT_CHARS = 4096
+"""Prompts longer than this are tokenized in a worker thread, off the event loop."""
+
+_KIND_METRIC = {"json": "json_schema", "json_object": "json_object", "regex": "regex", "choice": "choice",
+                "grammar": "grammar"}
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """Everything one generating request needs after validation, whatever its endpoint.
+
+    Attributes:
+        prompt_ids: the prompt's token ids (the rendered chat template, or the completion prompt).
+        params: sampling parameters, ``max_tokens`` resolved, the grammar attached when constrained.
+        n: choices to generate.
+        stream: ``stream`` / ``stream_options``.
+        tools: the request's tools when their output must be split (``tool_choice`` not ``none``).
+        tool_parser: the parser of ``tool_choice: "auto"`` output; None for other choices.
+    """
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    stream: StreamOptions
+    tools: ChatTools | None = None
+    tool_parser: str | None = None
+
+
+def check_model(client: EngineClient, requested: str) -> None:
+    """Raises ModelNotFoundError (404, ``param: "model"``) unless ``requested`` is the served id."""
+    served = client.model.served_model_name
+    if requested != served:
+        raise ModelNotFoundError(f"The model '{requested}' does not exist; this server serves '{served}'.",
+                                 param="model")
+
+
+async def _tokenize(func: Callable[[], list[int]], size: int) -> list[int]:
+    return await asyncio.to_thread(func) if size > LARGE_PROMPT_CHARS else func()
+
+
+def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{text}\n\n{messages[0]['content']}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _tool_prompt(chat: ChatCompletionRequest, features: ModelFeatures
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any], str | None]:
+    """(template messages, template kwargs, the ``auto`` parser) of a chat request's tools.
+
+    With ``tools``: the tools go to the chat template (``tools=``), or, for a template without tool
+    support, into a system message (:func:`~proxy.tools.request.tool_system_prompt`; for ``auto`` it
+    teaches :data:`PROMPTED_TOOL_PARSER`'s format and the answer goes through that parser).
+
+    Raises:
+        InvalidRequestError: ``auto`` on a template whose call format no parser reads.
+    """
+    tools = chat.tools
+    parser = features.tool_parser
+    prompted = tools is not None and tools.is_parsed and not features.template_has_tools
+    if prompted:
+        parser = parser or PROMPTED_TOOL_PARSER
+    messages = template_messages([dict(m) for m in chat.messages], list(chat.raw_messages),
+                                 template_has_tools=features.template_has_tools,
+                                 call_format=parser if prompted else None)
+    kwargs: dict[str, Any] = {}
+    if tools is None:
+        return messages, kwargs, parser
+    if tools.is_parsed and parser is None:
+        raise InvalidRequestError(
+            "This model's chat template renders tools in a format no tool-call parser here reads, so "
+            "tool_choice 'auto' cannot be served; start the server with --tool-call-parser, or use "
+            "tool_choice 'required' or a named function (enforced with a grammar).", param="tool_choice")
+    if features.template_has_tools:
+        kwargs["tools"] = tools.template_tools()
+    elif tools.is_constrained or prompted:
+        messages = _with_system(messages, tool_system_prompt(tools, parser))
+    return messages, kwargs, parser
+
+
+async def _constrain(client: EngineClient, params: SamplingParams, so: StructuredOutputParams | None,
+                     param: str, metric_kind: str) -> SamplingParams:
+    """``params`` with the grammar of ``so`` compiled and attached (unchanged when ``so`` is None)."""
+    if so is None:
+        return params
+    await client.prepare_structured_output(so, param)
+    client.metrics.observe_structured_output(metric_kind)
+    return replace(params, structured_outputs=so)
+
+
+async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient,
+                       features: ModelFeatures) -> PreparedRequest:
+    """A validated chat request -> its :class:`PreparedRequest`.
+
+    ``required`` / named tool choices and ``response_format`` are enforced with a grammar compiled
+    off the event loop here, before the request is submitted.
+
+    Raises:
+        ModelNotFoundError: ``model`` is not the served model (404).
+        InvalidRequestError: the template rejects the messages, ``auto`` tools cannot be parsed, the
+            grammar cannot be enforced, or prompt + ``max_tokens`` exceed the context (400).
+    """
+    check_model(client, chat.model)
+    messages, template_kwargs, parser = _tool_prompt(chat, features)
+    size = sum(len(str(m.get("content") or "")) for m in messages)
+    prompt_ids = await _tokenize(lambda: client.tokenizer.apply_chat_template(messages, **template_kwargs),
+                                 size)
+    max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len)
+    params = replace(chat.params, max_tokens=max_tokens)
+    tools = chat.tools
+    if tools is not None and tools.is_parsed and parser is not None:
+        # the parser's markers stay in the text where they are special tokens (Mistral's [TOOL_CALLS])
+        keep = client.tokenizer.special_ids_of(ToolCallParser(parser).marker_texts)
+        if keep:
+            params = replace(params, keep_special_ids=keep)
+    if tools is not None and tools.is_constrained:
+        kind = "tool_named" if tools.choice.mode == "named" else "tool_required"
+        params = await _constrain(client, params, tools.grammar(), "tools", kind)
+    elif chat.structured is not None:
+        params = await _constrain(client, params, chat.structured, chat.structured_param or "response_format",
+                                  _KIND_METRIC[chat.structured.kind])
+    active = tools if tools is not None and tools.choice.mode != "none" else None
+    return PreparedRequest(prompt_ids, params, chat.n, chat.stream, active, parser if active else None)
+
+
+async def prepare_completion(cmpl: CompletionRequest, client: EngineClient) -> PreparedRequest:
+    """A validated legacy completion request -> its :class:`PreparedRequest`.
+
+    Raises:
+        ModelNotFoundError: ``model`` is not the served model (404).
+        InvalidRequestError: prompt + ``max_tokens`` exceed the context (400).
+    """
+    check_model(client, cmpl.model)
+    prompt = cmpl.prompt
+    if isinstance(prompt, tuple):
+        prompt_ids = list(prompt)
+    else:
+        prompt_ids = await _tokenize(lambda: client.tokenizer.encode(prompt), len(prompt))
+    max_tokens = protocol.resolve_max_tokens(cmpl.max_tokens, len(prompt_ids), client.model.max_model_len,
+                                             prompt_name="prompt")
+    return PreparedRequest(prompt_ids, replace(cmpl.params, max_tokens=max_tokens), cmpl.n, cmpl.stream)

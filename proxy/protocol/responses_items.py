@@ -1,0 +1,110 @@
+"""Responses API input items -> chat messages (the rules: ``proxy.protocol.responses_request``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .fields import _bad, _type_name
+
+ROLES = ("user", "system", "developer", "assistant")
+
+
+def input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """``input`` as a list of item dicts (a string is one user message).
+
+    Raises:
+        InvalidRequestError: ``input`` is missing, empty, or not a string or an array of objects.
+    """
+    value = body.get("input")
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if value is None:
+        raise _bad("input", "'input' is required.")
+    if not isinstance(value, list):
+        raise _bad("input", f"'input' must be a string or an array of items, not {_type_name(value)}.")
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise _bad(f"input[{i}]", f"'input[{i}]' must be an object, not {_type_name(item)}.")
+    return list(value)
+
+
+def _text(content: Any, p: str) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(p, f"'{p}' must be a string or an array of content parts, not {_type_name(content)}.")
+    parts = []
+    for j, part in enumerate(content):
+        q = f"{p}[{j}]"
+        if not isinstance(part, dict):
+            raise _bad(q, f"'{q}' must be an object, not {_type_name(part)}.")
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            if not isinstance(part.get("text"), str):
+                raise _bad(f"{q}.text", f"'{q}.text' must be a string.")
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind in ("input_image", "input_file", "input_audio", "refusal"):
+            raise _bad(f"{q}.type",
+                       f"Content part type '{kind}' is not supported by this server; only text is.")
+        else:
+            raise _bad(f"{q}.type", f"'{q}.type' must be 'input_text' or 'output_text'; got {kind!r}.")
+    return parts
+
+
+def _call(item: dict[str, Any], p: str) -> dict[str, Any]:
+    name, call_id, args = item.get("name"), item.get("call_id"), item.get("arguments", "{}")
+    if not isinstance(name, str) or not name:
+        raise _bad(f"{p}.name", f"'{p}.name' is required for a function_call item.")
+    if not isinstance(call_id, str) or not call_id:
+        raise _bad(f"{p}.call_id", f"'{p}.call_id' is required for a function_call item.")
+    if not isinstance(args, str):
+        raise _bad(f"{p}.arguments", f"'{p}.arguments' must be a JSON string, not {_type_name(args)}.")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+    """The chat ``messages`` of Responses input items (the module docstring's rules).
+
+    Raises:
+        InvalidRequestError: a malformed item, naming ``input[i]...``.
+    """
+    out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    reasoning: list[str] = []
+    for i, item in enumerate(items):
+        p = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise _bad(f"{p}.role", f"'{p}.role' must be one of {', '.join(ROLES)}; got {role!r}.")
+            msg: dict[str, Any] = {"role": role, "content": _text(item.get("content"), f"{p}.content")}
+            if role == "assistant" and reasoning:
+                msg["reasoning_content"] = "".join(reasoning)
+                reasoning = []
+            out.append(msg)
+        elif kind == "function_call":
+            call = _call(item, p)
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and not reasoning:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning:
+                    out[-1]["reasoning_content"], reasoning = "".join(reasoning), []
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str) or not call_id:
+                raise _bad(f"{p}.call_id", f"'{p}.call_id' is required for a function_call_output item.")
+            text = output if isinstance(output, str) else _text(output, f"{p}.output")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind == "reasoning":
+            for part in (item.get("content") or []) + (item.get("summary") or []):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    reasoning.append(part["text"])
+        elif kind == "item_reference":
+            raise _bad(f"{p}.type", "Item references are not supported; send the items themselves or use "
+                       "previous_response_id.")
+        else:
+            raise _bad(f"{p}.type", f"Input item type {kind!r} is not supported; use 'message', "
+                       "'function_call', 'function_call_output' or 'reasoning'.")
+    return out
