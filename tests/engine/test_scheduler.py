@@ -8,7 +8,7 @@ import pytest
 
 from proxy.engine.block_manager import BlockManager
 from proxy.engine.request import Request, RequestStatus
-from proxy.engine.scheduler import Scheduler, StepBudget
+from proxy.engine.scheduler import Scheduler, SchedulerConfig, StepBudget
 from proxy.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
@@ -16,7 +16,7 @@ GREEDY = SamplingParams(max_tokens=4, temperature=0.0)
 
 def make(num_blocks=16, block_size=4, max_seqs=8, budget=64, max_len=64, eos=(2,)):
     bm = BlockManager(num_blocks, block_size)
-    return bm, Scheduler(bm, max_seqs, budget, max_len, eos)
+    return bm, Scheduler(bm, SchedulerConfig(max_seqs, budget, max_len), eos)
 
 
 def req(rid: str, n: int, params: SamplingParams = GREEDY) -> Request:
@@ -149,11 +149,10 @@ def test_sequence_larger_than_pool_finishes_with_length() -> None:
 
 
 def test_abort_and_fail_free_blocks_and_are_idempotent() -> None:
-    bm, sched = make()
+    bm, sched = make(max_seqs=2)
     sched.add_request(req("a", 9))
     sched.add_request(req("b", 5))
     sched.add_request(req("w", 5))
-    sched.max_num_seqs = 2
     fake_step(sched)
     out = sched.abort_request("a")
     assert out is not None and out.finished and out.finish_reason == "abort"
@@ -246,7 +245,7 @@ def test_failed_step_unregisters_its_blocks() -> None:
 
 def test_prefix_caching_off_computes_every_token() -> None:
     bm = BlockManager(32, 4, enable_prefix_caching=False)
-    sched = Scheduler(bm, 8, 64, 64, (2,))
+    sched = Scheduler(bm, SchedulerConfig(8, 64, 64), (2,))
     sched.add_request(req("a", 10))
     fake_step(sched)
     sched.add_request(req("b", 10))
@@ -260,7 +259,8 @@ def test_prefix_caching_off_computes_every_token() -> None:
 
 def test_prefill_joining_decodes_is_bounded() -> None:
     bm = BlockManager(64, 4)
-    sched = Scheduler(bm, 8, 64, 256, (2,), long_prefill_token_threshold=5, max_num_partial_prefills=1)
+    config = SchedulerConfig(8, 64, 256, long_prefill_token_threshold=5, max_num_partial_prefills=1)
+    sched = Scheduler(bm, config, (2,))
     params = SamplingParams(max_tokens=50, temperature=0.0)
     sched.add_request(Request("d", list(range(3, 9)), params))
     out, _ = fake_step(sched)

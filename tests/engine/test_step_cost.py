@@ -7,7 +7,7 @@ import pytest
 
 from proxy.engine.block_manager import BlockManager
 from proxy.engine.request import Request
-from proxy.engine.scheduler import Scheduler, StepBudget
+from proxy.engine.scheduler import Scheduler, SchedulerConfig, StepBudget
 from proxy.engine.scheduler.step_cost import StepCostModel
 from proxy.sampling import SamplingParams
 
@@ -113,7 +113,7 @@ def test_ratios_that_leave_no_room_are_refused(ratio: float) -> None:
 
 
 def test_the_budget_shares_the_limit_among_the_steps_prefills() -> None:
-    budget = StepBudget(512, 128, 2, prefill_token_limit=lambda n: 10 * n)
+    budget = StepBudget(512, 128, 2, prefill_token_limit=lambda n, w: 10 * n)
     assert budget.prefill_chunk(300) == 300  # no decodes yet: the step budget only
     budget.take(1, True)
     budget.take(1, True)
@@ -126,15 +126,21 @@ def test_the_budget_shares_the_limit_among_the_steps_prefills() -> None:
     assert budget.num_prefill_tokens == 15 and budget.prefill_chunk(300) == 5  # a preempted chunk's room
 
 
+def _scheduler(bm: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, ratio: float,
+               max_model_len: int = 512, max_long_gap_fraction: float = 0.0) -> Scheduler:
+    """A scheduler with the token knobs at 128 tokens x 2 prompts and the measured bound at ``ratio``."""
+    config = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len,
+                             long_prefill_token_threshold=128, max_num_partial_prefills=2,
+                             max_prefill_step_ratio=ratio, max_long_gap_fraction=max_long_gap_fraction)
+    return Scheduler(bm, config, [2])
+
+
 def _request(rid: str, n: int, first: int) -> Request:
     return Request(rid, list(range(first, first + n)), SamplingParams(max_tokens=50, ignore_eos=True))
 
 
 def test_the_scheduler_bounds_a_decode_steps_prefill_by_measured_cost() -> None:
-    scheduler = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512,
-                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
-                          max_num_partial_prefills=2,
-                          step_cost=StepCostModel(2.0))
+    scheduler = _scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512, ratio=2.0)
     for i in range(4):
         scheduler.add_request(_request(f"d{i}", 5, 10 * i))  # distinct prompts: no cache hits
     first = scheduler.schedule()
@@ -150,9 +156,8 @@ def test_the_scheduler_bounds_a_decode_steps_prefill_by_measured_cost() -> None:
 def _four_decoding(ratio: float, max_num_seqs: int = 16) -> Scheduler:
     """A scheduler with 4 streams decoding and step costs fitted (34 ms decode steps of 4, 1.6 ms a
     prefill token: the measured limit is 21 tokens)."""
-    scheduler = Scheduler(BlockManager(512, 4), max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
-                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
-                          max_num_partial_prefills=2, step_cost=StepCostModel(ratio))
+    scheduler = _scheduler(BlockManager(512, 4), max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
+                           ratio=ratio)
     for i in range(4):
         scheduler.add_request(_request(f"d{i}", 5, 10 * i))
     first = scheduler.schedule()
@@ -222,9 +227,8 @@ def test_a_burst_into_an_idle_engine_is_prefilled_together() -> None:
     """The first of 8 simultaneous requests reached the idle engine alone; the other 7 then
     outnumber its one decode, so they all join the next step (2048-token budget) and take their
     first tokens together, instead of two 128-token chunks a step beside the growing decodes."""
-    scheduler = Scheduler(BlockManager(1024, 16), max_num_seqs=16, max_num_batched_tokens=2048,
-                          max_model_len=1024, eos_token_ids=[2], long_prefill_token_threshold=128,
-                          max_num_partial_prefills=2, step_cost=StepCostModel(2.0))
+    scheduler = _scheduler(BlockManager(1024, 16), max_num_seqs=16, max_num_batched_tokens=2048,
+                           ratio=2.0, max_model_len=1024)
     scheduler.add_request(_request("r0", 134, 0))
     first = scheduler.schedule()
     assert first.num_new_tokens == [134]
@@ -267,10 +271,9 @@ def test_the_scheduler_lets_an_occasional_prompt_in_whole_while_long_gaps_are_ra
     whole (the token knob's 128 allow it; the measured bound alone would give 21); that step's
     time over 2 decode steps makes 4 long gaps in 404, so the next prompt is bounded again (widened by
     the one request waiting)."""
-    scheduler = Scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512,
-                          max_model_len=512, eos_token_ids=[2], long_prefill_token_threshold=128,
-                          max_num_partial_prefills=2,
-                          step_cost=StepCostModel(2.0, long_gap_fraction=0.01, gap_forgetting=1.0))
+    scheduler = _scheduler(BlockManager(256, 4), max_num_seqs=8, max_num_batched_tokens=512, ratio=2.0,
+                           max_long_gap_fraction=0.01)
+    scheduler.step_cost.gap_forgetting = 1.0  # gaps counted without forgetting: exact shares
     for i in range(4):
         scheduler.add_request(_request(f"d{i}", 5, 10 * i))
     scheduler.update(scheduler.schedule(), [7, 7, 7, 7])

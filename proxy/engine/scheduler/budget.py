@@ -1,25 +1,38 @@
-""":class:`StepBudget`: how many tokens a step has left, and how much prefill may still join it.
-
-The bound on prefill in a step that carries decodes (``long_prefill_token_threshold`` tokens per
-prompt, ``max_num_partial_prefills`` prompts, vLLM's knobs; and the measured limit of
-:class:`~proxy.engine.scheduler.step_cost.StepCostModel` on all its prefill tokens) is the package
-docstring's second policy item; this class is its one source, and :meth:`StepBudget.for_step` lifts
-it for a burst of arrivals (package docstring). Like vLLM's ``SchedulingBudget``, it also counts
-what the step holds so far, so a preempted victim's tokens can be given back.
-
-The model runner pads a step's prefill chunks to the longest one (``B_p x Q_p`` query rows, see
-``proxy.engine.attention.metadata``), so a budget also caps those padded rows
-(``max_padded_prefill_rows``; ``for_step`` allows twice the token budget, the attention of two whole
-chunks): a 1700-token chunk beside fifteen 20-token ones would otherwise make the step attend 16 x
-1700 query rows, ~14x the real ones.
-"""
+""":class:`StepBudget`: the tokens a step has left and the prefill that may still join it, from a
+:class:`StepState` of the queues (like vLLM's ``SchedulingBudget``, it counts what the step holds,
+so a preempted request's tokens can be given back)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.engine.scheduler.config import SchedulerConfig
 from proxy.engine.scheduler.step_cost import StepCostModel
+
+PrefillTokenLimit = Callable[[int, int], int | None]
+"""``(num_decodes, num_waiting) -> most prefill tokens of the step`` (None: no limit), as
+:meth:`StepCostModel.prefill_token_limit`."""
+
+
+@dataclass(frozen=True)
+class StepState:
+    """The queues as a step starts being scheduled.
+
+    Attributes:
+        num_decodes: running requests that need exactly one token.
+        num_waiting: requests in the waiting queue.
+        num_free_seqs: requests ``max_num_seqs`` leaves room for (``max_num_seqs - running``).
+    """
+
+    num_decodes: int
+    num_waiting: int
+    num_free_seqs: int
+
+    @property
+    def num_startable(self) -> int:
+        """Waiting requests that could start this step: as many as there is room for."""
+        return min(self.num_waiting, self.num_free_seqs)
 
 
 @dataclass
@@ -32,8 +45,8 @@ class StepBudget:
             request (tokens); 0: no cap beyond the step budget.
         max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks
             join it.
-        prefill_token_limit: in a step with decodes, the most prefill tokens in all for a number
-            of decodes (None from it: no limit); :meth:`StepCostModel.prefill_token_limit`.
+        prefill_token_limit: in a step with decodes, the most prefill tokens in all for its
+            decodes and waiting requests (None from it: no limit); None: no such limit.
         max_padded_prefill_rows: the most prefill query rows once every chunk is padded to the
             longest (chunks x longest chunk); None: no cap.
         num_decodes: one-token entries taken so far.
@@ -46,7 +59,7 @@ class StepBudget:
     num_tokens_left: int
     long_prefill_token_threshold: int
     max_num_partial_prefills: int
-    prefill_token_limit: Callable[[int], int | None] | None = None
+    prefill_token_limit: PrefillTokenLimit | None = None
     max_padded_prefill_rows: int | None = None
     num_decodes: int = 0
     num_prefills: int = 0
@@ -54,34 +67,33 @@ class StepBudget:
     longest_prefill_chunk: int = 0
 
     @classmethod
-    def for_step(cls, max_num_batched_tokens: int, long_prefill_token_threshold: int,
-                 max_num_partial_prefills: int, step_cost: StepCostModel, waiting: Sized,
-                 num_free_seqs: int, num_decodes: int) -> StepBudget:
-        """The budget of the step a scheduler is choosing (package docstring).
+    def for_step(cls, config: SchedulerConfig, step_cost: StepCostModel, state: StepState) -> StepBudget:
+        """The budget of the step a scheduler is choosing.
 
-        A burst of arrivals, where the measured bound is on (``step_cost.max_ratio > 0``) and more
-        of the ``waiting`` requests than ``num_decodes`` can start (``num_free_seqs``, the room
-        ``max_num_seqs`` leaves: with the batch full nobody's first token would come sooner), takes
-        the whole token budget as a step without decodes does; any other step is bounded by the
-        token knobs and the measured limit (``len(waiting)`` read as admissions go). Padded prefill
-        rows are capped at twice the token budget (module docstring).
+        The rule: padded prefill rows are capped at twice the token budget (the attention of two
+        whole chunks; the model runner pads chunks to the longest, ``B_p x Q_p`` rows). A burst
+        (``config.max_prefill_step_ratio > 0`` and ``state.num_startable > state.num_decodes``)
+        takes the whole token budget, as a step without decodes does. Any other step is bounded by
+        the token knobs and ``step_cost``'s measured limit.
         """
-        tokens = max_num_batched_tokens
+        tokens = config.max_num_batched_tokens
         rows = 2 * tokens
-        if step_cost.max_ratio > 0 and min(len(waiting), num_free_seqs) > num_decodes:
+        if config.max_prefill_step_ratio > 0 and state.num_startable > state.num_decodes:
             return cls(tokens, 0, tokens, max_padded_prefill_rows=rows)
-        return cls(tokens, long_prefill_token_threshold, max_num_partial_prefills,
-                   lambda n: step_cost.prefill_token_limit(n, len(waiting)), max_padded_prefill_rows=rows)
+        return cls(tokens, config.long_prefill_token_threshold, config.max_num_partial_prefills,
+                   step_cost.prefill_token_limit, max_padded_prefill_rows=rows)
 
-    def prefill_chunk(self, remaining: int) -> int:
-        """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none)."""
+    def prefill_chunk(self, remaining: int, num_waiting: int = 0) -> int:
+        """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none),
+        with ``num_waiting`` requests in the waiting queue now (the one asking included)."""
         num_new = min(remaining, self.num_tokens_left)
         if self.num_decodes:
             if self.num_prefills >= self.max_num_partial_prefills:
                 return 0
             if self.long_prefill_token_threshold > 0:
                 num_new = min(num_new, self.long_prefill_token_threshold)
-            limit = self.prefill_token_limit(self.num_decodes) if self.prefill_token_limit else None
+            limit = None if self.prefill_token_limit is None else self.prefill_token_limit(
+                self.num_decodes, num_waiting)
             if limit is not None:
                 num_new = max(0, min(num_new, limit - self.num_prefill_tokens))
         rows = self.max_padded_prefill_rows

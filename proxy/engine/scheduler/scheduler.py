@@ -1,22 +1,19 @@
 """:class:`Scheduler`: FCFS continuous batching over a ``BlockManager`` (no torch).
 
-The policy (chunked prefill under a step budget, bounded prefill in decode steps, prefix caching,
-preemption by recompute, the finish rule) is described in the package docstring
-(``proxy.engine.scheduler``); :class:`~proxy.engine.scheduler.budget.StepBudget` holds the step
-budget and the prefill bound, :func:`~proxy.engine.scheduler.finish.check_stop` the finish rule of a
-sampled token, and :class:`~proxy.engine.scheduler.output.SchedulerOutput` is what a step hands to
-the model runner.
+The policy is the package docstring's (``proxy.engine.scheduler``), its knobs
+:class:`~proxy.engine.scheduler.config.SchedulerConfig`'s.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from proxy.engine.block_manager import BlockManager
 from proxy.engine.request import FinishReason, Request, RequestOutput, RequestStatus, TokenLogprob
-from proxy.engine.scheduler.budget import StepBudget
+from proxy.engine.scheduler.budget import StepBudget, StepState
+from proxy.engine.scheduler.config import SchedulerConfig
 from proxy.engine.scheduler.finish import check_stop
 from proxy.engine.scheduler.output import SchedulerOutput
 from proxy.engine.scheduler.step_cost import StepCostModel
@@ -27,43 +24,19 @@ class Scheduler:
 
     Args:
         block_manager: the KV block pool.
-        max_num_seqs: most running requests.
-        max_num_batched_tokens: token budget of one step.
-        max_model_len: longest prompt + output in tokens.
+        config: the scheduler's knobs.
         eos_token_ids: ids that end a sequence unless ``ignore_eos``.
-        long_prefill_token_threshold: in a step with decodes, the largest prefill chunk of one
-            request (tokens); 0: no cap beyond the step budget.
-        max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks
-            join it (>= 1).
-        step_cost: the measured bound on a decode step's prefill tokens (fed by
-            ``step_cost.observe``); None: ``StepCostModel(0)``, off.
 
-    Raises:
-        ValueError: a count below its minimum.
+    Attributes:
+        step_cost: the measured bound's step-time model (``StepCostModel.from_config``; the engine
+            feeds it ``observe``).
     """
 
-    def __init__(
-        self,
-        block_manager: BlockManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_model_len: int,
-        eos_token_ids: Iterable[int],
-        long_prefill_token_threshold: int = 0,
-        max_num_partial_prefills: int = 1_000_000,
-        step_cost: StepCostModel | None = None,
-    ) -> None:
-        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_num_partial_prefills < 1:
-            raise ValueError("max_num_seqs, max_num_batched_tokens and max_num_partial_prefills must be >= 1")
-        if long_prefill_token_threshold < 0:
-            raise ValueError("long_prefill_token_threshold must be >= 0")
-        self.long_prefill_token_threshold = long_prefill_token_threshold
-        self.step_cost = step_cost or StepCostModel(0)
-        self.max_num_partial_prefills = max_num_partial_prefills
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig,
+                 eos_token_ids: Iterable[int]) -> None:
+        self.config = config
         self.block_manager = block_manager
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
+        self.step_cost = StepCostModel.from_config(config)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -71,7 +44,7 @@ class Scheduler:
         self.num_preemptions = 0
         # Outputs produced outside sampling (a request that cannot fit the KV pool), sent next update.
         self._pending_outputs: list[RequestOutput] = []
-        self._watermark_blocks = max(1, block_manager.num_total_blocks // 100)
+        self._watermark_blocks = config.watermark_blocks(block_manager.num_total_blocks)
 
     # ---- queue management -------------------------------------------------------------------
 
@@ -150,60 +123,26 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    # ---- one step -----------------------------------------------------------------------------
+    # ---- one step: running decodes, running prefills, then waiting requests (vLLM's order) --------
 
     def schedule(self) -> SchedulerOutput:
         """Choose this step's requests and token counts, allocating their KV slots.
 
-        Decodes first, then running requests mid-prefill, then waiting ones FCFS (each after its
-        longest cached prefix); prefill beside decodes is bounded outside a burst (``StepBudget.for_step``).
+        Returns:
+            the step's work; its requests in scheduling order.
         """
-        budget = StepBudget.for_step(
-            self.max_num_batched_tokens, self.long_prefill_token_threshold, self.max_num_partial_prefills,
-            self.step_cost, self.waiting, self.max_num_seqs - len(self.running),
-            sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1))
+        budget = StepBudget.for_step(self.config, self.step_cost, StepState(
+            num_decodes=sum(1 for r in self.running if r.is_decoding), num_waiting=len(self.waiting),
+            num_free_seqs=self.config.max_num_seqs - len(self.running)))
         scheduled: dict[Request, int] = {}
-        preempted = False
-        bm = self.block_manager
-        for decode_pass in (True, False):
-            i = 0
-            while i < len(self.running) and budget.num_tokens_left > 0:
-                request = self.running[i]
-                i += 1
-                if request in scheduled:
-                    continue
-                remaining = request.num_tokens - request.num_computed_tokens
-                if (remaining == 1) is not decode_pass:
-                    continue
-                if decode_pass:
-                    num_new = 1
-                else:
-                    num_new = budget.prefill_chunk(remaining)
-                    if num_new == 0:
-                        continue
-                while not bm.allocate_slots(request, num_new):
-                    if len(self.running) == 1:
-                        # Alone and still out of blocks: the pool cannot hold this sequence.
-                        self.running.pop()
-                        self._finish(request, "length")
-                        self._pending_outputs.append(request.make_output([], None))
-                        break
-                    victim = self.running.pop()
-                    if victim in scheduled:
-                        budget.give_back(scheduled.pop(victim),
-                                         victim.num_computed_tokens + 1 == victim.num_tokens)
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is request:
-                        break
-                else:
-                    scheduled[request] = num_new
-                    budget.take(num_new, decode_pass)
+        num_preemptions = self.num_preemptions
+        self._schedule_running_decodes(scheduled, budget)
+        self._schedule_running_prefills(scheduled, budget)
         # Blocks filled by this step's running requests join the prefix cache only now, once no
         # more preemption can take back their slots (a preempted victim computes nothing).
         for request, num_new in scheduled.items():
-            bm.cache_full_blocks(request, request.num_computed_tokens + num_new)
-        if not preempted:
+            self.block_manager.cache_full_blocks(request, request.num_computed_tokens + num_new)
+        if self.num_preemptions == num_preemptions:  # no request is admitted in a step that preempted
             self._admit_waiting(scheduled, budget)
         out = SchedulerOutput.from_scheduled(scheduled)
         now = time.monotonic()
@@ -212,37 +151,82 @@ class Scheduler:
                 request.first_scheduled_time = now
         return out
 
+    def _running_in_order(self, budget: StepBudget) -> Iterator[Request]:
+        """The running requests, oldest first, while the step has tokens left (preemption shortens
+        the list from its end as it goes)."""
+        i = 0
+        while i < len(self.running) and budget.num_tokens_left > 0:
+            yield self.running[i]
+            i += 1
+
+    def _schedule_running_decodes(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
+        """Phase 1: one token for each running request that needs exactly one."""
+        for request in self._running_in_order(budget):
+            if request.is_decoding:
+                self._schedule_running(request, 1, scheduled, budget)
+
+    def _schedule_running_prefills(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
+        """Phase 2: the next chunk of each running request mid-prefill, as the budget allows."""
+        for request in self._running_in_order(budget):
+            if not request.is_decoding:
+                num_new = budget.prefill_chunk(request.num_tokens_to_compute, len(self.waiting))
+                if num_new:
+                    self._schedule_running(request, num_new, scheduled, budget)
+
+    def _schedule_running(self, request: Request, num_new: int, scheduled: dict[Request, int],
+                          budget: StepBudget) -> None:
+        """Allocate ``num_new`` slots for a running request, preempting the most recently admitted
+        running requests (it included, last) until they fit; alone and still out of blocks, the
+        request finishes with "length" (the pool cannot hold it)."""
+        while not self.block_manager.allocate_slots(request, num_new):
+            if len(self.running) == 1:
+                self.running.pop()
+                self._finish(request, "length")
+                self._pending_outputs.append(request.make_output([], None))
+                return
+            victim = self.running.pop()
+            if victim in scheduled:
+                budget.give_back(scheduled.pop(victim), victim.is_decoding)
+            self._preempt(victim)
+            if victim is request:
+                return
+        scheduled[request] = num_new
+        budget.take(num_new, request.is_decoding)
+
     def _admit_waiting(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
+        """Phase 3: start waiting requests FCFS, each after its longest cached prefix, until one
+        does not fit the budget, ``max_num_seqs`` or the KV pool (less the watermark while others run)."""
         bm = self.block_manager
-        watermark = self._watermark_blocks
-        while self.waiting and budget.num_tokens_left > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget.num_tokens_left > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             cached = bm.find_cached_prefix(request) if not request.block_ids else []
             num_cached = len(cached) * bm.block_size
-            remaining = request.num_tokens - request.num_computed_tokens - num_cached
-            if remaining == 1:
-                num_new = 1  # only the last token is left (a full cache hit): as cheap as a decode
-            else:
-                num_new = budget.prefill_chunk(remaining)
-                if num_new == 0:
-                    break
-            total = request.num_computed_tokens + num_cached + num_new
-            needed = bm.num_blocks_for(total) - len(request.block_ids) - len(cached)
-            needed += bm.num_free_among(cached)
-            if self.running and bm.num_free_blocks - needed < watermark:
+            remaining = request.num_tokens_to_compute - num_cached
+            # only the last token left (a full cache hit): as cheap as a decode
+            num_new = 1 if remaining == 1 else budget.prefill_chunk(remaining, len(self.waiting))
+            if num_new == 0:
+                break
+            needed = bm.num_blocks_for(request.num_computed_tokens + num_cached + num_new)
+            needed += bm.num_free_among(cached) - len(request.block_ids) - len(cached)
+            if self.running and bm.num_free_blocks - needed < self._watermark_blocks:
                 break
             if not bm.allocate_slots(request, num_new, cached):
                 break
-            if request.num_cached_tokens < 0:  # first scheduling: count the lookup
-                request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
-                if bm.enable_prefix_caching:
-                    bm.record_query(request.num_prompt_tokens, request.num_cached_tokens)
-            bm.cache_full_blocks(request, request.num_computed_tokens + num_new)
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            self._start(request, num_cached, num_new)
             scheduled[request] = num_new
             budget.take(num_new, num_new == 1)
+
+    def _start(self, request: Request, num_cached: int, num_new: int) -> None:
+        """Move the head of the waiting queue into the running batch (its slots allocated)."""
+        bm = self.block_manager
+        if request.num_cached_tokens < 0:  # first scheduling: count the lookup
+            request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+            if bm.enable_prefix_caching:
+                bm.record_query(request.num_prompt_tokens, request.num_cached_tokens)
+        bm.cache_full_blocks(request, request.num_computed_tokens + num_new)
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
     def update(
         self,
@@ -276,7 +260,7 @@ class Scheduler:
             request.append_token(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = check_stop(request, token, eos, self.max_model_len)
+            reason = check_stop(request, token, eos, self.config.max_model_len)
             if reason is not None:
                 self._finish(request, reason)
                 any_finished = True

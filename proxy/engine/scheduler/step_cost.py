@@ -1,68 +1,37 @@
-""":class:`StepCostModel`: measured step times, and how many prefill tokens a decode step can take.
+""":class:`StepCostModel`: measured step times, and how many prefill tokens a step with decodes takes.
 
-Every streaming request waits for the whole step, so a prefill chunk that joins a step of running
-decodes lengthens every stream's inter-token gap by its cost. What a prefill token costs next to a
-decode step depends on the device: measured on a 2-core CPU (SmolLM2-135M, int4 weights), a
-decode step of 8 sequences took 47 ms and each prefill token ~1.7 ms more (a 128-token chunk made
-the step 5.6x longer); on a GPU prefill tokens are nearly free up to hundreds. A fixed token cap
-cannot suit both, so the scheduler measures instead:
+Every running stream waits for the whole step, so a prefill chunk joining a step of decodes
+lengthens every stream's inter-token gap by its cost, and that cost depends on the device (on a
+CPU a prompt token costs a good share of a decode step, on a GPU hundreds are nearly free). The
+model measures instead of assuming:
 
-- every step's time ``t`` is fitted as ``a + b * n + c * p + e * [p > 0]`` for its ``n`` decodes
-  and ``p`` prefill tokens (least squares, older steps forgotten geometrically), which gives the
-  decode-only step ``D(n) = a + b * n``, the cost ``c`` of one prefill token and the fixed cost
-  ``e`` of a step that carries any prefill;
-- a step with ``n`` decodes then takes at most ``p = ((ratio - 1) * D(n) * (1 + w / n) - e) / c``
-  prefill tokens for ``w`` requests waiting, at least ``min_tokens``, so that with no queue it
-  lasts about ``ratio`` times a decode-only step (a queue widens it, below).
-- The fixed cost matters where prompt tokens run in calls of a fixed shape
-  (``proxy.quant.dense_prefill``: 64 rows through dense weights, ~34 ms a step for the default
-  model on a 2-core CPU whether the chunk has 1 or 64 tokens): a fit linear in ``p`` alone charged
-  it to the tokens of 64-token chunks, so a 16-token chunk was priced at a quarter of its cost and
-  the steps ran 3-5x a decode step (8 streams, p99 ITL 2.6x the mean TPOT). Only decode-only
-  steps tell ``e`` apart from ``a``; a prior (``FIXED_COST_RIDGE``) keeps ``e`` near 0 until they do:
-  under steady load the split was arbitrary and once gave ``D(11)`` 155 ms where a decode-only step
-  took 200 ms (skinny fp32 linears, 2-core AVX2 CPU), so the limit sat at its floor and prompts of a
-  16-stream burst were admitted 3.3 s apart instead of ~1 s.
-- In a burst of arrivals (more requests waiting than decoding) the scheduler asks for no limit: it
-  admits the burst's prompts up to the step's token budget (the scheduler package docstring has
-  the rule and its figures).
-- Below a burst, the room grows with the queue: ``(max_ratio - 1) * D(n)`` is scaled by
-  ``1 + w / n`` for ``w`` requests waiting. With the ratio alone the prefill share of time is capped
-  near ``(ratio - 1) / ratio`` less the fixed cost; once decode steps got faster (skinny fp32
-  linears) that fell below what 16 closed-loop streams of 128-token prompts need, and the queue grew:
-  measured, 2-core AVX2 CPU, 128 in / 64 out, ``bench/compare.py``, streamproxy alone, runs one
-  after another (ratio alone / scaled): 8 streams 21.0 / 27.5 tok/s, p99 TTFT 13.8 / 9.2 s, p99 ITL
-  / mean TPOT 2.24 / 1.57; 16 streams 24.4 / 33.8 tok/s, 34.2 / 14.6 s, 1.98 / 1.71. (Tried the same
-  day, and not kept: ratio 3, which left 8 streams at p99 ITL 2.60x the TPOT; the ratio taken
-  against the mean recent gap instead of ``D(n)``: 2.95x; the burst rule at ``2 w > n``: 16 streams
-  3.0x with 28 s p99 TTFT.)
-- The bound is also lifted while long gaps are rare: a step with ``n`` decodes that runs over
-  ``ratio`` decode steps gives its ``n`` streams a long inter-token gap; while such gaps stay within
-  ``long_gap_fraction`` of all recent ones (counted over steps with forgetting), a step may be long.
-  A percentile, not every step, is what a streaming user sees (p99 ITL): an occasional prompt (a
-  chat's next turn beside another stream's decode) is then prefilled at once instead of in
-  floor-sized chunks that each wait for a decode step. Measured (2-core AVX2 CPU, dense fp32, 59
-  new tokens of a 1183-token conversation beside one decoding stream): TTFT 1124 -> 677 ms at 0.005.
-  Multi-turn chat (``bench/compare.py --dataset multiturn``, 2 conversations with system prompts
-  of their own, 6 turns), runs one after another on that machine: turns 2-6 mean TTFT 1755 ms at 0,
-  1348 and 1403 ms at 0.01, p99 ITL 405 / 326 / 335 ms (fewer chunked steps); 128 in / 64 out at 8
-  and 16 streams: no step with several long gaps beyond the initial burst's.
-- A first version kept a moving average of decode-only steps per ``n`` and charged a mixed step's
-  excess over it to its prefill tokens. Under load decode-only steps are rare, so ``D(n)`` came
-  from another batch size, the token cost was overestimated, the limit fell to its floor and the
-  queue backed up (8 streams: p99 TTFT 2.5 -> 10 s). The joint fit does not need them.
+- every step's time ``t`` is fitted as ``a + b * n + c * p + e * [p > 0]`` for its ``n`` decodes and
+  ``p`` prefill tokens (least squares, older steps forgotten geometrically): ``D(n) = a + b * n`` is
+  the decode-only step, ``c`` a prefill token, ``e`` the fixed cost of a step with any prefill
+  (where prompt tokens run in fixed-shape calls, ``proxy.quant.dense_prefill``). Only decode-only
+  steps tell ``e`` apart from ``a``; a prior (``FIXED_COST_RIDGE``) keeps ``e`` near 0 until they do.
+- a step with ``n`` decodes and ``w`` requests waiting takes at most
+  ``p = ((ratio - 1) * D(n) * (1 + w / n) - e) / c`` prefill tokens, at least ``min_tokens``, in
+  multiples of ``multiple``: with no queue the step lasts about ``ratio`` decode-only steps, and the
+  room grows with the users waiting for a first token per stream it spares a long gap.
+- no limit while long gaps are rare: while the decodes of steps that ran over ``ratio`` decode
+  steps stay within ``long_gap_fraction`` of all decodes counted (forgotten geometrically), a step
+  may be long (a percentile of gaps is what a streaming user sees);
+- no limit either with ``ratio`` 0 (off) or before the fit is defined (the first steps of a run).
 
-The ratio is ``Settings.max_prefill_step_ratio``; vLLM's token knobs
-(``long_prefill_token_threshold``, ``max_num_partial_prefills``, ``max_num_batched_tokens``) still
-bound the step on top (outside a burst, where only the token budget does). Until both costs are
-measured (the first steps of a run) only the token knobs apply. The bound trades time to first token
-for steady inter-token gaps (the package docstring has the figures).
+The token knobs and the burst rule that lifts this bound are the scheduler's (``SchedulerConfig``,
+``StepBudget.for_step``); ``docs/scheduling.md`` has the measurements and what was tried.
 Pure Python (a 4 x 4 solve a step), no torch, as the scheduler package requires.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from proxy.settings import check_prefill_bound
+
+if TYPE_CHECKING:
+    from proxy.engine.scheduler.config import SchedulerConfig
 
 _NUM_TERMS = 4
 """Regressors of the fit: a step, a decode, a prefill token, any prefill."""
@@ -77,7 +46,7 @@ class StepCostModel:
     (seconds), fitted by least squares with exponential forgetting (older steps weigh
     ``forgetting ** age``) and a small ridge that keeps it defined before the steps vary enough.
     Under load nearly every step carries some prefill, so decode-only steps of each batch size are
-    rare: the joint fit uses them all.
+    rare: the joint fit uses them all. The scheduler builds its model with :meth:`from_config`.
 
     Args:
         max_ratio: the longest a step with decodes may take with no request waiting, in
@@ -105,9 +74,7 @@ class StepCostModel:
     #: further ridge on the fixed prefill cost ``e`` (added to its diagonal entry, the forgotten
     #: count of steps with prefill): ``e`` is told apart from ``a`` only by steps without prefill;
     #: where there are (nearly) none, as under steady load, the two columns are collinear and the
-    #: split was arbitrary (measured: ``e`` 157 ms and ``a`` 100 ms, so ``D(11)`` 155 ms where a
-    #: decode-only step of 11 took 200 ms, and the limit sat at its floor); this prior puts the
-    #: step's cost in ``a`` until steps show ``e``.
+    #: split is arbitrary; this prior puts the step's cost in ``a`` until steps show ``e``.
     FIXED_COST_RIDGE = 0.5
 
     def __init__(self, max_ratio: float, min_tokens: int = 16, forgetting: float = 0.98,
@@ -130,6 +97,12 @@ class StepCostModel:
         self._xx = [[0.0] * _NUM_TERMS for _ in range(_NUM_TERMS)]
         self._xt = [0.0] * _NUM_TERMS
         self._fit: tuple[float, float, float, float] | None = None
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> StepCostModel:
+        """The model of ``config``'s measured bound: its ratio, long-gap fraction and token multiple."""
+        return cls(config.max_prefill_step_ratio, multiple=config.prefill_token_multiple,
+                   long_gap_fraction=config.max_long_gap_fraction)
 
     def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
         """Record one step: ``num_decodes`` one-token entries, ``num_prefill_tokens`` prefill tokens,
@@ -192,8 +165,7 @@ class StepCostModel:
         ``num_waiting``: requests in the waiting queue (new or preempted, the one being admitted
         included), as the scheduler passes ``len(waiting)``. The bound spares ``n`` streams
         a longer gap at the cost of ``w`` users' first tokens, so the room it leaves grows with
-        ``w / n`` (module docstring: measured); while they outnumber the decodes (a burst) the
-        scheduler does not ask."""
+        ``w / n``; in a burst the scheduler does not ask."""
         if self.max_ratio <= 0 or num_decodes == 0:
             return None
         q = self.long_gap_fraction

@@ -1,0 +1,102 @@
+""":class:`SchedulerConfig`: every knob of the scheduler in one frozen object (vLLM's ``SchedulerConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.settings import Settings, check_prefill_bound
+
+NO_CAP = 1_000_000
+"""``max_num_partial_prefills`` that never binds (more prompts than any step can hold)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler may put in one step. Built once from ``Settings`` (:meth:`from_settings`)
+    and passed whole to :class:`~proxy.engine.scheduler.Scheduler`, which hands it to
+    :class:`~proxy.engine.scheduler.StepCostModel` and :class:`~proxy.engine.scheduler.StepBudget`.
+    A bare config (the defaults below) is plain chunked prefill: every prefill bound off. The
+    server's defaults are ``Settings``'; ``docs/scheduling.md`` says why and has the measurements.
+
+    A *decode* is a running request that needs exactly one token (``Request.is_decoding``); a *step
+    with decodes* carries at least one. The prefill bounds below apply only to steps with decodes,
+    and not to a *burst*: while the measured bound is on, a step is a burst when more waiting
+    requests could start (``min(waiting, max_num_seqs - running)``) than there are decodes; its
+    prompts take the whole token budget, as in a step without decodes.
+
+    Attributes:
+        max_num_seqs: most requests running at once (>= 1).
+        max_num_batched_tokens: token budget of one step, decodes and prefill chunks together
+            (>= 1). A step's prefill chunks are also capped at twice this many query rows once each
+            is padded to the longest (``StepBudget.for_step``).
+        max_model_len: longest prompt + output in tokens; a request reaching it finishes "length".
+        long_prefill_token_threshold: in a step with decodes, the largest prefill chunk one request
+            adds (tokens); 0: no cap beyond the step budget.
+        max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks join
+            it (>= 1; default :data:`NO_CAP`).
+        max_prefill_step_ratio: in a step with decodes, prefill tokens join only as many as the
+            step-time fit (``StepCostModel``) says keep the step within this many decode-only steps
+            of its batch, widened by ``1 + waiting / decoding``; 0: off (no fit, no burst rule:
+            vLLM's policy). Otherwise > 1.
+        max_long_gap_fraction: the measured bound is lifted for a step while steps longer than the
+            ratio have made at most this share of recent inter-token gaps (so an occasional prompt
+            joins whole); 0: never. In [0, 1).
+        prefill_token_multiple: the measured bound gives prefill tokens in multiples of this (the
+            rows of one fixed-shape prefill call, ``proxy.quant.dense_prefill.CALL_ROWS``, where
+            the model runs prompt tokens in such calls; else 1).
+        watermark: share of the KV pool (at least one block) a waiting request may not take while
+            others run, so running requests can grow without preempting at once (vLLM v0's
+            ``watermark``).
+
+    Raises:
+        ValueError: a count below its minimum, a negative threshold, a watermark outside [0, 1), or
+            the ratios out of range (:func:`proxy.settings.check_prefill_bound`).
+    """
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int = NO_CAP
+    max_prefill_step_ratio: float = 0.0
+    max_long_gap_fraction: float = 0.0
+    prefill_token_multiple: int = 1
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_num_partial_prefills,
+               self.prefill_token_multiple) < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens, max_num_partial_prefills and "
+                             "prefill_token_multiple must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
+        check_prefill_bound(self.max_prefill_step_ratio, self.max_long_gap_fraction)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, max_model_len: int,
+                      prefill_token_multiple: int = 1) -> SchedulerConfig:
+        """The server's scheduler knobs (``Settings``' fields of the same names).
+
+        Args:
+            settings: the server's settings.
+            max_model_len: the context length in force (the engine lowers it to the KV pool's size).
+            prefill_token_multiple: see the class docstring (the engine passes ``CALL_ROWS`` when it
+                runs dense prefill).
+        """
+        return cls(
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            long_prefill_token_threshold=settings.long_prefill_token_threshold,
+            max_num_partial_prefills=settings.max_num_partial_prefills,
+            max_prefill_step_ratio=settings.max_prefill_step_ratio,
+            max_long_gap_fraction=settings.max_long_gap_fraction,
+            prefill_token_multiple=prefill_token_multiple,
+        )
+
+    def watermark_blocks(self, num_total_blocks: int) -> int:
+        """KV blocks a waiting request may not take while others run: ``watermark`` of the pool,
+        at least 1."""
+        return max(1, int(num_total_blocks * self.watermark))
