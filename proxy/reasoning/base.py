@@ -18,14 +18,19 @@ def held_prefix_len(text: str, markers: Iterable[str]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of one of ``markers``: the text
     a parser holds back because the next delta may complete a marker (the stop checker's rule).
 
-    Returns 0 when no suffix can start a marker. Works on code points.
+    Returns 0 when no suffix can start a marker. Works on code points; looks only at the places in
+    the last ``len(marker) - 1`` characters where the marker's first character occurs.
     """
     best = 0
+    n = len(text)
     for marker in markers:
-        for k in range(min(len(text), len(marker) - 1), best, -1):
-            if marker.startswith(text[-k:]):
-                best = k
+        first = marker[0]
+        i = text.find(first, max(0, n - len(marker) + 1))
+        while 0 <= i and n - i > best:
+            if marker.startswith(text[i:]):
+                best = n - i
                 break
+            i = text.find(first, i + 1)
     return best
 
 

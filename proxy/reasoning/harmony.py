@@ -85,9 +85,12 @@ class HarmonyParser(ReasoningParser):
         """See :meth:`ReasoningParser.feed`."""
         if self._state == _PLAIN:
             return "", text
-        if self._state == _BODY and not self._held and "<" not in text:
-            return (text, "") if self._kind == _TO_REASONING else ("", text)
         buf = self._held + text
+        if self._state == _BODY and "<|" not in buf:  # no marker in sight: at most a trailing "<" waits
+            keep = 1 if buf.endswith("<") else 0
+            self._held = buf[len(buf) - keep:]
+            body = buf[: len(buf) - keep]
+            return (body, "") if self._kind == _TO_REASONING else ("", body)
         self._held = ""
         reasoning: list[str] = []
         content: list[str] = []
