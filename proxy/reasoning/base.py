@@ -76,8 +76,11 @@ class ReasoningParser(ABC):
     @property
     @abstractmethod
     def in_reasoning(self) -> bool:
-        """Text fed now would be reasoning (inside the thinking, or about to start in it). Read it
-        after feeding each token's text to count ``reasoning_tokens``."""
+        """Text fed now would be reasoning (inside the thinking, or about to start in it).
+
+        ``usage.completion_tokens_details.reasoning_tokens``: count the tokens for which this is
+        True just before their text is fed (one ``feed`` per token): the tokens that start inside
+        the reasoning, the close tag's included, an open tag the model wrote itself not."""
 
     @property
     @abstractmethod

@@ -65,6 +65,26 @@ def test_plain_text_tags_split_across_tokens(zoo: str, impl) -> None:
         assert ".</" in texts and ">\n\n" in texts
 
 
+@pytest.mark.parametrize("start", [False, True])
+@pytest.mark.parametrize("zoo", ["qwen2", "llama-spm"])
+def test_reasoning_tokens_are_the_tokens_that_start_inside_the_reasoning(zoo: str, start: bool) -> None:
+    """Counting the tokens with ``in_reasoning`` True before their feed == the tokens whose text starts
+    after the open tag and before the end of the close tag (independent: character offsets)."""
+    tok = zoo_tokenizer(zoo)
+    text = OUTPUT[len("<think>"):] if start else OUTPUT  # a prompt that opened the thinking: no open tag
+    ids = tok.encode(text, add_special_tokens=False)
+    texts = token_texts(tok, ids, IMPLS[0])
+    parser = get_reasoning_parser("qwen3", in_reasoning=start)
+    counted = 0
+    for t in texts:
+        counted += parser.in_reasoning
+        parser.feed(t)
+    begin = 0 if start else len("<think>")
+    end = text.index("</think>") + len("</think>")
+    offsets = [sum(map(len, texts[:i])) for i in range(len(texts))]
+    assert counted == sum(begin <= o < end for o in offsets) > 3
+
+
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 @pytest.mark.parametrize("zoo", ["qwen2", "llama-spm"])
 def test_no_close_tag_and_a_prompt_that_opened_the_thinking(zoo: str, impl) -> None:
@@ -106,6 +126,10 @@ def test_think_as_special_tokens_needs_the_markers_kept(impl) -> None:
     assert added.special_ids_of(markers) == frozenset()
     ids = added.encode(text, add_special_tokens=False)
     assert run("qwen3", token_texts(added, ids, impl), in_reasoning=True) == want
+    plain = Tokenizer(make_qwen3_style_tokenizer("plain"))  # not in the vocabulary: several tokens each
+    ids = plain.encode(text, add_special_tokens=False)
+    assert len(ids) > len(added.encode(text, add_special_tokens=False)) + 4
+    assert run("qwen3", token_texts(plain, ids, impl), in_reasoning=True) == want
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
