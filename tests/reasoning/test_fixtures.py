@@ -77,7 +77,9 @@ def test_model_folders_load_as_the_server_loads_them(tmp_path, write) -> None:
     hf = tok.hf_tokenizer
     assert tok.decode_path.startswith("table:"), tok.decode_path
     eos = {"<|im_end|>"} if write is write_qwen3_style_model else {"<|return|>", "<|call|>"}
-    assert {hf.convert_tokens_to_ids(t) for t in eos} <= loaded.eos_token_ids
+    assert {hf.convert_tokens_to_ids(t) for t in eos} <= loaded.eos_token_ids <= tok.eos_token_ids
+    if write is write_harmony_style_model:  # <|end|> ends the analysis message, not the turn
+        assert hf.convert_tokens_to_ids("<|end|>") not in tok.eos_token_ids
     assert loaded.model.config.model_type == "qwen3"
     prompt = tok.apply_chat_template(CHAT)
     model = AutoModelForCausalLM.from_pretrained(str(folder))  # a plain forward of the saved weights
