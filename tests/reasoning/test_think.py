@@ -119,6 +119,16 @@ def test_held_prefix_len() -> None:
     assert held_prefix_len("</think>", ("</think>",)) == 0  # a whole marker is not a partial one
 
 
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="<|/>thinkedaTHINK[]", max_size=12),
+       markers=st.lists(st.sampled_from(["</think>", "<|end|>", "<|call|>", "[/THINK]", "<", "<<a"]),
+                        min_size=1, max_size=3))
+def test_held_prefix_len_is_the_longest_proper_prefix_suffix(text: str, markers: list[str]) -> None:
+    naive = max((k for m in markers for k in range(1, min(len(text), len(m) - 1) + 1)
+                 if m.startswith(text[len(text) - k:])), default=0)
+    assert held_prefix_len(text, markers) == naive
+
+
 def test_empty_tags_are_refused() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         ThinkTagParser("", CLOSE, in_reasoning=False)
