@@ -76,6 +76,7 @@ soak: setup
 
 bench: setup
 	$(PY) bench/detok_bench.py
+	$(PY) bench/reasoning_bench.py
 	$(PY) bench/engine_bench.py
 	@echo "serving comparison against peers (long; builds llama.cpp): $(PY) bench/compare.py"
 

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proxy.reasoning import check_reasoning_parser_setting
 from proxy.settings import Settings
 
 ENV_PREFIX = "STREAMPROXY_"
@@ -121,7 +122,8 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     """Merge command line, ``STREAMPROXY_*`` environment and defaults into :class:`Settings`.
 
     Raises:
-        ValueError: an environment value of the wrong type.
+        ValueError: an environment value of the wrong type, an unknown ``--reasoning-parser`` (the
+            message lists the names).
     """
     values: dict[str, Any] = {}
     for field in dataclasses.fields(Settings):
@@ -138,7 +140,9 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         if kind == "list":
             value = tuple(item.strip() for v in value for item in v.split(",") if item.strip())
         values[field.name] = value
-    return Settings(**values)
+    settings = Settings(**values)
+    check_reasoning_parser_setting(settings.reasoning_parser)
+    return settings
 
 
 def _server_class() -> type:

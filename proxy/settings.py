@@ -77,6 +77,9 @@ class Settings:
             (``proxy.engine.selfcheck``; seconds on a CPU for small models; off for very large ones).
         tool_call_parser: how ``tool_choice: "auto"`` output is parsed into tool calls: ``hermes``,
             ``llama3_json`` or ``mistral`` (vLLM's names); "": detected from the chat template.
+        reasoning_parser: how a thinking model's output is split into the reasoning and the answer:
+            ``deepseek_r1``, ``qwen3``, ``mistral`` or ``gpt_oss`` (vLLM's names, ``openai_gptoss``
+            too; ``proxy.reasoning``); "": detected from the chat template; ``none``: off.
         ui: serve the built-in chat page at ``/`` (``--no-ui`` turns it off).
         engine_process: run the engine core (schedule, forward, sample) in a child process, as
             vLLM v1 does (``proxy.engine.core_proc``); detokenization and streaming stay in the
@@ -124,6 +127,7 @@ class Settings:
     seed: int | None = None
     self_check: bool = True
     tool_call_parser: str = ""
+    reasoning_parser: str = ""
     ui: bool = True
     engine_process: bool | None = None
     enforce_eager: bool = False

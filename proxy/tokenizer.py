@@ -53,6 +53,9 @@ def find_eos_token_ids(hf_tokenizer: Any, generation_eos_ids: Iterable[int] = ()
     ``<|endoftext|>``) that this tokenizer has as special tokens. (3) matters because many chat
     models name only ``<|endoftext|>`` in their config while their template ends each turn with
     ``<|im_end|>``; vLLM and transformers' ``generate`` read the generation config the same way.
+    In a harmony vocabulary (GPT-OSS: ``<|channel|>`` is a special token) ``<|end|>`` ends one
+    message, not the turn (the answer follows the reasoning message), so (3) leaves it out; its turn
+    ends with ``<|return|>`` or ``<|call|>``, from (1) and (2).
     """
     hf = hf_tokenizer
     ids: set[int] = {int(i) for i in generation_eos_ids}
@@ -66,7 +69,10 @@ def find_eos_token_ids(hf_tokenizer: Any, generation_eos_ids: Iterable[int] = ()
     backend = getattr(hf, "_tokenizer", None)
     if backend is not None:
         special.update(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
+    harmony = vocab.get("<|channel|>") in special
     for token in _END_OF_TURN_TOKENS:
+        if harmony and token == "<|end|>":
+            continue
         i = vocab.get(token)
         if i is not None and i in special:
             ids.add(i)
