@@ -197,14 +197,16 @@ cdef class ChunkFramer:
         return b"".join((self._choice_head, self._index(index), body, dumps(finish_reason).encode(),
                          self._tail))
 
-    def usage(self, prompt_tokens, completion_tokens, cached_tokens):
+    def usage(self, prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens=None):
         """Usage chunk (``choices: []``); see ``proxy.hotpath.python.ChunkFramer.usage``."""
         cdef object p = int(prompt_tokens)
         cdef object c = int(completion_tokens)
         cdef object k = int(cached_tokens)
+        r = "" if reasoning_tokens is None else \
+            f',"completion_tokens_details":{{"reasoning_tokens":{int(reasoning_tokens)}}}'
         return self._head + (f'"choices":[],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},'
                              f'"total_tokens":{p + c},'
-                             f'"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}\n\n').encode()
+                             f'"prompt_tokens_details":{{"cached_tokens":{k}}}{r}}}}}\n\n').encode()
 
     def error(self, message, type, code):
         """In-band error event ``{"error":{"message","type","param":null,"code"}}``."""

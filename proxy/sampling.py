@@ -61,6 +61,11 @@ class SamplingParams:
             drops special tokens otherwise): the markers a tool-call parser reads, such as
             Mistral's ``[TOOL_CALLS]`` (vLLM sets ``skip_special_tokens=False`` for such parsers;
             this keeps only the markers, so EOS and other specials still never show).
+        reasoning_parser: the ``--reasoning-parser`` name whose thinking this request's output
+            starts with (``proxy.reasoning``); output processing counts the tokens generated while
+            inside it (``usage.completion_tokens_details.reasoning_tokens``). None: no parser.
+        starts_in_reasoning: the prompt opened the thinking (its generation prompt ends with
+            ``<think>``), so the output starts inside it.
     """
 
     max_tokens: int = 16
@@ -81,6 +86,8 @@ class SamplingParams:
     min_tokens: int = 0
     structured_outputs: StructuredOutputParams | None = None
     keep_special_ids: frozenset[int] = frozenset()
+    reasoning_parser: str | None = None
+    starts_in_reasoning: bool = False
 
     @property
     def is_greedy(self) -> bool:

@@ -118,7 +118,7 @@ async def respond(request: Request, client: EngineClient, fmt: CompletionFormat,
     params, n, stream = prepared.params, prepared.n, prepared.stream
     keepalive_s = settings.keepalive_interval_s or None
     generation = client.generate(prepared.prompt_ids, params, n, request_id=response_id)
-    outputs = [ChoiceOutput(prepared.tools, prepared.tool_parser) for _ in range(n)]
+    outputs = [prepared.choice_output() for _ in range(n)]
     handed_to_body = False
     try:
         if not stream.stream:

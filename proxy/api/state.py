@@ -51,7 +51,14 @@ class ServerState:
 
     def set_ready(self, client: EngineClient) -> None:
         """The model is loaded and its engine started: serve it (its features are read now)."""
-        self.features = ModelFeatures.detect(client.tokenizer, self.settings.tool_call_parser)
+        settings = self.settings
+        self.features = ModelFeatures.detect(client.tokenizer, settings.tool_call_parser,
+                                             settings.reasoning_parser)
+        if self.features.reasoning_parser is not None:
+            how = ("detected from the chat template" if self.features.reasoning_detected
+                   else "--reasoning-parser")
+            log.info("reasoning parser: %s (%s; --reasoning-parser none turns it off)",
+                     self.features.reasoning_parser, how)
         self.client, self.status = client, "ready"
 
     def set_failed(self, message: str) -> None:

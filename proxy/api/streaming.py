@@ -100,7 +100,8 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkF
             _frame(deltas, fmt, framer, outputs, text_offsets, out)
         if include_usage:
             usage = generation.usage
-            out.append(framer.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens))
+            out.append(framer.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+                                    usage.reasoning_tokens))
         out.append(framer.done())
         yield b"".join(out)
     finally:

@@ -55,7 +55,8 @@ class Generation:
         """Tokens so far: the prompt, the completion tokens of all choices (EOS included), and the
         prompt tokens of choice 0 served from the prefix cache (0 before it is scheduled)."""
         mailbox = self._mailbox
-        return Usage(self.num_prompt_tokens, mailbox.num_output_tokens, mailbox.num_cached_tokens)
+        return Usage(self.num_prompt_tokens, mailbox.num_output_tokens, mailbox.num_cached_tokens,
+                     mailbox.num_reasoning_tokens)
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until a delta, the end or an error is pending; False after ``timeout_s`` seconds

@@ -63,6 +63,8 @@ class Mailbox:
         self.error: StreamproxyError | None = None
         self.num_cached_tokens = 0
         """Prompt tokens of choice 0 served from the prefix cache (for ``usage``)."""
+        self.num_reasoning_tokens: int | None = None
+        """Output tokens of all choices generated inside the thinking (None: no reasoning parser)."""
 
     @property
     def num_choices(self) -> int:

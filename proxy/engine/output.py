@@ -23,6 +23,7 @@ from proxy.engine.mailbox import Mailbox
 from proxy.engine.request import RequestOutput
 from proxy.engine.stats import MetricsRecorder
 from proxy.protocol import LOGPROB_FLOOR, LogprobEntry
+from proxy.reasoning import ReasoningParser, get_reasoning_parser
 from proxy.sampling import SamplingParams
 
 
@@ -54,6 +55,7 @@ class _Tracked:
     params: SamplingParams
     detokenizer: Detokenizer
     stop_checker: StopCheckerLike | None
+    reasoning: ReasoningParser | None = None  # counts the tokens generated inside the thinking
 
 
 class OutputProcessor:
@@ -87,7 +89,11 @@ class OutputProcessor:
         stop = self._new_stop_checker(params.stop) if params.stop else None
         detokenizer = (self._tokenizer.new_detokenizer(params.keep_special_ids) if params.keep_special_ids
                        else self._tokenizer.new_detokenizer())
-        self._requests[request_id] = _Tracked(mailbox, index, params, detokenizer, stop)
+        reasoning = None
+        if params.reasoning_parser is not None:
+            reasoning = get_reasoning_parser(params.reasoning_parser, in_reasoning=params.starts_in_reasoning)
+            mailbox.num_reasoning_tokens = mailbox.num_reasoning_tokens or 0
+        self._requests[request_id] = _Tracked(mailbox, index, params, detokenizer, stop, reasoning)
 
     def abort(self, request_id: str) -> bool:
         """Stop tracking a request (its response closed; idempotent). A request still tracked is
@@ -142,6 +148,20 @@ class OutputProcessor:
         if self._recorder is not None:
             self._recorder.on_output(output, finish_reason)
 
+    @staticmethod
+    def _count_reasoning(tracked: _Tracked, ids: Sequence[int], text: str) -> None:
+        """Count ``ids`` as reasoning tokens when the choice is inside its thinking before their
+        text (as the API's parser sees it, after the stop checker) is read: the closing tag's
+        tokens count, an EOS does not. Per engine step, so the count does not depend on how the
+        consumer's deltas were coalesced (stream == non-stream)."""
+        parser = tracked.reasoning
+        if parser is None:
+            return
+        if parser.in_reasoning and tracked.mailbox.num_reasoning_tokens is not None:
+            tracked.mailbox.num_reasoning_tokens += len(ids)
+        if text:
+            parser.feed(text)
+
     def _process(self, output: RequestOutput) -> bool:
         """One output; True when the engine must abort the request (a stop string matched)."""
         tracked = self._requests.get(output.request_id)
@@ -170,12 +190,14 @@ class OutputProcessor:
                 safe += checker.flush()
                 matched = checker.matched_index
             if matched >= 0:
+                self._count_reasoning(tracked, ids, safe)
                 mailbox.put_text(index, safe, entries, all_ids)
                 mailbox.finish(index, "stop")
                 del self._requests[output.request_id]
                 self._observe(output, "stop")
                 return not finished
             text = safe
+        self._count_reasoning(tracked, ids, text)
         mailbox.put_text(index, text, entries, all_ids)
         self._observe(output, output.finish_reason if finished else None)
         if finished:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.reasoning import ReasoningParser
 from proxy.tools.output import ChoiceToolOutput
 from proxy.tools.parsers import ToolCall, ToolCallDelta
 from proxy.tools.request import ChatTools
@@ -33,33 +34,55 @@ class ChoiceParts:
 
 
 class ChoiceOutput:
-    """Splits one choice's text into reasoning, content and tool calls.
+    """Splits one choice's text into reasoning, content and tool calls, in that order: the reasoning
+    parser first (its thinking is never parsed for calls: a call-looking text inside it stays
+    reasoning), the tool-call splitter on what it leaves as content.
 
     Args:
         tools: the request's tools when their output is split (``tool_choice`` not ``none``);
-            None: all text is content.
+            None: all text after the reasoning is content.
         tool_parser: the parser of ``tool_choice: "auto"`` output.
+        reasoning: the choice's reasoning parser (``proxy.reasoning.get_reasoning_parser``); None:
+            no thinking is split off.
     """
 
-    def __init__(self, tools: ChatTools | None = None, tool_parser: str | None = None) -> None:
+    def __init__(self, tools: ChatTools | None = None, tool_parser: str | None = None,
+                 reasoning: ReasoningParser | None = None) -> None:
         self._tools = ChoiceToolOutput(tools, tool_parser) if tools is not None else None
+        self._reasoning_parser = reasoning
         self._content: list[str] = []
+        self._reasoning: list[str] = []
+
+    def _split(self, reasoning: str, content: str) -> ChoiceParts:
+        if reasoning:
+            self._reasoning.append(reasoning)
+        if self._tools is None:
+            self._content.append(content)
+            return ChoiceParts(reasoning, content)
+        text, calls = self._tools.feed(content)
+        return ChoiceParts(reasoning, text, calls)
 
     def feed(self, text: str) -> ChoiceParts:
         """The next text delta -> the parts known now (a possible partial marker is held back)."""
-        if self._tools is None:
-            self._content.append(text)
-            return ChoiceParts(content=text)
-        content, calls = self._tools.feed(text)
-        return ChoiceParts(content=content, calls=calls)
+        if self._reasoning_parser is None:
+            return self._split("", text)
+        return self._split(*self._reasoning_parser.feed(text))
 
     def finish(self, finish_reason: str | None) -> tuple[ChoiceParts, str | None]:
         """End of the choice -> (what was held back, the finish reason to report: ``tool_calls``
         when the model stopped by itself after a call)."""
+        parts = ChoiceParts()
+        if self._reasoning_parser is not None:
+            parts = self._split(*self._reasoning_parser.flush())
         if self._tools is None:
-            return ChoiceParts(), finish_reason
+            return parts, finish_reason
         content, calls, finish_reason = self._tools.finish(finish_reason)
-        return ChoiceParts(content=content, calls=calls), finish_reason
+        return ChoiceParts(parts.reasoning, parts.content + content, parts.calls + calls), finish_reason
+
+    @property
+    def reasoning(self) -> str | None:
+        """All thinking so far; None when there was none (the field is then left out)."""
+        return "".join(self._reasoning) or None
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -74,7 +97,11 @@ class ChoiceOutput:
         return "".join(self._content)
 
     def message(self) -> dict[str, Any]:
-        """The non-stream chat ``choices[i].message``: ``role``, ``content`` and (when any) ``tool_calls``."""
-        if self._tools is not None:
-            return self._tools.message()
-        return {"role": "assistant", "content": self.content}
+        """The non-stream chat ``choices[i].message``: ``role``, ``content``, the thinking as
+        ``reasoning_content`` and ``reasoning`` (when any) and ``tool_calls`` (when any)."""
+        msg = (self._tools.message() if self._tools is not None
+               else {"role": "assistant", "content": self.content})
+        reasoning = self.reasoning
+        if reasoning is not None:
+            msg["reasoning_content"] = msg["reasoning"] = reasoning
+        return msg

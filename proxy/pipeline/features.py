@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.reasoning import resolve_reasoning_parser
 from proxy.tokenizer import Tokenizer
 from proxy.tools import detect_parser
 
@@ -23,18 +24,34 @@ class ModelFeatures:
             messages itself (it mentions ``tools``, or its tool-call format was detected).
         tool_parser: the parser of ``tool_choice: "auto"`` output: ``--tool-call-parser``, else the
             format detected in the template (``proxy.tools.detect_parser``); None: neither.
+        reasoning_parser: the ``--reasoning-parser`` format of the model's thinking, else the one
+            detected in the template (``proxy.reasoning.resolve_reasoning_parser``); None: off.
+        reasoning_detected: ``reasoning_parser`` came from the template, not the setting.
+        template_thinks: the template reads ``enable_thinking`` (Qwen3-style thinking switch).
     """
 
     has_chat_template: bool = False
     template_has_tools: bool = False
     tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    reasoning_detected: bool = False
+    template_thinks: bool = False
 
     @classmethod
-    def detect(cls, tokenizer: Tokenizer, tool_call_parser: str = "") -> ModelFeatures:
-        """Read the features from ``tokenizer``'s chat template; ``tool_call_parser`` is the
-        ``--tool-call-parser`` setting ("" = detect)."""
+    def detect(cls, tokenizer: Tokenizer, tool_call_parser: str = "",
+               reasoning_parser: str = "") -> ModelFeatures:
+        """Read the features from ``tokenizer``'s chat template; ``tool_call_parser`` and
+        ``reasoning_parser`` are the ``--tool-call-parser`` / ``--reasoning-parser`` settings
+        ("" = detect; ``none`` turns reasoning off).
+
+        Raises:
+            ValueError: an unknown reasoning parser name (the message lists the names).
+        """
         template = getattr(tokenizer.hf_tokenizer, "chat_template", None)
         template = template if isinstance(template, str) else None
         detected = detect_parser(template)
         has_tools = detected is not None or (template is not None and "tools" in template)
-        return cls(template is not None, has_tools, tool_call_parser or detected)
+        reasoning = resolve_reasoning_parser(reasoning_parser, template)
+        return cls(template is not None, has_tools, tool_call_parser or detected, reasoning,
+                   reasoning is not None and not reasoning_parser,
+                   template is not None and "enable_thinking" in template)

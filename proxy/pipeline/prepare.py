@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy import protocol
 from proxy.engine.client import EngineClient
 from proxy.errors import InvalidRequestError, ModelNotFoundError
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
+from proxy.reasoning import get_reasoning_format, get_reasoning_parser, starts_in_reasoning
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tools import ToolCallParser
 from proxy.tools.request import ChatTools, template_messages, tool_system_prompt
 
+from .choice_output import ChoiceOutput
 from .features import PROMPTED_TOOL_PARSER, ModelFeatures
 
+T = TypeVar("T")
 LARGE_PROMPT_CHARS = 4096
 """Prompts longer than this are tokenized in a worker thread, off the event loop."""
 
@@ -42,6 +45,8 @@ class PreparedRequest:
         stream: ``stream`` / ``stream_options``.
         tools: the request's tools when their output must be split (``tool_choice`` not ``none``).
         tool_parser: the parser of ``tool_choice: "auto"`` output; None for other choices.
+        reasoning_parser: the model's reasoning format (``proxy.reasoning``); None: off.
+        starts_in_reasoning: the rendered prompt opened the thinking (the output starts inside it).
     """
 
     prompt_ids: list[int]
@@ -50,6 +55,15 @@ class PreparedRequest:
     stream: StreamOptions
     tools: ChatTools | None = None
     tool_parser: str | None = None
+    reasoning_parser: str | None = None
+    starts_in_reasoning: bool = False
+
+    def choice_output(self) -> ChoiceOutput:
+        """A fresh splitter for one choice's text (reasoning, content, tool calls)."""
+        reasoning = None
+        if self.reasoning_parser is not None:
+            reasoning = get_reasoning_parser(self.reasoning_parser, in_reasoning=self.starts_in_reasoning)
+        return ChoiceOutput(self.tools, self.tool_parser, reasoning)
 
 
 def check_model(client: EngineClient, requested: str) -> None:
@@ -60,7 +74,7 @@ def check_model(client: EngineClient, requested: str) -> None:
                                  param="model")
 
 
-async def _tokenize(func: Callable[[], list[int]], size: int) -> list[int]:
+async def _tokenize(func: Callable[[], T], size: int) -> T:
     return await asyncio.to_thread(func) if size > LARGE_PROMPT_CHARS else func()
 
 
@@ -89,7 +103,8 @@ def _tool_prompt(chat: ChatCompletionRequest, features: ModelFeatures
     messages = template_messages([dict(m) for m in chat.messages], list(chat.raw_messages),
                                  template_has_tools=features.template_has_tools,
                                  call_format=parser if prompted else None)
-    kwargs: dict[str, Any] = {}
+    _with_past_reasoning(messages, chat.raw_messages)
+    kwargs = _template_kwargs(chat, features)
     if tools is None:
         return messages, kwargs, parser
     if tools.is_parsed and parser is None:
@@ -102,6 +117,43 @@ def _tool_prompt(chat: ChatCompletionRequest, features: ModelFeatures
     elif tools.is_constrained or prompted:
         messages = _with_system(messages, tool_system_prompt(tools, parser))
     return messages, kwargs, parser
+
+
+def _with_past_reasoning(messages: list[dict[str, Any]], raw: tuple[dict[str, Any], ...]) -> None:
+    """Assistant turns of the history that carry their thinking (``reasoning_content`` or
+    ``reasoning``) pass it to the template under the names templates read (``reasoning_content``:
+    Qwen3; ``thinking``: GPT-OSS); the template decides what to keep (most drop past thinking).
+
+    Raises:
+        InvalidRequestError: the thinking is not a string.
+    """
+    for i, (msg, src) in enumerate(zip(messages, raw)):
+        for key in ("reasoning_content", "reasoning"):
+            value = src.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise InvalidRequestError(f"'messages[{i}].{key}' must be a string.",
+                                          param=f"messages[{i}].{key}")
+            if msg["role"] == "assistant" and value:
+                msg["reasoning_content"] = msg["thinking"] = value
+            break
+
+
+def _template_kwargs(chat: ChatCompletionRequest, features: ModelFeatures) -> dict[str, Any]:
+    """``chat_template_kwargs``, with ``reasoning_effort`` mapped to what templates read: GPT-OSS's
+    ``reasoning_effort`` (``low`` / ``medium`` / ``high``; ``none`` and ``minimal`` are ``low``), and
+    ``enable_thinking: false`` for ``none`` on a template with that switch (Qwen3). Elsewhere the
+    effort has no effect (templates ignore unknown variables)."""
+    kwargs = dict(chat.template_kwargs)
+    effort = chat.reasoning_effort
+    if effort is None:
+        return kwargs
+    kwargs.setdefault("reasoning_effort", {"none": "low", "minimal": "low"}.get(effort, effort)
+                      if features.reasoning_parser == "gpt_oss" else effort)
+    if effort == "none" and features.template_thinks:
+        kwargs.setdefault("enable_thinking", False)
+    return kwargs
 
 
 async def _constrain(client: EngineClient, params: SamplingParams, so: StructuredOutputParams | None,
@@ -129,16 +181,25 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient,
     check_model(client, chat.model)
     messages, template_kwargs, parser = _tool_prompt(chat, features)
     size = sum(len(str(m.get("content") or "")) for m in messages)
-    prompt_ids = await _tokenize(lambda: client.tokenizer.apply_chat_template(messages, **template_kwargs),
-                                 size)
+    tokenizer = client.tokenizer
+    text = await _tokenize(lambda: tokenizer.render_chat_template(messages, **template_kwargs), size)
+    prompt_ids = await _tokenize(lambda: tokenizer.encode(text, add_special_tokens=False), size)
     max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len)
     params = replace(chat.params, max_tokens=max_tokens)
     tools = chat.tools
+    markers: tuple[str, ...] = ()
     if tools is not None and tools.is_parsed and parser is not None:
-        # the parser's markers stay in the text where they are special tokens (Mistral's [TOOL_CALLS])
-        keep = client.tokenizer.special_ids_of(ToolCallParser(parser).marker_texts)
-        if keep:
-            params = replace(params, keep_special_ids=keep)
+        markers += ToolCallParser(parser).marker_texts
+    reasoning = features.reasoning_parser
+    starts_inside = False
+    if reasoning is not None:
+        markers += get_reasoning_format(reasoning).marker_texts
+        starts_inside = starts_in_reasoning(reasoning, text[-64:])
+        params = replace(params, reasoning_parser=reasoning, starts_in_reasoning=starts_inside)
+    # the parsers' markers stay in the text where they are special tokens (Mistral's [TOOL_CALLS])
+    keep = tokenizer.special_ids_of(markers) if markers else frozenset()
+    if keep:
+        params = replace(params, keep_special_ids=keep)
     if tools is not None and tools.is_constrained:
         kind = "tool_named" if tools.choice.mode == "named" else "tool_required"
         params = await _constrain(client, params, tools.grammar(), "tools", kind)
@@ -146,7 +207,8 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient,
         params = await _constrain(client, params, chat.structured, chat.structured_param or "response_format",
                                   _KIND_METRIC[chat.structured.kind])
     active = tools if tools is not None and tools.choice.mode != "none" else None
-    return PreparedRequest(prompt_ids, params, chat.n, chat.stream, active, parser if active else None)
+    return PreparedRequest(prompt_ids, params, chat.n, chat.stream, active, parser if active else None,
+                           reasoning, starts_inside)
 
 
 async def prepare_completion(cmpl: CompletionRequest, client: EngineClient) -> PreparedRequest:

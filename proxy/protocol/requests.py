@@ -20,7 +20,7 @@ Policies (documented in the README):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.sampling import SamplingParams, StructuredOutputParams
@@ -42,6 +42,7 @@ from .fields import (
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 UNSUPPORTED_CHAT_FIELDS = (
     "audio",
@@ -72,6 +73,8 @@ class ChatCompletionRequest:
         tools: ``tools`` / ``tool_choice`` / ``parallel_tool_calls``; None: no tools.
         structured: the ``response_format`` / ``guided_*`` constraint; None: unconstrained.
         structured_param: the field that asked for ``structured`` (named in compile errors).
+        template_kwargs: ``chat_template_kwargs`` (vLLM's extra), passed to the chat template.
+        reasoning_effort: ``none`` / ``minimal`` / ``low`` / ``medium`` / ``high``; None: not given.
     """
 
     model: str
@@ -84,6 +87,8 @@ class ChatCompletionRequest:
     tools: ChatTools | None = None
     structured: StructuredOutputParams | None = None
     structured_param: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,21 @@ def parse_chat_request(
         tools,
         structured,
         structured_param,
+        *_reasoning_controls(body),
     )
+
+
+def _reasoning_controls(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """(``chat_template_kwargs``, ``reasoning_effort``) validated."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise _bad("chat_template_kwargs",
+                   f"'chat_template_kwargs' must be an object, not {_type_name(kwargs)}.")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise _bad("reasoning_effort", f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}; "
+                   f"got {effort!r}.")
+    return dict(kwargs or {}), effort
 
 
 def _prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:

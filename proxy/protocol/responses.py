@@ -54,12 +54,15 @@ class Usage:
 
     ``cached_tokens``: prompt tokens whose K/V came from the prefix cache (OpenAI's
     ``usage.prompt_tokens_details.cached_tokens``), whole KV blocks and never the last prompt token;
-    0 when none. As OpenAI does, the details object is always present.
+    0 when none. As OpenAI does, the details object is always present. ``reasoning_tokens``: of the
+    completion tokens, those generated inside the thinking (``completion_tokens_details``, present
+    when the request had a reasoning parser; None: it had none).
     """
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -68,10 +71,14 @@ class Usage:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
-        {"cached_tokens"}}`` (key order of the OpenAI API reference)."""
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.total_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        {"cached_tokens"}}`` (key order of the OpenAI API reference), and
+        ``completion_tokens_details: {"reasoning_tokens"}`` when counted."""
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                 "total_tokens": self.total_tokens,
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if self.reasoning_tokens is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return usage
 
 
 def chat_logprobs(entries: Sequence[LogprobEntry]) -> dict[str, Any]:

@@ -139,6 +139,7 @@ _RENAMES = ((re.compile(r"^response_format\.json_schema\."), "text.format."),
             (re.compile(r"^(tools\[\d+\])\.function\."), r"\1."),
             (re.compile(r"^tool_choice\.function\."), "tool_choice."),
             (re.compile(r"^max_completion_tokens$|^max_tokens$"), "max_output_tokens"),
+            (re.compile(r"^reasoning_effort$"), "reasoning.effort"),
             (re.compile(r"^messages(\[\d+\])?"), "input"))
 
 

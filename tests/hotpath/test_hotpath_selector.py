@@ -21,6 +21,7 @@ COMPILED_MODULE_OF = {
     "IncrementalDetokenizer": "proxy.hotpath._detokenizer",
     "StopChecker": "proxy.hotpath._stop_checker",
     "ChunkFramer": "proxy.hotpath._framer",
+    "EventFramer": "proxy.hotpath._framer",
     "dumps": "proxy.hotpath._framer",
 }
 STUBS = sorted(Path(hotpath.__file__).parent.glob("_*.pyi"))

@@ -11,13 +11,13 @@ INCOMPLETE_REASONS = {"length": "max_output_tokens"}
 """Engine finish reasons that make a response ``incomplete``, and OpenAI's ``incomplete_details.reason``."""
 
 
-def responses_usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
+def responses_usage(usage: Usage) -> dict[str, Any]:
     """Responses ``usage``: ``input_tokens`` (+ ``cached_tokens``), ``output_tokens`` (+
-    ``reasoning_tokens``), ``total_tokens``."""
+    ``reasoning_tokens``, 0 without a reasoning parser), ``total_tokens``."""
     return {"input_tokens": usage.prompt_tokens,
             "input_tokens_details": {"cached_tokens": usage.cached_tokens},
             "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
             "total_tokens": usage.total_tokens}
 
 

@@ -24,7 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from proxy.engine.client import ChoiceDelta, EngineClient, Generation
 from proxy.errors import StreamproxyError
 from proxy.hotpath import EventFramer, dumps
-from proxy.pipeline import ChoiceOutput, PreparedRequest
+from proxy.pipeline import PreparedRequest
 from proxy.protocol.responses_request import ResponsesRequest
 from proxy.settings import Settings
 
@@ -52,7 +52,7 @@ class ResponseRun:
         self.created_at = int(time.time())
         self.model = client.model.served_model_name
         self.client, self.request, self.prepared, self.store = client, request, prepared, store
-        self.choice = ChoiceOutput(prepared.tools, prepared.tool_parser)
+        self.choice = prepared.choice_output()
 
     def _object(self, output: ResponseOutput, status: str, generation: Generation | None = None,
                 finish_reason: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:

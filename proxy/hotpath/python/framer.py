@@ -103,20 +103,24 @@ class ChunkFramer:
         )
         return s.encode()
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> bytes:
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+              reasoning_tokens: int | None = None) -> bytes:
         """Usage chunk (``choices: []``), sent before ``[DONE]`` when ``include_usage`` was asked.
 
         ``usage`` is ``{"prompt_tokens","completion_tokens","total_tokens",
         "prompt_tokens_details":{"cached_tokens"}}`` as in the OpenAI API reference (chat completion
         object); ``cached_tokens`` is the number of prompt tokens served from the prefix cache, 0 when
-        none (OpenAI always sends the details object).
+        none (OpenAI always sends the details object); with ``reasoning_tokens``,
+        ``"completion_tokens_details":{"reasoning_tokens"}`` follows.
         """
         p = int(prompt_tokens)
         c = int(completion_tokens)
         k = int(cached_tokens)
+        r = ("" if reasoning_tokens is None else
+             f',"completion_tokens_details":{{"reasoning_tokens":{int(reasoning_tokens)}}}')
         s = (
             f'{self._head}"choices":[],"usage":{{"prompt_tokens":{p},"completion_tokens":{c},'
-            f'"total_tokens":{p + c},"prompt_tokens_details":{{"cached_tokens":{k}}}}}}}\n\n'
+            f'"total_tokens":{p + c},"prompt_tokens_details":{{"cached_tokens":{k}}}{r}}}}}\n\n'
         )
         return s.encode()
 
