@@ -38,6 +38,8 @@ CJK = "你好，世界。我很感动。🤗 emoji and café, naïve façade �
 INJECTION = ('Look: <img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
              '<b id="injected">bold</b> &amp; done')
 LONG = " ".join(["alpha beta gamma delta"] * 40)
+THINKING = "Plan: greet, then answer <b>kindly</b>."
+ANSWER = "The answer is 42."
 
 
 def reply_for(last_user_message: str) -> str:
@@ -48,6 +50,8 @@ def reply_for(last_user_message: str) -> str:
         return CJK
     if "long" in last_user_message:
         return LONG
+    if "think" in last_user_message:  # a thinking model's output (served with --reasoning-parser qwen3)
+        return f"<think>{THINKING}</think>{ANSWER}"
     return HELLO
 
 

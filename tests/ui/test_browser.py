@@ -173,6 +173,23 @@ def test_reply_streams_in_incrementally(page: Any, fake_server: FakeServer) -> N
     assert console_errors(page) == []
 
 
+def test_thinking_is_shown_collapsed_above_the_answer(browser: Any) -> None:
+    from ui.conftest import ANSWER, THINKING
+
+    with live_app(fake_app(BurstEngine(step_s=0.03), reasoning_parser="qwen3")) as base:
+        open_page(browser, base)
+        send(browser, "think first")
+        reply = wait_reply(browser)
+        details = browser.execute_script(
+            "const m = [...document.querySelectorAll('#log .message.assistant')].pop();"
+            "const d = m.querySelector('details.thinking');"
+            "return d && [d.open, d.querySelector('.thinking-text').textContent, m.children[1] === d,"
+            "             d.querySelector('b') === null];")
+    assert reply["text"] == ANSWER
+    assert details == [False, THINKING, True, True]  # collapsed, before the answer, shown as text
+    assert console_errors(browser) == []
+
+
 def test_cjk_and_emoji_arrive_intact_when_characters_are_split_on_the_wire(
     page: Any, fake_server: FakeServer
 ) -> None:

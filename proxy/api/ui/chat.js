@@ -104,10 +104,11 @@
 
   /**
    * POST /v1/chat/completions with stream: true; calls onDelta(text) per content delta and
+   * onReasoning(text) per thinking delta (reasoning_content, or its newer name reasoning), and
    * resolves with {finishReason, usage} at "[DONE]". Rejects with ApiError (HTTP error or an
    * in-band error event), DroppedError (connection lost), or an AbortError (signal).
    */
-  async function streamChat(body, signal, onDelta) {
+  async function streamChat(body, signal, onDelta, onReasoning) {
     let response;
     try {
       response = await fetch("/v1/chat/completions", {
@@ -130,8 +131,10 @@
         throw new ApiError(0, chunk.error.message || "The server reported an error.", { code: chunk.error.code });
       }
       for (const choice of chunk.choices || []) {
-        const content = choice.delta && choice.delta.content;
-        if (content) onDelta(content);
+        const delta = choice.delta || {};
+        const thinking = delta.reasoning_content || delta.reasoning;
+        if (thinking && onReasoning) onReasoning(thinking);
+        if (delta.content) onDelta(delta.content);
         if (choice.finish_reason) result.finishReason = choice.finish_reason;
       }
       if (chunk.usage) result.usage = chunk.usage;
@@ -182,6 +185,23 @@
     const textNode = document.createTextNode(text);
     body.append(textNode);
     el.append(meta, body);
+    // the thinking of a reasoning model: collapsed above the answer, created with its first delta
+    let thinkingNode = null;
+    const thinking = () => {
+      if (thinkingNode === null) {
+        const details = document.createElement("details");
+        details.className = "thinking";
+        const summary = document.createElement("summary");
+        summary.textContent = "Thinking";
+        const p = document.createElement("p");
+        p.className = "thinking-text";
+        thinkingNode = document.createTextNode("");
+        p.append(thinkingNode);
+        details.append(summary, p);
+        el.insertBefore(details, body);
+      }
+      return thinkingNode;
+    };
     if (role !== "error") {
       const copy = document.createElement("button");
       copy.type = "button";
@@ -198,6 +218,10 @@
       get text() { return textNode.data; },
       append(delta) {
         textNode.appendData(delta);
+        log.scrollTop = log.scrollHeight;
+      },
+      appendReasoning(delta) {
+        thinking().appendData(delta);
         log.scrollTop = log.scrollHeight;
       },
       setInfo(s) { info.textContent = s; },
@@ -298,12 +322,18 @@
     let tFirst = null;
     setStats("TTFT … · – tok/s");
     try {
-      const result = await streamChat(body, controller.signal, (delta) => {
+      const first = () => {
         if (tFirst === null) {
           tFirst = performance.now();
           setStats(`TTFT ${Math.round(tFirst - t0)} ms · … tok/s`);
         }
+      };
+      const result = await streamChat(body, controller.signal, (delta) => {
+        first();
         reply.append(delta);
+      }, (delta) => {
+        first();
+        reply.appendReasoning(delta);
       });
       const tEnd = performance.now();
       reply.setState("done");
