@@ -28,6 +28,10 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
     streamproxy:structured_output_requests_total  counter, label kind: constrained requests by what
                                               constrained them (json_schema, json_object, regex, choice,
                                               grammar, tool_required, tool_named); no vLLM equivalent
+    streamproxy:api_requests_total            counter, label endpoint: generating requests received, by
+                                              route (/v1/chat/completions, /v1/completions, /v1/responses)
+    streamproxy:responses_store_entries       gauge, stored Responses API responses (previous_response_id)
+    streamproxy:responses_store_bytes         gauge, bytes of JSON they take
 """
 
 from __future__ import annotations
@@ -116,6 +120,8 @@ class Metrics:
               registry=reg).labels(model_name).set_function(num_waiting)
         Gauge(PREFIX + "kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels,
               registry=reg).labels(model_name).set_function(kv_cache_usage)
+        self._requests = Counter(PREFIX + "api_requests", "Generating requests received, by endpoint.",
+                                 labels + ["endpoint"], registry=reg)
         self._structured = Counter(PREFIX + "structured_output_requests",
                                    "Requests with constrained (structured) output, by kind.",
                                    labels + ["kind"], registry=reg)
@@ -145,6 +151,18 @@ class Metrics:
                 prefix_cache_hits,
             )
         )
+
+    def observe_request(self, endpoint: str) -> None:
+        """Count one generating request received at ``endpoint`` (its route path)."""
+        self._requests.labels(self.model_name, endpoint).inc()
+
+    def watch_responses_store(self, num_entries: Callable[[], float], num_bytes: Callable[[], float]) -> None:
+        """Export the Responses API store's size (entries, bytes), read at scrape time."""
+        for name, doc, value in (("responses_store_entries", "Stored Responses API responses.", num_entries),
+                                 ("responses_store_bytes", "Bytes of JSON the stored responses take.",
+                                  num_bytes)):
+            Gauge(PREFIX + name, doc, ["model_name"], registry=self.registry).labels(
+                self.model_name).set_function(value)
 
     def observe_first_token(self, ttft_s: float) -> None:
         """Record one request's time to first token, in seconds."""

@@ -80,3 +80,18 @@ def test_prefix_cache_counters_read_at_scrape_time() -> None:
     assert samples[("streamproxy:prefix_cache_queries_total", lab)] == 300
     assert samples[("streamproxy:prefix_cache_hits_total", lab)] == 224
     assert b"# TYPE streamproxy:prefix_cache_hits_total counter" in m.render()
+
+
+def test_requests_by_endpoint_and_responses_store_size() -> None:
+    m = Metrics("m")
+    m.observe_request("/v1/responses")
+    m.observe_request("/v1/responses")
+    m.observe_request("/v1/chat/completions")
+    size = {"entries": 3, "bytes": 1234}
+    m.watch_responses_store(lambda: size["entries"], lambda: size["bytes"])
+    text = m.render().decode()
+    assert 'streamproxy:api_requests_total{endpoint="/v1/responses",model_name="m"} 2.0' in text
+    assert 'streamproxy:api_requests_total{endpoint="/v1/chat/completions",model_name="m"} 1.0' in text
+    assert 'streamproxy:responses_store_entries{model_name="m"} 3.0' in text
+    size["bytes"] = 99  # read at scrape time
+    assert 'streamproxy:responses_store_bytes{model_name="m"} 99.0' in m.render().decode()

@@ -59,6 +59,8 @@ class ServerState:
                    else "--reasoning-parser")
             log.info("reasoning parser: %s (%s; --reasoning-parser none turns it off)",
                      self.features.reasoning_parser, how)
+        store = self.responses_store
+        client.metrics.watch_responses_store(lambda: len(store), lambda: store.num_bytes)
         self.client, self.status = client, "ready"
 
     def set_failed(self, message: str) -> None:

@@ -53,6 +53,7 @@ async def create_response(request: Request) -> Response:
     """``POST /v1/responses`` (OpenAI "Create a model response"), stream and non-stream: parse
     (``proxy.protocol.responses_request``, as the chat request it means), prepare, generate, respond."""
     state, client, parsed = await _parse(request)
+    client.metrics.observe_request("/v1/responses")
     prepared = await prepare_chat(parsed.chat, client, state.features)
     return await ResponseRun(client, parsed, prepared, state.responses_store).respond(request, state.settings)
 
