@@ -1,4 +1,5 @@
-"""Layering rules of ../shared/DESIGN.md, checked by walking every import in proxy/ (AST, incl. lazy ones).
+"""Layering rules of the architecture (README "Layout", docs/internals.md), checked by walking every
+import in proxy/ (AST, incl. lazy ones).
 
 Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer -> engine ->
 api -> cli. Nothing imports api or cli; scheduler and block manager never import torch; only the

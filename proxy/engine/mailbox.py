@@ -3,7 +3,7 @@
 One slot per choice: text that arrives while the consumer (the HTTP response) is still busy is
 appended to the pending text of that choice instead of being queued as another frame, so a
 lagging client costs at most its own generated text and gets fewer, larger chunks (the coalescing
-policy of ``../shared/DESIGN.md``). The consumer takes everything pending when it wakes.
+policy: the engine never waits on HTTP). The consumer takes everything pending when it wakes.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ One forward pass per step over all scheduled tokens, as ``input_ids [1, T]`` wit
 ``use_cache=False`` (the paged cache is ours), and ``logits_to_keep`` = the flat index of the last
 token of each sequence that samples this step (logits ``[1, S, V]``; computing logits for every
 prefill token would cost ~25% on a long prefill). The step's :class:`PagedAttentionMetadata` is
-built once here and passed to every layer. Facts behind this: ``../shared/notes/
-transformers-paged-attention.md``.
+built once here and passed to every layer. Facts behind this:
+``docs/transformers-paged-attention.md``.
 
 Per-layer cache shapes, windows, chunk sizes, soft-caps and sinks come from a 3-token probe pass at
 construction (``attention.probe_layers`` -> ``architectures.layer_specs``), which also refuses

@@ -1,6 +1,6 @@
 """The context check: the tokens a request may generate within the model's context window.
 
-One rule, one place (``../shared/DESIGN.md``, "one source for each rule"): the API calls
+One rule, one place: the API calls
 :func:`resolve_max_tokens` before generating and ``EngineCore.add_request`` calls it again.
 """
 
