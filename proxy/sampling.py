@@ -23,10 +23,31 @@ class StructuredOutputParams:
             (``spec`` is a JSON list of strings; the output is exactly one of them), ``"grammar"``
             (``spec`` is an EBNF grammar in GBNF syntax with a ``root`` rule).
         spec: the grammar source text; with ``kind`` it is the compile-cache key.
+        reasoning_end_ids: the end-of-thinking marker as token ids (one special token such as
+            ``</think>``, or several plain tokens), or None: the grammar applies from the first output
+            token. With a marker the grammar applies from the token after the marker's first
+            occurrence in the output (vLLM's ``reasoning_ended`` / ``is_reasoning_end``); until then
+            the output is free text, sampled exactly as without ``structured_outputs``, bounded only
+            by ``max_tokens``. See :class:`proxy.engine.structured.ReasoningEnd`.
+        starts_in_reasoning: with a marker: True (default) when the prompt opened the thinking (the
+            generation prompt ends with ``<think>``), so the output starts inside the reasoning; False
+            when the model may think or not, which its first output token decides (see
+            ``reasoning_start_ids``). Ignored without a marker.
+        reasoning_start_ids: the start-of-thinking marker as token ids; used only when
+            ``starts_in_reasoning`` is False: the output thinks iff its first token is
+            ``reasoning_start_ids[0]`` (that token is allowed beside the grammar's first tokens);
+            any other first token starts the grammar at once. Empty: the grammar applies at once.
     """
 
     kind: StructuredOutputKind
     spec: str = ""
+    reasoning_end_ids: tuple[int, ...] | None = None
+    starts_in_reasoning: bool = True
+    reasoning_start_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.reasoning_end_ids is not None and not self.reasoning_end_ids:
+            raise ValueError("reasoning_end_ids must be None or a non-empty tuple of token ids")
 
 
 @dataclass(frozen=True)
@@ -54,7 +75,8 @@ class SamplingParams:
         top_logprobs: also return this many most likely alternatives per position (0..20).
         min_tokens: generate at least this many tokens before an EOS / ``stop_token_ids`` token
             may end the sequence (vLLM's ``min_tokens``; not applied to a constrained request: its
-            grammar decides when the output may end); see :meth:`is_stop_allowed`.
+            grammar decides when the output may end; nor, so, to its reasoning before the grammar
+            starts); see :meth:`is_stop_allowed`.
         structured_outputs: constrain the output to a grammar (``response_format``, tool calls);
             None: unconstrained.
         keep_special_ids: special tokens whose text stays in the output text (the detokenizer

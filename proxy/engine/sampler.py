@@ -5,7 +5,9 @@ Order of processing, as in vLLM's sampler:
 0. **Grammar masks** (structured outputs, tool calls; :mod:`proxy.engine.structured`): on the
    constrained rows only, tokens the request's grammar does not allow next get ``-inf`` (vLLM applies
    the grammar bitmask before any other logits processing, too). Every later step (penalties,
-   temperature, top-k/p, min-p, greedy or seeded draws) then only sees allowed tokens.
+   temperature, top-k/p, min-p, greedy or seeded draws) then only sees allowed tokens. A request
+   whose grammar waits for the end of its reasoning (``reasoning_end_ids``) has no mask row until
+   the token after the marker (:class:`~proxy.engine.structured.ReasoningEnd`).
 1. **logprobs** are taken from ``log_softmax`` of the *raw* model logits (vLLM's default
    ``logprobs_mode="raw_logprobs"``): what the model believes, independent of penalties, bias and
    temperature; the chosen token's logprob and the ``top_logprobs`` alternatives both come from it.
@@ -39,7 +41,7 @@ import torch
 from proxy.engine.request import Request, TokenLogprob
 
 if TYPE_CHECKING:
-    from proxy.engine.structured import GrammarCompiler, RequestGrammar
+    from proxy.engine.structured import GrammarCompiler, ReasoningEnd, RequestGrammar
 
 
 class Sampler:
@@ -70,37 +72,62 @@ class Sampler:
         self._generators: dict[str, tuple[torch.Generator, torch.Generator | None]] = {}
         self.grammar_compiler = grammar_compiler
         self._grammars: dict[str, RequestGrammar] = {}
+        self._reasoning: dict[str, ReasoningEnd] = {}
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's generator and grammar state."""
         self._generators.pop(request_id, None)
         self._grammars.pop(request_id, None)
+        self._reasoning.pop(request_id, None)
 
     @property
     def num_grammars(self) -> int:
-        """Live per-request grammar states (constrained requests sampled at least once, not forgotten)."""
-        return len(self._grammars)
+        """Live per-request grammar states (constrained requests sampled at least once, not forgotten;
+        one still in its reasoning counts too)."""
+        return len(self._reasoning.keys() | self._grammars.keys())
+
+    def _grammar_rows(self, requests: Sequence[Request]) -> list[tuple[int, RequestGrammar, int | None]]:
+        """``(row, grammar, extra allowed token)`` of every constrained row that has a mask this step;
+        a request still in its reasoning has none (and its grammar is not created or advanced)."""
+        from proxy.engine.structured import ReasoningEnd
+
+        compiler = self.grammar_compiler
+        found = []
+        for i, request in enumerate(requests):
+            so = request.params.structured_outputs
+            if so is None:
+                continue
+            if compiler is None:
+                raise RuntimeError("a constrained request reached a sampler without a grammar compiler")
+            rid = request.request_id
+            reasoning = self._reasoning.get(rid)
+            if reasoning is None:
+                reasoning = self._reasoning[rid] = ReasoningEnd(so)
+            start = reasoning.update(request.output_token_ids)
+            if start is None:
+                self._grammars.pop(rid, None)
+                continue
+            grammar = self._grammars.get(rid)
+            if grammar is None or grammar.offset != start:
+                grammar = self._grammars[rid] = compiler.new_request_grammar(so, start)
+            found.append((i, grammar, reasoning.open_token))
+        return found
 
     def _apply_grammars(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
         """Mask the constrained rows of ``logits`` in place; return their indices."""
-        rows = [i for i, r in enumerate(requests) if r.params.structured_outputs is not None]
-        if not rows:
-            return rows
-        from proxy.engine.structured import apply_bitmask
+        found = self._grammar_rows(requests)
+        if not found:
+            return []
+        from proxy.engine.structured import allow_token, apply_bitmask
 
-        compiler = self.grammar_compiler
-        if compiler is None:
-            raise RuntimeError("a constrained request reached a sampler without a grammar compiler")
-        bitmask = compiler.allocate_bitmask(len(rows))
-        for k, i in enumerate(rows):
-            request = requests[i]
-            grammar = self._grammars.get(request.request_id)
-            if grammar is None:
-                so = request.params.structured_outputs
-                assert so is not None
-                grammar = self._grammars[request.request_id] = compiler.new_request_grammar(so)
-            grammar.sync(request.output_token_ids)
+        assert self.grammar_compiler is not None
+        bitmask = self.grammar_compiler.allocate_bitmask(len(found))
+        for k, (i, grammar, open_token) in enumerate(found):
+            grammar.sync(requests[i].output_token_ids)
             grammar.fill(bitmask, k)
+            if open_token is not None:
+                allow_token(bitmask, k, open_token)
+        rows = [i for i, _, _ in found]
         apply_bitmask(logits, bitmask, rows)
         return rows
 

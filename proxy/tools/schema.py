@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.errors import InvalidRequestError
+from proxy.tools.regex_features import check_regex
 
 __all__ = ["ANNOTATION_KEYWORDS", "ENFORCED_KEYWORDS", "JSON_FORMATS", "check_json_schema"]
 
@@ -57,8 +58,9 @@ def check_json_schema(schema: Any, param: str = "response_format.json_schema.sch
     Raises:
         InvalidRequestError: not a JSON Schema object, a keyword outside :data:`ENFORCED_KEYWORDS`
             and :data:`ANNOTATION_KEYWORDS` (the message names it and its path), an ``allOf`` with
-            more than one branch, an unknown ``type`` or ``format``, or a ``required`` name that is
-            not in ``properties``.
+            more than one branch, an unknown ``type`` or ``format``, a ``required`` name that is
+            not in ``properties``, or a ``pattern`` using a regex feature the grammar cannot enforce
+            (:func:`proxy.tools.regex_features.check_regex`: lookaround, backreferences, ...).
     """
     _check(schema, param, "#")
 
@@ -117,5 +119,9 @@ def _check(node: Any, param: str, path: str) -> None:
                     f"{param}: required property {missing[0]!r} (at {path}) is not listed in 'properties'",
                     param,
                 )
+        elif key == "pattern":
+            if not isinstance(value, str):
+                raise _refuse(f"{param}: {where} must be a string (a regular expression)", param)
+            check_regex(value, param, f"the JSON Schema 'pattern' (at {path})", in_json=True)
         elif key == "enum" and (not isinstance(value, list) or not value):
             raise _refuse(f"{param}: {where} must be a non-empty array", param)

@@ -38,8 +38,15 @@ output tokens it has not seen yet. The output tokens survive preemption by recom
 state stays right across preemption and prefill chunks without extra bookkeeping; the sampler drops
 it with the request (``Sampler.forget``).
 
+Thinking models: a request whose ``StructuredOutputParams`` names the end-of-thinking marker
+(``reasoning_end_ids``) is unconstrained until the marker is out; its grammar starts fresh at the
+token after it (:mod:`~proxy.engine.structured.reasoning_end` has the rule, after vLLM's
+``reasoning_ended``). Until then the request has no mask row, so it samples exactly what it would
+without ``structured_outputs``.
+
 The package: :mod:`~proxy.engine.structured.compiler` (:class:`GrammarCompiler`, the compile cache),
-:mod:`~proxy.engine.structured.request_grammar` (:class:`RequestGrammar`, one request's matcher) and
+:mod:`~proxy.engine.structured.request_grammar` (:class:`RequestGrammar`, one request's matcher),
+:mod:`~proxy.engine.structured.reasoning_end` (:class:`ReasoningEnd`, where the grammar starts) and
 :mod:`~proxy.engine.structured.masks` (token bitmasks: built, applied, their width). The schema
 allow-list lives in :mod:`proxy.tools.schema` (the API validates with it before anything compiles).
 """
@@ -47,7 +54,8 @@ allow-list lives in :mod:`proxy.tools.schema` (the API validates with it before 
 from __future__ import annotations
 
 from proxy.engine.structured.compiler import GrammarCompiler
-from proxy.engine.structured.masks import apply_bitmask, logits_width
+from proxy.engine.structured.masks import allow_token, apply_bitmask, logits_width
+from proxy.engine.structured.reasoning_end import ReasoningEnd
 from proxy.engine.structured.request_grammar import RequestGrammar
 from proxy.tools.schema import ANNOTATION_KEYWORDS, ENFORCED_KEYWORDS, JSON_FORMATS, check_json_schema
 
@@ -56,7 +64,9 @@ __all__ = [
     "ENFORCED_KEYWORDS",
     "JSON_FORMATS",
     "GrammarCompiler",
+    "ReasoningEnd",
     "RequestGrammar",
+    "allow_token",
     "apply_bitmask",
     "check_json_schema",
     "logits_width",

@@ -23,6 +23,7 @@ from proxy.engine.structured.masks import has_control_char, token_mask
 from proxy.engine.structured.request_grammar import RequestGrammar
 from proxy.errors import InvalidRequestError
 from proxy.sampling import StructuredOutputParams
+from proxy.tools.regex_features import check_regex
 from proxy.tools.schema import check_json_schema
 
 __all__ = ["GrammarCompiler"]
@@ -113,7 +114,8 @@ class GrammarCompiler:
 
         Raises:
             InvalidRequestError: the spec is not valid (bad JSON, a refused schema keyword, an invalid
-                regex or grammar); the message names ``param`` and the library's reason.
+                regex or grammar, a regex feature the grammar cannot enforce); the message names
+                ``param`` and the reason.
         """
         hit = self.cached(so)
         if hit is not None:
@@ -143,6 +145,7 @@ class GrammarCompiler:
             if so.kind == "json_object":
                 return c.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
             if so.kind == "regex":
+                check_regex(so.spec, param)
                 return c.compile_regex(so.spec)
             if so.kind == "choice":
                 choices = json.loads(so.spec)
@@ -167,16 +170,17 @@ class GrammarCompiler:
             ) from None
         raise InvalidRequestError(f"{param}: unknown structured output kind {so.kind!r}", param=param)
 
-    def new_request_grammar(self, so: StructuredOutputParams) -> RequestGrammar:
-        """A fresh per-request grammar (engine thread). Compiles now if ``so`` is not cached, which
-        only happens when the caller skipped :meth:`compile` (tests) or the entry was evicted."""
+    def new_request_grammar(self, so: StructuredOutputParams, offset: int = 0) -> RequestGrammar:
+        """A fresh per-request grammar (engine thread) whose first token is output token ``offset``.
+        Compiles now if ``so`` is not cached, which only happens when the caller skipped
+        :meth:`compile` (tests) or the entry was evicted."""
         with self._lock:
             compiled = self._cache.get((so.kind, so.spec))
         if compiled is None:
             logger.warning("grammar compiled on the engine thread (not cached): kind %s", so.kind)
             compiled = self.compile(so)
         extra = self.json_token_mask if so.kind in ("json", "json_object") else None
-        return RequestGrammar(compiled, self.stop_token_ids, extra, self.stop_token_mask)
+        return RequestGrammar(compiled, self.stop_token_ids, extra, self.stop_token_mask, offset)
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         """An int32 ``[num_rows, ceil(vocab_size / 32)]`` bitmask (CPU)."""

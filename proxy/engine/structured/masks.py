@@ -12,7 +12,7 @@ import xgrammar as xgr
 
 from proxy.quant.apply import output_layer
 
-__all__ = ["apply_bitmask", "has_control_char", "logits_width", "token_mask"]
+__all__ = ["allow_token", "apply_bitmask", "has_control_char", "logits_width", "token_mask"]
 
 _CONTROL_BYTES = frozenset(range(32))
 
@@ -31,6 +31,16 @@ def token_mask(vocab_size: int, allowed_ids: Iterable[int]) -> torch.Tensor:
     weights = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int64)
     words = (allowed.view(-1, 32).to(torch.int64) * weights).sum(dim=1)
     return words.to(torch.int32)
+
+
+def allow_token(bitmask: torch.Tensor, row: int, token_id: int) -> None:
+    """Set token ``token_id``'s bit in ``bitmask[row]`` (int32 words; bit 31 is the sign bit); an id
+    outside the mask's columns is ignored."""
+    word, bit = divmod(token_id, 32)
+    if token_id < 0 or word >= bitmask.shape[1]:
+        return
+    value = int(bitmask[row, word]) | (1 << bit)
+    bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
 
 
 def logits_width(model: torch.nn.Module) -> int:

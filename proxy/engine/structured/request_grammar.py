@@ -12,12 +12,17 @@ __all__ = ["RequestGrammar"]
 
 logger = logging.getLogger(__name__)
 
+
 class RequestGrammar:
     """One request's grammar state.
 
     Args:
         compiled: the compiled grammar (shared, read-only).
         stop_token_ids: tokens that end the output once the grammar is complete (the engine's EOS ids).
+        extra_mask: int32 bitmask ANDed into every grammar mask (JSON: no raw control characters).
+        stop_mask: int32 bitmask of the stop tokens (what a terminated grammar allows).
+        offset: the output index of the grammar's first token (after the reasoning, see
+            :class:`~proxy.engine.structured.ReasoningEnd`); earlier output tokens are never consumed.
     """
 
     def __init__(
@@ -26,17 +31,19 @@ class RequestGrammar:
         stop_token_ids: Sequence[int],
         extra_mask: torch.Tensor | None = None,
         stop_mask: torch.Tensor | None = None,
+        offset: int = 0,
     ) -> None:
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids))
+        self.offset = offset
         self.stop_mask = stop_mask
         self.num_accepted = 0
         self.is_failed = False
         self.extra_mask = extra_mask
 
     def sync(self, output_token_ids: Sequence[int]) -> None:
-        """Consume the output tokens not seen yet (the tokens sampled since the last call)."""
-        while self.num_accepted < len(output_token_ids) and not self.is_failed:
-            token = output_token_ids[self.num_accepted]
+        """Consume the output tokens from ``offset`` on not seen yet (those sampled since the last call)."""
+        while self.offset + self.num_accepted < len(output_token_ids) and not self.is_failed:
+            token = output_token_ids[self.offset + self.num_accepted]
             self.num_accepted += 1
             if self.matcher.is_terminated():
                 continue
