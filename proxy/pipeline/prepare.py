@@ -25,6 +25,7 @@ from proxy.tools.request import ChatTools, template_messages, tool_system_prompt
 
 from .choice_output import ChoiceOutput
 from .features import PROMPTED_TOOL_PARSER, ModelFeatures
+from .reasoning_controls import after_reasoning, template_kwargs, with_past_reasoning
 
 T = TypeVar("T")
 LARGE_PROMPT_CHARS = 4096
@@ -103,8 +104,8 @@ def _tool_prompt(chat: ChatCompletionRequest, features: ModelFeatures
     messages = template_messages([dict(m) for m in chat.messages], list(chat.raw_messages),
                                  template_has_tools=features.template_has_tools,
                                  call_format=parser if prompted else None)
-    _with_past_reasoning(messages, chat.raw_messages)
-    kwargs = _template_kwargs(chat, features)
+    with_past_reasoning(messages, chat.raw_messages)
+    kwargs = template_kwargs(chat, features)
     if tools is None:
         return messages, kwargs, parser
     if tools.is_parsed and parser is None:
@@ -117,43 +118,6 @@ def _tool_prompt(chat: ChatCompletionRequest, features: ModelFeatures
     elif tools.is_constrained or prompted:
         messages = _with_system(messages, tool_system_prompt(tools, parser))
     return messages, kwargs, parser
-
-
-def _with_past_reasoning(messages: list[dict[str, Any]], raw: tuple[dict[str, Any], ...]) -> None:
-    """Assistant turns of the history that carry their thinking (``reasoning_content`` or
-    ``reasoning``) pass it to the template under the names templates read (``reasoning_content``:
-    Qwen3; ``thinking``: GPT-OSS); the template decides what to keep (most drop past thinking).
-
-    Raises:
-        InvalidRequestError: the thinking is not a string.
-    """
-    for i, (msg, src) in enumerate(zip(messages, raw)):
-        for key in ("reasoning_content", "reasoning"):
-            value = src.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise InvalidRequestError(f"'messages[{i}].{key}' must be a string.",
-                                          param=f"messages[{i}].{key}")
-            if msg["role"] == "assistant" and value:
-                msg["reasoning_content"] = msg["thinking"] = value
-            break
-
-
-def _template_kwargs(chat: ChatCompletionRequest, features: ModelFeatures) -> dict[str, Any]:
-    """``chat_template_kwargs``, with ``reasoning_effort`` mapped to what templates read: GPT-OSS's
-    ``reasoning_effort`` (``low`` / ``medium`` / ``high``; ``none`` and ``minimal`` are ``low``), and
-    ``enable_thinking: false`` for ``none`` on a template with that switch (Qwen3). Elsewhere the
-    effort has no effect (templates ignore unknown variables)."""
-    kwargs = dict(chat.template_kwargs)
-    effort = chat.reasoning_effort
-    if effort is None:
-        return kwargs
-    kwargs.setdefault("reasoning_effort", {"none": "low", "minimal": "low"}.get(effort, effort)
-                      if features.reasoning_parser == "gpt_oss" else effort)
-    if effort == "none" and features.template_thinks:
-        kwargs.setdefault("enable_thinking", False)
-    return kwargs
 
 
 async def _constrain(client: EngineClient, params: SamplingParams, so: StructuredOutputParams | None,
@@ -202,9 +166,12 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient,
         params = replace(params, keep_special_ids=keep)
     if tools is not None and tools.is_constrained:
         kind = "tool_named" if tools.choice.mode == "named" else "tool_required"
-        params = await _constrain(client, params, tools.grammar(), "tools", kind)
+        so = tools.grammar()
+        so = after_reasoning(so, tokenizer, reasoning, text) if so is not None else None
+        params = await _constrain(client, params, so, "tools", kind)
     elif chat.structured is not None:
-        params = await _constrain(client, params, chat.structured, chat.structured_param or "response_format",
+        so = after_reasoning(chat.structured, tokenizer, reasoning, text)
+        params = await _constrain(client, params, so, chat.structured_param or "response_format",
                                   _KIND_METRIC[chat.structured.kind])
     active = tools if tools is not None and tools.choice.mode != "none" else None
     return PreparedRequest(prompt_ids, params, chat.n, chat.stream, active, parser if active else None,

@@ -167,3 +167,33 @@ def test_responses_api_reasoning_item(model_dir: Path, close_id: int) -> None:
     final = events[-1]["response"]
     assert final["output"] == [{**item, "id": f["id"]} for item, f in zip(whole["output"], final["output"])]
     assert final["usage"]["output_tokens_details"] == whole["usage"]["output_tokens_details"]
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+          "additionalProperties": False}
+
+
+def test_structured_output_applies_after_the_thinking(model_dir: Path, close_id: int) -> None:
+    """response_format on a thinking model: the thinking is what the unconstrained request thinks (same
+    seed, same tokens), the answer after it validates; the OpenAI SDK's parse() shape reads it."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}
+
+    async def run(client: httpx.AsyncClient) -> list[Any]:
+        out = []
+        for seed in range(6):
+            free = (await client.post("/v1/chat/completions",
+                                      json=chat(seed, close_id, max_tokens=40))).json()
+            constrained = (await client.post("/v1/chat/completions", json=chat(
+                seed, close_id, max_tokens=40, ignore_eos=False, response_format=fmt))).json()
+            out.append((free, constrained))
+        return out
+
+    checked = 0
+    for free, constrained in asyncio.run(with_app(model_dir, run)):
+        f, c = free["choices"][0]["message"], constrained["choices"][0]["message"]
+        if not f.get("reasoning_content") or constrained["choices"][0]["finish_reason"] != "stop":
+            continue  # the thinking did not end within max_tokens for this seed
+        assert c["reasoning_content"] == f["reasoning_content"]
+        assert json.loads(c["content"]) in ({"answer": "yes"}, {"answer": "no"})
+        checked += 1
+    assert checked >= 2
