@@ -303,3 +303,30 @@ def test_mistral_marker_special_token_reaches_the_parser(monkeypatch) -> None:
         plain.json()["choices"][0]["message"]["content"]
         == '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
     )
+
+
+THINK_THEN_CALL = ('<think>Maybe <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}'
+                   '</tool_call> no: Oslo.</think>' + HERMES)
+
+
+def test_a_call_inside_the_thinking_stays_reasoning_and_the_call_after_it_is_parsed() -> None:
+    async def main():
+        async with _serve_reply(THINK_THEN_CALL, tool_call_parser="hermes", reasoning_parser="qwen3",
+                                max_model_len=2048) as s:
+            body = chat_body(tools=[TOOL])
+            full = await s.client.post("/v1/chat/completions", json=body)
+            streamed = await s.client.post("/v1/chat/completions", json={**body, "stream": True})
+            return full.json(), sse_json(streamed.content)
+
+    full, chunks = run(main())
+    msg = full["choices"][0]["message"]
+    thinking = 'Maybe <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call> no: Oslo.'
+    assert msg["reasoning_content"] == msg["reasoning"] == thinking
+    assert msg["content"] == "Sure." and full["choices"][0]["finish_reason"] == "tool_calls"
+    oslo = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert [c["function"] for c in msg["tool_calls"]] == [oslo]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == thinking
+    assert "".join(d.get("content") or "" for d in deltas) == "Sure."
+    calls = [t for d in deltas for t in d.get("tool_calls") or []]
+    assert "".join(t["function"]["arguments"] for t in calls) == '{"city": "Oslo"}'
