@@ -95,9 +95,10 @@ _AVX512 = "avx512f" in cpu_flags()
 _AMX = "amx_bf16" in cpu_flags()
 _BF16_SERVING = bool(cpu_bf16_flags())
 _NO_AMX_ROWS = ("on an AVX-512 BF16 CPU without AMX (AMD EPYC, avx512_bf16, no amx_*) torch's CPU flash "
-                "kernel gives a row other bits alone and among others even with the row padding (bf16: row 116 of "
-                "240 alone, as row 33 or 34 of a call; fp32: most rows alone; splitting calls to keep the "
-                "32-row block does not help), so the row-invariance promise holds on AMX CPUs only (README)")
+                "kernel gives a row other bits alone and among others even with the row padding (bf16: "
+                "row 116 of 240 alone, as row 33 or 34 of a call; fp32: most rows alone; splitting calls to "
+                "keep the 32-row block does not help), so the row-invariance promise holds on AMX CPUs "
+                "only (README)")
 
 
 @pytest.mark.parametrize("dtype", [
