@@ -49,12 +49,12 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
         return _build_process_client(settings)
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
+    from proxy.engine.loading import load_engine_model
     from proxy.engine.selfcheck import run_self_check
     from proxy.engine.structured import GrammarCompiler, logits_width
-    from proxy.models import load_model
     from proxy.tokenizer import Tokenizer
 
-    loaded = load_model(settings)
+    loaded = load_engine_model(settings)
     tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
     # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
     num_logits = logits_width(loaded.model)

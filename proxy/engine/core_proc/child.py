@@ -51,12 +51,12 @@ def child_main(settings: Settings, conn: Connection) -> None:
     start = time.monotonic()
     try:
         from proxy.engine.core import EngineCore
+        from proxy.engine.loading import load_engine_model
         from proxy.engine.structured import GrammarCompiler, logits_width
-        from proxy.models import load_model
         from proxy.tokenizer import Tokenizer
 
         conn.send(("progress", "loading the model"))
-        loaded = load_model(settings)
+        loaded = load_engine_model(settings)
         tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
         loaded_s = time.monotonic() - start
         conn.send(("progress", f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
