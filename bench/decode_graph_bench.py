@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from proxy.engine.core import EngineCore
-from proxy.models import load_model
+from proxy.engine.loading import load_engine_model
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    loaded = load_model(Settings(num_threads=args.threads, self_check=False))
+    loaded = load_engine_model(Settings(num_threads=args.threads, self_check=False))
     kind = "torch.cuda.CUDAGraph" if loaded.device.type == "cuda" else "CPU stand-in (plumbing cost only)"
     print(f"model on {loaded.device} ({loaded.dtype}); graphs: {kind}")
     print(f"{'batch':>5} {'eager ms':>9} {'graph ms':>9} {'graph/eager':>11} {'same tokens':>11}  graphs")

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from proxy.engine.core import EngineCore
-from proxy.models import load_model
+from proxy.engine.loading import load_engine_model
 from proxy.quant.skinny import use_skinny_linears
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency, args.max_new_tokens = "16", 32
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    loaded = load_model(Settings(num_threads=args.threads))
+    loaded = load_engine_model(Settings(num_threads=args.threads))
     model, tokenizer = loaded.model, loaded.hf_tokenizer
     # A separate SDPA instance for the two baselines, so our model keeps the paged attention.
     from transformers import AutoModelForCausalLM

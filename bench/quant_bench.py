@@ -65,14 +65,15 @@ def run_one(config: str, max_new: int, threads: int) -> dict[str, float | str]:
     import torch
 
     from bench.engine_bench import build_prompts, in_thread, run_ours
-    from proxy.models import load_model
+    from proxy.engine.loading import load_engine_model
     from proxy.settings import Settings
 
     quant, dtype = config.split(":")
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    loaded = load_model(Settings(dtype=dtype, quantization="auto" if quant.startswith("gguf") else quant,
-                                 num_threads=threads))
+    loaded = load_engine_model(Settings(dtype=dtype,
+                                        quantization="auto" if quant.startswith("gguf") else quant,
+                                        num_threads=threads))
     load_s = time.perf_counter() - start
     rss_load_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if quant.startswith("gguf") and not loaded.quantization.startswith("gguf"):
@@ -104,15 +105,16 @@ def interleaved_tpot(configs: list[str], max_new: int, threads: int, rounds: int
     import torch
 
     from bench.engine_bench import build_prompts, in_thread, run_ours
-    from proxy.models import load_model
+    from proxy.engine.loading import load_engine_model
     from proxy.settings import Settings
 
     torch.set_num_threads(threads)
     models = {}
     for config in configs:
         quant, dtype = config.split(":")
-        models[config] = load_model(Settings(dtype=dtype, quantization="auto" if quant == "gguf" else quant,
-                                             num_threads=threads))
+        models[config] = load_engine_model(Settings(dtype=dtype,
+                                                    quantization="auto" if quant == "gguf" else quant,
+                                                    num_threads=threads))
     prompt = build_prompts(models[configs[0]].hf_tokenizer, 1)
     best = {c: float("inf") for c in configs}
     for _ in range(rounds):

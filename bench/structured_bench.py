@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from proxy.engine.core import EngineCore
+from proxy.engine.loading import load_engine_model
 from proxy.engine.structured import GrammarCompiler, logits_width
-from proxy.models import load_model
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    loaded = load_model(Settings(num_threads=args.threads))
+    loaded = load_engine_model(Settings(num_threads=args.threads))
     vocab = logits_width(loaded.model)
     compiler = GrammarCompiler(loaded.hf_tokenizer, vocab, loaded.eos_token_ids)
     prompts = prompts_for(loaded.hf_tokenizer, 16)

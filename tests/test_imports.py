@@ -1,10 +1,12 @@
 """Layering rules of the architecture (README "Layout", docs/internals.md), checked by walking every
 import in proxy/ (AST, incl. lazy ones).
 
-Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer -> engine ->
-api -> cli. Nothing imports api or cli; scheduler and block manager never import torch; only the
-proxy.api package imports starlette and only cli.py imports uvicorn; the api layer reaches the engine only
-through proxy.engine.client (the EngineClient seam).
+Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer -> models,
+quant -> engine -> api -> cli. No module imports itself back through others (no import circle, lazy
+imports and the package ``__init__`` an import runs included). Nothing imports api or cli; scheduler
+and block manager never import torch; only the proxy.api package imports starlette and only cli.py
+imports uvicorn; the api layer reaches the engine only through proxy.engine.client (the EngineClient
+seam).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
     ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2), ("proxy.reasoning", 2),
     ("proxy.decode_table", 2),
-    ("proxy.engine", 3), ("proxy.models", 3), ("proxy.quant", 3),
-    ("proxy.pipeline", 3.5),
-    ("proxy.api", 4),
-    ("proxy.cli", 5),
-    ("proxy.__main__", 6),
+    ("proxy.models", 3), ("proxy.quant", 3),
+    ("proxy.engine", 4),
+    ("proxy.pipeline", 5),
+    ("proxy.api", 6),
+    # entry points (``python -m proxy.models`` loads the model as the engine does)
+    ("proxy.cli", 7), ("proxy.models.__main__", 7),
+    ("proxy.__main__", 8),
 ]
 
 
@@ -40,7 +44,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def layer(name: str) -> float:
+def layer(name: str) -> int:
     best = max((p for p, _ in LAYERS if name == p or name.startswith(p + ".")), key=len)
     return dict(LAYERS)[best]
 
@@ -83,6 +87,58 @@ def test_no_upward_imports(mod):
         if dep == mod or dep.startswith(mod + ".") or mod.startswith(dep + "."):
             continue  # a package and its own modules
         assert layer(dep) <= layer(mod), f"{mod} (layer {layer(mod)}) imports {dep} (layer {layer(dep)})"
+
+
+def import_edges(mod: str) -> set[str]:
+    """Modules that importing ``mod`` runs: its imports and the packages above each (their
+    ``__init__`` runs first), less ``mod``'s own packages (run before it) and ``mod`` itself."""
+    own = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)}
+    edges = set()
+    for dep in proxy_imports(mod):
+        parts = dep.split(".")
+        edges.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {e for e in edges if e in MODULES and e not in own and e != mod}
+
+
+def test_no_import_circle():
+    """No module reaches itself through its imports (a circle works only in some import orders and
+    hides which side is lower); Tarjan's strongly connected components over :func:`import_edges`."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(mod: str) -> None:
+        index[mod] = low[mod] = len(index)
+        stack.append(mod)
+        for dep in import_edges(mod):
+            if dep not in index:
+                visit(dep)
+                low[mod] = min(low[mod], low[dep])
+            elif dep in stack:
+                low[mod] = min(low[mod], index[dep])
+        if low[mod] == index[mod]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == mod:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for mod in sorted(MODULES):
+        if mod not in index:
+            visit(mod)
+    assert circles == []
+
+
+def test_models_and_quant_never_import_the_engine():
+    lower = [m for m in MODULES
+             if m.startswith(("proxy.models", "proxy.quant")) and m != "proxy.models.__main__"]
+    assert "proxy.models.load" in lower and "proxy.quant.dense_prefill" in lower
+    for mod in lower:
+        assert not {d for d in proxy_imports(mod) if d.startswith("proxy.engine")}, mod
 
 
 @pytest.mark.parametrize("mod", sorted(MODULES))

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from proxy import models
+from proxy.engine.architectures import check_supported
 from proxy.engine.attention import ATTN_IMPLEMENTATION
+from proxy.engine.loading import load_engine_model
 from proxy.settings import Settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,7 +47,7 @@ def _tiny_folder(tmp_path: Path) -> Path:
 
 def test_load_hf_folder(tmp_path: Path) -> None:
     folder = _tiny_folder(tmp_path)
-    loaded = models.load_model(Settings(model=str(folder), max_model_len=64))
+    loaded = load_engine_model(Settings(model=str(folder), max_model_len=64))
     assert loaded.model_path == str(folder)
     assert loaded.served_model_name == "tiny-llama"
     assert loaded.max_model_len == 64
@@ -56,7 +58,7 @@ def test_load_hf_folder(tmp_path: Path) -> None:
     assert loaded.model.config._attn_implementation == ATTN_IMPLEMENTATION
     assert not loaded.model.training
     assert loaded.hf_tokenizer.encode("hello world", add_special_tokens=False) == [4, 5]
-    named = models.load_model(Settings(model=str(folder), served_model_name="mine"))
+    named = load_engine_model(Settings(model=str(folder), served_model_name="mine"))
     assert named.served_model_name == "mine" and named.max_model_len == 128
 
 
@@ -73,13 +75,13 @@ def test_bad_paths_are_refused(tmp_path: Path) -> None:
 def test_sliding_window_models_are_accepted_and_stateful_ones_refused() -> None:
     from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config
 
-    models.check_supported(LlamaConfig())
-    models.check_supported(Qwen2Config(use_sliding_window=False))
-    models.check_supported(MistralConfig(sliding_window=None))
-    models.check_supported(Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0))
-    models.check_supported(MistralConfig(sliding_window=4096))
+    check_supported(LlamaConfig())
+    check_supported(Qwen2Config(use_sliding_window=False))
+    check_supported(MistralConfig(sliding_window=None))
+    check_supported(Qwen2Config(use_sliding_window=True, sliding_window=64, max_window_layers=0))
+    check_supported(MistralConfig(sliding_window=4096))
     with pytest.raises(models.ModelLoadError, match="'qwen3_next' has Mamba / linear-attention"):
-        models.check_supported(AutoConfig.for_model("qwen3_next"))
+        check_supported(AutoConfig.for_model("qwen3_next"))
 
 
 def test_device_and_dtype_rules() -> None:
@@ -127,8 +129,8 @@ def test_hf_folder_quantized_at_load(tmp_path: Path, method: str) -> None:
     from proxy.quant.fuse import FusedSlice
 
     folder = _tiny_folder(tmp_path)
-    dense = models.load_model(Settings(model=str(folder), dtype="float32", quantization="none"))
-    loaded = models.load_model(Settings(model=str(folder), dtype="float32", quantization=method))
+    dense = load_engine_model(Settings(model=str(folder), dtype="float32", quantization="none"))
+    loaded = load_engine_model(Settings(model=str(folder), dtype="float32", quantization=method))
     # q/k/v/o/gate/up/down are packable; the lm_head (8 rows) is not (the CPU kernel needs N % 16 == 0)
     assert loaded.quantization == f"{method}: {method} g32 x7, dense x1"
     layer = loaded.model.model.layers[0]
@@ -148,9 +150,9 @@ def test_hf_folder_quantized_at_load(tmp_path: Path, method: str) -> None:
 def test_quantization_settings_are_checked(tmp_path: Path) -> None:
     folder = _tiny_folder(tmp_path)
     with pytest.raises(models.ModelLoadError, match="unknown quantization 'fp4'"):
-        models.load_model(Settings(model=str(folder), quantization="fp4"))
+        load_engine_model(Settings(model=str(folder), quantization="fp4"))
     with pytest.raises(models.ModelLoadError, match="quantization_group_size 0"):
-        models.load_model(Settings(model=str(folder), quantization="int4", quantization_group_size=0))
+        load_engine_model(Settings(model=str(folder), quantization="int4", quantization_group_size=0))
 
 
 @pytest.mark.slow
@@ -159,14 +161,14 @@ def test_default_model_served_at_its_gguf_precision() -> None:
     embedding); none: dense. Needs BF16 instructions (else auto serves dense)."""
     from proxy.quant import PackedLinear, is_fast
 
-    loaded = models.load_model(Settings())
+    loaded = load_engine_model(Settings())
     if not is_fast(loaded.device):
         assert loaded.quantization == "none"
         return
     assert loaded.quantization == "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
     assert isinstance(loaded.model.lm_head, PackedLinear) and loaded.model.lm_head.num_planes == 2
     assert type(loaded.model.model.embed_tokens) is torch.nn.Embedding
-    dense = models.load_model(Settings(quantization="none"))
+    dense = load_engine_model(Settings(quantization="none"))
     assert dense.quantization == "none" and type(dense.model.lm_head) is torch.nn.Linear
 
 
@@ -194,7 +196,7 @@ def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPat
         return real_replace(model, name, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(gguf_blocks, "replace_linear", spy)
-    loaded = models.load_model(settings)
+    loaded = load_engine_model(settings)
     monkeypatch.undo()
     assert len(replaced) == 211 and set(replaced.values()) == {"meta"}
     assert loaded.quantization == "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
@@ -233,7 +235,7 @@ def test_gguf_conversion_is_cached_and_fast_to_reload(tmp_path: Path) -> None:
     assert (folder / "tokenizer.json").is_file() and (folder / "generation_config.json").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["SmolLM2-135M-Instruct"]  # no temp leftovers
     start = time.monotonic()
-    loaded = models.load_model(settings)
+    loaded = load_engine_model(settings)
     elapsed = time.monotonic() - start
     assert loaded.served_model_name == "SmolLM2-135M-Instruct"
     assert loaded.max_model_len == 8192 and loaded.eos_token_ids == frozenset({2})

@@ -2,7 +2,7 @@
 
 Two gates, both before the server reports ready:
 
-1. :func:`check_config` (called by ``proxy.models.check_supported`` before the weights load):
+1. :func:`check_config` (through :func:`check_supported`, before the weights load):
    refusals decided by the config alone -- layers whose state lives outside the KV cache (Mamba,
    linear attention, short convolutions: ``STATEFUL``), attention kinds the paged cache does not
    implement (indexer-based sparse attention, ``layer_types`` such as ``indexed_attention``),
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.engine.attention import LayerProbe, LayerSpec
+from proxy.models.loaded import ModelLoadError
 
 STATEFUL_REASON = (
     "has Mamba / linear-attention / recurrent layers whose state lives outside the KV cache, which "
@@ -113,6 +114,19 @@ def check_config(config: Any) -> None:
         raise _refuse(model_type, "has chunked-attention layers but no attention_chunk_size")
     if "sliding_attention" in kinds and not getattr(text, "sliding_window", None):
         raise _refuse(model_type, "has sliding-attention layers but no sliding_window")
+
+
+def check_supported(config: Any) -> None:
+    """Refuse architectures the paged engine cannot serve exactly (the rules of :func:`check_config`).
+
+    Raises:
+        proxy.models.ModelLoadError: with the rule's reason (model type, what is unsupported, what to
+            try).
+    """
+    try:
+        check_config(config)
+    except UnsupportedArchitectureError as exc:
+        raise ModelLoadError(str(exc)) from exc
 
 
 def layer_specs(config: Any, probe: LayerProbe) -> list[LayerSpec]:

@@ -3,7 +3,8 @@
 The in-process :class:`~proxy.engine.client.EngineCoreClient`: its calls are messages.
 
 - ``add_request`` / ``abort_requests`` run on the event loop; they only enqueue a command and set a
-  ``threading.Event``. The engine thread blocks on that event while it has no work (no spinning)
+  ``threading.Event``. The engine thread runs the :class:`~proxy.engine.driver.CoreDriver` loop
+  (the engine process runs the same): it blocks on that event while it has no work (no spinning)
   and applies the queued commands before each step. Only the engine thread touches the core
   after ``start()`` (the counters read plain attributes).
 - All outputs of one step reach the event loop with one ``loop.call_soon_threadsafe``; there the
@@ -22,27 +23,17 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from proxy.engine import admission
 from proxy.engine.client import EngineStats, OutputsHandler, deliver_outputs
 from proxy.engine.core import EngineCore
+from proxy.engine.core_proc.messages import AbortRequests, AddRequest, CoreStats, EngineCommand, Stop
+from proxy.engine.driver import CoreDriver
 from proxy.engine.request import RequestOutput
-from proxy.errors import EngineDeadError, RateLimitError
+from proxy.errors import EngineDeadError
 from proxy.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Add:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-
-
-@dataclass(frozen=True)
-class _Abort:
-    request_id: str
 
 
 class AsyncEngine:
@@ -58,15 +49,12 @@ class AsyncEngine:
         self.core = core
         self.max_waiting = max_waiting
         self.max_num_seqs = core.settings.max_num_seqs
-        self._commands: deque[_Add | _Abort] = deque()
+        self._commands: deque[EngineCommand] = deque()
         self._wake = threading.Event()
         self._live: set[str] = set()  # added and not finished or aborted (event-loop side)
         self._on_outputs: OutputsHandler | None = None
-        # added, not yet handed to the core; decremented by the engine thread just before it hands a
-        # request to the core, so num_waiting never counts a request twice (a 429 for a request that
-        # fits); under _count_lock because both threads write it
-        self._num_queued = 0
-        self._count_lock = threading.Lock()
+        self._driver = CoreDriver(core)
+        self._num_adds_sent = 0  # written on the event loop only (the driver counts those taken)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -116,17 +104,7 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         """Counters of the core (``/health``, ``/metrics``)."""
-        core = self.core
-        return EngineStats(
-            self.num_running,
-            self.num_waiting,
-            core.kv_cache_usage,
-            core.num_free_blocks,
-            core.num_total_blocks,
-            num_preemptions=core.scheduler.num_preemptions,
-            prefix_cache_queries=core.prefix_cache_queries,
-            prefix_cache_hits=core.prefix_cache_hits,
-        )
+        return CoreStats.of(self.core, 0).engine_stats(self.num_waiting)
 
     @property
     def num_running(self) -> int:
@@ -136,7 +114,7 @@ class AsyncEngine:
     @property
     def num_waiting(self) -> int:
         """Requests added but not running yet."""
-        return self.core.num_waiting + self._num_queued
+        return admission.num_waiting(self.core.num_waiting, self._num_adds_sent, self._driver.num_adds_taken)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -159,27 +137,20 @@ class AsyncEngine:
         """
         if not self.is_healthy:
             raise EngineDeadError(f"the engine is not running{': ' + self._dead if self._dead else ''}")
-        # Requests that will start at the next step (free places in the running batch) are not
-        # "waiting": a burst into an idle server is admitted whole, up to max_num_seqs + max_waiting.
-        free_slots = max(0, self.max_num_seqs - self.num_running)
-        if self.num_waiting - free_slots >= self.max_waiting:
-            raise RateLimitError(
-                f"too many requests waiting ({self.max_waiting}); retry later"
-            )
+        admission.check_admission(self.num_running, self.num_waiting, self.max_num_seqs, self.max_waiting)
         if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
         self._live.add(request_id)
-        with self._count_lock:
-            self._num_queued += 1
-        self._commands.append(_Add(request_id, list(prompt_token_ids), params))
+        self._num_adds_sent += 1
+        self._commands.append(AddRequest(request_id, list(prompt_token_ids), params))
         self._wake.set()
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         """Abort requests (idempotent; unknown or finished ids are ignored). No output follows."""
-        for request_id in request_ids:
-            if request_id in self._live:
-                self._live.discard(request_id)
-                self._commands.append(_Abort(request_id))
+        ended = [request_id for request_id in request_ids if request_id in self._live]
+        self._live.difference_update(ended)
+        if ended:
+            self._commands.append(AbortRequests(ended))
         self._wake.set()
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
@@ -188,21 +159,19 @@ class AsyncEngine:
 
     # ---- engine thread ----------------------------------------------------------------------------
 
-    def _apply_commands(self, outputs: list[RequestOutput]) -> None:
-        core = self.core
+    def _receive(self, block: bool) -> list[EngineCommand]:
+        """The commands queued so far (a :class:`Stop` last once shutdown began); with ``block`` and
+        none queued, waits for ``add_request`` / ``abort_requests`` / ``shutdown`` first."""
+        if block and not self._commands and not self._stopping:
+            self._wake.wait()
+        self._wake.clear()
         commands = self._commands
+        taken: list[EngineCommand] = []
         while commands:
-            command = commands.popleft()
-            if isinstance(command, _Add):
-                with self._count_lock:
-                    self._num_queued -= 1
-                try:
-                    core.add_request(command.request_id, command.prompt_token_ids, command.params)
-                except Exception as exc:  # noqa: BLE001 - reported to that request only
-                    outputs.append(RequestOutput(command.request_id, [], None, True, "error",
-                                                 len(command.prompt_token_ids), 0, error=str(exc)))
-            else:
-                core.abort_request(command.request_id)
+            taken.append(commands.popleft())
+        if self._stopping:
+            taken.append(Stop())
+        return taken
 
     def _hand_off(self, outputs: list[RequestOutput]) -> None:
         if outputs and self._loop is not None:
@@ -212,32 +181,19 @@ class AsyncEngine:
                 self._stopping = True
 
     def _run(self) -> None:
-        core = self.core
+        outputs: list[RequestOutput] = []
         try:
-            while not self._stopping:
-                outputs: list[RequestOutput] = []
-                self._apply_commands(outputs)
-                if not core.has_unfinished():
-                    self._hand_off(outputs)
-                    self._wake.wait()
-                    self._wake.clear()
-                    continue
-                outputs.extend(core.step())
-                self._hand_off(outputs)
+            outputs = self._driver.run(self._receive, self._hand_off)
         except BaseException as exc:
             logger.exception("engine thread died")
             self._dead = f"{type(exc).__name__}: {exc}"
         message = "the engine shut down" if self._dead is None else f"the engine died: {self._dead}"
         try:
-            outputs = []
-            self._apply_commands(outputs)
-            outputs.extend(core.fail_all(message))
+            self._driver.apply(self._receive(False), outputs)
+            outputs.extend(self.core.fail_all(message))
         except Exception:  # noqa: BLE001
             outputs = []
         if self._loop is not None:
-            failed = [
-                RequestOutput(rid, [], None, True, "error", 0, 0, error=message)
-                for rid in list(self._live)
-                if rid not in {o.request_id for o in outputs}
-            ]
+            ended = {o.request_id for o in outputs}
+            failed = [RequestOutput.failed(rid, message) for rid in list(self._live) if rid not in ended]
             self._hand_off(outputs + failed)

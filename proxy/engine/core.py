@@ -155,15 +155,14 @@ class EngineCore:
         Returns:
             its final output (``finish_reason="abort"``), or None when unknown / already finished.
         """
-        self.sampler.forget(request_id)
-        return self.scheduler.abort_request(request_id)
+        output = self.scheduler.abort_request(request_id)
+        if output is not None:
+            self._retire([output])
+        return output
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Finish every live request with ``finish_reason="error"`` (shutdown, engine death)."""
-        outputs = self.scheduler.fail_all(message)
-        for out in outputs:
-            self.sampler.forget(out.request_id)
-        return outputs
+        return self._retire(self.scheduler.fail_all(message))
 
     # ---- the step ---------------------------------------------------------------------------------
 
@@ -178,7 +177,7 @@ class EngineCore:
         scheduler = self.scheduler
         sched = scheduler.schedule()
         if sched.is_empty:
-            return scheduler.update(sched, [])
+            return self._retire(scheduler.update(sched, []))
         self.num_steps += 1
         try:
             if self.fault_injector is not None:
@@ -192,11 +191,12 @@ class EngineCore:
         except Exception as exc:
             logger.exception("engine step failed; failing its %d requests", len(sched.requests))
             message = f"engine step failed: {type(exc).__name__}: {exc}"
-            outputs = scheduler.fail_step(sched, message)
-            for request in sched.requests:
-                self.sampler.forget(request.request_id)
-            return outputs
-        outputs = scheduler.update(sched, tokens, logprobs)
+            return self._retire(scheduler.fail_step(sched, message))
+        return self._retire(scheduler.update(sched, tokens, logprobs))
+
+    def _retire(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Drop the sampler's state of every finished request among ``outputs`` (the one place it is
+        dropped: every way a request ends yields its final output here); returns ``outputs``."""
         for out in outputs:
             if out.finished:
                 self.sampler.forget(out.request_id)

@@ -30,8 +30,9 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     """Load ``settings.model`` (HF folder, GGUF file or the default model) behind an engine client.
 
     With :func:`use_engine_process` the engine core is loaded and run in a child process
-    (:class:`proxy.engine.core_proc.EngineProcClient`, which blocks here until the child is ready)
-    and this process loads only the tokenizer; otherwise in this process on a thread (``AsyncEngine``).
+    (:class:`proxy.engine.core_proc.proc_client.EngineProcClient`, which blocks here until the child
+    is ready) and this process loads only the tokenizer; otherwise in this process on a thread
+    (``AsyncEngine``).
 
     The end-of-sequence ids are :func:`proxy.tokenizer.find_eos_token_ids` of the tokenizer and the
     model's generation config; ``max_model_len`` is the engine's (lowered to the KV pool's capacity
@@ -49,12 +50,12 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
         return _build_process_client(settings)
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
+    from proxy.engine.loading import load_engine_model
     from proxy.engine.selfcheck import run_self_check
     from proxy.engine.structured import GrammarCompiler, logits_width
-    from proxy.models import load_model
     from proxy.tokenizer import Tokenizer
 
-    loaded = load_model(settings)
+    loaded = load_engine_model(settings)
     tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
     # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
     num_logits = logits_width(loaded.model)
@@ -74,7 +75,8 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
 def _build_process_client(settings: Settings) -> AsyncEngineClient:
     from transformers import AutoTokenizer
 
-    from proxy.engine.core_proc import ChildGrammarCompiler, EngineProcClient
+    from proxy.engine.core_proc.grammar import ChildGrammarCompiler
+    from proxy.engine.core_proc.proc_client import EngineProcClient
     from proxy.tokenizer import Tokenizer
 
     core = EngineProcClient(settings)
@@ -89,4 +91,5 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
                       dtype=info.dtype, quantization=info.quantization)
     # grammars are compiled once, in the child, where the masks are applied (a bad one is still a 400
     # before the request is sent): see proxy.engine.core_proc.grammar
-    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=ChildGrammarCompiler(core))
+    compiler = ChildGrammarCompiler(core.compile_grammar)
+    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler)

@@ -79,6 +79,13 @@ class RequestOutput:
     stop_reason: int | None = None
     num_cached_tokens: int = 0
 
+    @classmethod
+    def failed(cls, request_id: str, error: str, num_prompt_tokens: int = 0) -> RequestOutput:
+        """The final output of a request the engine could not serve or lost (refused at add, the
+        engine died or shut down): no new tokens, ``finish_reason="error"`` and ``error``."""
+        return cls(request_id, [], None, finished=True, finish_reason="error",
+                   num_prompt_tokens=num_prompt_tokens, num_output_tokens=0, error=error)
+
 
 @dataclass(eq=False)
 class Request:

@@ -12,15 +12,16 @@ One module a step:
   for packing.
 - :mod:`proxy.models.packed_load`: the low-memory load of a GGUF served at its own precision (a
   ``meta`` skeleton, linears packed from the GGUF's blocks, the rest read from the folder).
-- :mod:`proxy.models.load`: :func:`load_model` (architecture check, context length, EOS ids) ties
-  the steps together.
+- :mod:`proxy.models.load`: :func:`load_model` (context length, EOS ids) ties the steps together;
+  the engine's loader (``proxy.engine.loading``) gives it the attention implementation and the
+  architecture check. This package never imports the engine.
 
 ``python -m proxy.models --convert [--model X.gguf] [--cache-dir DIR]`` converts ahead of time
 (:mod:`proxy.models.__main__`).
 """
 
 from proxy.models.device import auto_dtype, resolve_device_dtype
-from proxy.models.load import check_supported, eos_ids_of, load_model
+from proxy.models.load import eos_ids_of, load_model
 from proxy.models.loaded import LoadedModel, ModelLoadError
 from proxy.models.packed_load import FolderWeights, load_gguf_packed
 from proxy.models.quantize import QUANTIZATIONS, apply_quantization, gguf_packed, one_thread
@@ -46,7 +47,6 @@ __all__ = [
     "apply_quantization",
     "auto_dtype",
     "cache_root",
-    "check_supported",
     "convert_gguf",
     "default_gguf_path",
     "eos_ids_of",

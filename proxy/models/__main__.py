@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from proxy.models.load import load_model
+from proxy.engine.loading import load_engine_model
 from proxy.models.source import resolve_model_path
 from proxy.settings import Settings
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     folder, name = resolve_model_path(settings)
     print(f"{name}: {folder}")
     if not args.convert:
-        loaded = load_model(settings)
+        loaded = load_engine_model(settings)
         print(f"max_model_len={loaded.max_model_len} eos={sorted(loaded.eos_token_ids)} "
               f"dtype={loaded.dtype} quantization={loaded.quantization}")
     return 0

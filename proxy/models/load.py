@@ -3,7 +3,10 @@ refuse what the paged engine cannot serve, pick device and dtype (:mod:`proxy.mo
 build it dense or packed (:mod:`proxy.models.quantize`, :mod:`proxy.models.packed_load`), and read
 its tokenizer, context length and end-of-sequence ids.
 
-- The paged attention is registered before ``from_pretrained(..., attn_implementation=...)``.
+- The caller names the attention implementation (``from_pretrained(..., attn_implementation=...)``)
+  and the architecture check run on the config before the weights load: the engine's loader
+  (``proxy.engine.loading.load_engine_model``) passes its paged attention and its rules; this package
+  never imports the engine.
 - ``max_model_len``: ``settings.max_model_len`` or the config's ``max_position_embeddings``.
 - ``eos_token_ids``: the generation config's ``eos_token_id`` (int or list) + the tokenizer's.
 - Dense fp32 linears on the CPU compute calls of few rows (decode steps) as ``W @ x^T``
@@ -11,44 +14,29 @@ its tokenizer, context length and end-of-sequence ids.
 - Packed sibling projections (q/k/v, gate/up) run as one matmul each (:mod:`proxy.quant.fuse`).
 - Packed linears get dense bf16 copies for prompt tokens where ``settings.dense_prefill`` says
   (:mod:`proxy.quant.dense_prefill`).
-- Architectures the paged engine cannot serve exactly (Mamba / linear attention, ...) are refused
-  with ``ModelLoadError`` by the rules of ``proxy.engine.architectures``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from proxy.engine.architectures import UnsupportedArchitectureError
-from proxy.engine.architectures import check_config as check_architecture
-from proxy.engine.attention import register as register_paged_attention
 from proxy.models.device import resolve_device_dtype
 from proxy.models.loaded import LoadedModel, ModelLoadError
 from proxy.models.packed_load import load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
-from proxy.quant.dense_prefill import add_dense_weights, dense_prefill_default
+from proxy.quant.apply import add_dense_weights
+from proxy.quant.dense_prefill import dense_prefill_default
 from proxy.quant.fuse import fuse_sibling_linears
 from proxy.quant.skinny import use_skinny_linears
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-
-def check_supported(config: Any) -> None:
-    """Refuse architectures the paged engine cannot serve exactly (rules: ``proxy.engine.architectures``).
-
-    Raises:
-        ModelLoadError: with the rule's reason (model type, what is unsupported, what to try).
-    """
-    try:
-        check_architecture(config)
-    except UnsupportedArchitectureError as exc:
-        raise ModelLoadError(str(exc)) from exc
 
 
 def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -68,12 +56,19 @@ def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_model(settings: Settings) -> LoadedModel:
-    """Load the configured model for the engine (every rule: this module's docstring and the
-    modules of its steps).
+def load_model(
+    settings: Settings, *, attn_implementation: str, check_config: Callable[[Any], None]
+) -> LoadedModel:
+    """Load the configured model (every rule: this module's docstring and the modules of its steps).
+
+    Args:
+        settings: the model, device, dtype, quantization and context options.
+        attn_implementation: passed to ``from_pretrained`` (registered with transformers already).
+        check_config: called with the ``AutoConfig`` before any weight loads; raises
+            ``ModelLoadError`` to refuse the model.
 
     Raises:
-        ModelLoadError: not found, not convertible, or an unsupported architecture.
+        ModelLoadError: not found, not convertible, or refused by ``check_config``.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -82,9 +77,9 @@ def load_model(settings: Settings) -> LoadedModel:
         torch.set_num_threads(settings.num_threads)
     folder, default_name, gguf = resolve_model_source(settings)
     config = AutoConfig.from_pretrained(str(folder))
-    check_supported(config)
+    check_config(config)
     device, dtype = resolve_device_dtype(settings)
-    attn = register_paged_attention()
+    attn = attn_implementation
     logger.info("loading %s (%s, %s)", folder, device, dtype)
     if gguf_packed(settings, gguf, device):
         assert gguf is not None

@@ -67,6 +67,21 @@ def output_layer(model: nn.Module) -> Any:
     return get_out() if callable(get_out) else None
 
 
+def add_dense_weights(model: nn.Module) -> int:
+    """Give every packed linear except the output layer a dense copy for prompt rows.
+
+    Returns:
+        the number of layers given one (0 when the model has no packed linears).
+    """
+    out = output_layer(model)
+    count = 0
+    for module in model.modules():
+        if type(module) is PackedLinear and module is not out and module.kernel_dtype == torch.bfloat16:
+            module.set_dense_weight(module.dequantize())
+            count += 1
+    return count
+
+
 def untie_lm_head(model: nn.Module) -> None:
     """Give a tied output layer its own module so that swapping it leaves the embedding dense."""
     out = output_layer(model)

@@ -153,24 +153,6 @@ def dense_prefill_default(device: torch.device) -> bool:
     return device.type == "cpu" and "amx_bf16" in kernels.cpu_flags()
 
 
-def add_dense_weights(model: nn.Module) -> int:
-    """Give every packed linear except the output layer a dense copy for prompt rows.
-
-    Returns:
-        the number of layers given one (0 when the model has no packed linears).
-    """
-    from proxy.quant.apply import output_layer  # apply -> linear -> this module
-    from proxy.quant.linear import PackedLinear
-
-    out = output_layer(model)
-    count = 0
-    for module in model.modules():
-        if type(module) is PackedLinear and module is not out and module.kernel_dtype == torch.bfloat16:
-            module.set_dense_weight(module.dequantize())
-            count += 1
-    return count
-
-
 def has_dense_weights(model: nn.Module) -> bool:
-    """Whether any packed linear of ``model`` holds a dense copy (:func:`add_dense_weights`)."""
+    """Whether any packed linear of ``model`` holds a dense copy (``proxy.quant.apply.add_dense_weights``)."""
     return any(getattr(m, "dense_weight", None) is not None for m in model.modules())

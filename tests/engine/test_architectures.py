@@ -19,7 +19,7 @@ import torch
 
 from proxy import models
 from proxy.engine import attention
-from proxy.engine.architectures import UnsupportedArchitectureError, check_config
+from proxy.engine.architectures import UnsupportedArchitectureError, check_config, check_supported
 from proxy.engine.attention import kernels
 from proxy.engine.core import EngineCore
 from proxy.engine.selfcheck import SelfCheckError, run_self_check
@@ -116,7 +116,7 @@ def test_refused_at_load_with_reason(name: str) -> None:
     _overrides, word = REFUSED[name]
     config = build_config(name)
     with pytest.raises(models.ModelLoadError) as info:
-        models.check_supported(config)
+        check_supported(config)
     message = str(info.value)
     assert f"model type '{config.model_type}'" in message
     assert word in message

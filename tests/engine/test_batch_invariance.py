@@ -166,9 +166,9 @@ def test_default_model_tokens_do_not_depend_on_the_batch() -> None:
     generation prompts of the public cases, each alone, then all of them twice at once (16 running,
     the rest queued; the second copy of each hits the prefix cache) and a long prompt arriving
     mid-way (chunked prefill beside decodes): every request's greedy tokens equal its alone run."""
-    from proxy.models import load_model
+    from proxy.engine.loading import load_engine_model
 
-    loaded = load_model(Settings())
+    loaded = load_engine_model(Settings())
     tok = loaded.hf_tokenizer
     lines = CASES_PUBLIC.read_text(encoding="utf-8").splitlines()
     cases = [json.loads(line) for line in lines if line.strip()]
@@ -205,9 +205,9 @@ def test_default_model_tokens_do_not_depend_on_the_prefill_chunking() -> None:
     35, 16 and 1 tokens: the same greedy tokens. Before the padding, chunks of 11 and 35 gave
     'AZBABAB...' instead of 'A: A\nB: B...'; CI saw it when the measured prefill bound cut a chunk
     of 11 tokens."""
-    from proxy.models import load_model
+    from proxy.engine.loading import load_engine_model
 
-    loaded = load_model(Settings())
+    loaded = load_engine_model(Settings())
     tok = loaded.hf_tokenizer
     lines = CASES_PUBLIC.read_text(encoding="utf-8").splitlines()
     (case,) = [c for c in map(json.loads, filter(None, lines)) if c["id"] == "C09"]

@@ -201,9 +201,9 @@ def test_the_cpu_runner_never_touches_cuda_graphs(monkeypatch) -> None:
 def test_default_model_graph_decode_tokens_equal_eager() -> None:
     """The default model as served (bf16 + the GGUF's int4/int8 on a CPU with BF16 instructions):
     4 chat prompts (padded to 4, then 3 after an abort, padded to 4 again), greedy."""
-    from proxy.models import load_model
+    from proxy.engine.loading import load_engine_model
 
-    loaded = load_model(Settings())
+    loaded = load_engine_model(Settings())
     tok = loaded.hf_tokenizer
     prompts = []
     for q in ("What is the capital of France?", "Write a haiku about the sea.", "Name three primes.",

@@ -34,11 +34,11 @@ SERVINGS = {"dense-fp32": (Settings(dtype="float32", quantization="none"), 1e-4)
 
 @pytest.mark.parametrize("serving", list(SERVINGS))
 def test_default_model_greedy_matches_generate(serving: str) -> None:
-    from proxy.models import load_model
+    from proxy.engine.loading import load_engine_model
 
     threads = torch.get_num_threads()
     load_settings, tolerance = SERVINGS[serving]
-    loaded = load_model(load_settings)  # num_threads=None: keeps the test session's setting
+    loaded = load_engine_model(load_settings)  # num_threads=None: keeps the test session's setting
     if loaded.dtype == torch.float32:
         tolerance = min(tolerance, 1e-4)
     tok = loaded.hf_tokenizer

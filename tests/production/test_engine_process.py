@@ -92,7 +92,7 @@ def test_sigkill_of_the_engine_process_ends_streams_and_restarts(model_dir: Path
 
 
 def test_load_failure_in_the_engine_process_is_reported(tmp_path: Path):
-    from proxy.engine.core_proc import EngineProcClient
+    from proxy.engine.core_proc.proc_client import EngineProcClient
     from proxy.models import ModelLoadError
     from proxy.settings import Settings
 
@@ -105,7 +105,7 @@ def test_engine_process_reports_the_openmp_wait_policy_of_its_environment(
 ):
     """The child runs torch with the environment's ``OMP_WAIT_POLICY`` and sets none itself ("":
     libgomp's default spin, which made batch-1 decode 2x faster than PASSIVE on an idle machine)."""
-    from proxy.engine.core_proc import EngineProcClient
+    from proxy.engine.core_proc.proc_client import EngineProcClient
 
     from .helpers import tiny_settings
 
@@ -240,7 +240,7 @@ def test_grammars_are_compiled_once_in_the_engine_process(model_dir: Path, capfd
     engine loop) and follows it."""
     import asyncio
 
-    from proxy.engine.core_proc import ChildGrammarCompiler
+    from proxy.engine.core_proc.grammar import ChildGrammarCompiler
     from proxy.engine.factory import build_engine_client
     from proxy.errors import InvalidRequestError
     from proxy.sampling import SamplingParams, StructuredOutputParams

@@ -13,10 +13,10 @@ from proxy.engine.block_manager import BlockManager
 from proxy.engine.core import EngineCore
 from proxy.engine.request import Request
 from proxy.quant import kernel_dtype, kernels, quantize_linears
+from proxy.quant.apply import add_dense_weights
 from proxy.quant.dense_prefill import (
     CALL_ROWS,
     active_row_plan,
-    add_dense_weights,
     dense_prefill_default,
     has_dense_weights,
     plan_rows,

@@ -1,8 +1,8 @@
 """The seam to the engine core: :class:`EngineCoreClient` (messages in, step outputs out).
 
-Both engine modes implement it: ``proxy.engine.async_engine.AsyncEngine`` (the core on a thread) and
-``proxy.engine.core_proc.EngineProcClient`` (the core in a child process); the test double is
-``tests/api/fakes.FakeEngine``. :func:`deliver_outputs` is the step hand-off they share, and
+Both engine modes implement it: ``proxy.engine.async_engine.AsyncEngine`` (the core on a thread)
+and ``proxy.engine.core_proc.proc_client.EngineProcClient`` (the core in a child process); the test
+double is ``tests/api/fakes.FakeEngine``. :func:`deliver_outputs` is the step hand-off they share, and
 :class:`EngineStats` the counters they report. ``proxy.engine.client.AsyncEngineClient`` drives it.
 """
 

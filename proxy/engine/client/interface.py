@@ -86,7 +86,7 @@ class EngineClient(Protocol):
 
 class StructuredOutputCompiler(Protocol):
     """Compiles (and caches, for the engine core) the grammar of a constrained request: the engine's
-    ``GrammarCompiler`` (thread mode) or ``core_proc.ChildGrammarCompiler`` (compiles in the engine
+    ``GrammarCompiler`` (thread mode) or ``core_proc.grammar.ChildGrammarCompiler`` (compiles in the engine
     process). Awaited on the event loop; the compile itself runs elsewhere.
 
     Raises:

@@ -10,9 +10,9 @@ Transport: one duplex :func:`multiprocessing.Pipe` (``multiprocessing.connection
 Why: it is the standard library (no new dependency), it is what ``multiprocessing`` itself uses for
 the "spawn" start method that CUDA needs, and the traffic is small: one message per added or aborted
 request, and one per engine step carrying that step's ``RequestOutput`` list (a few dozen small
-dataclasses) plus a tuple of counters. pickle round-trips our frozen dataclasses (``SamplingParams``,
-``RequestOutput``) exactly, so there is no second schema to keep in step (msgspec would need one;
-pyzmq's multi-peer sockets buy nothing with one peer).
+dataclasses) plus its counters (``messages.StepResult``). pickle round-trips our dataclasses
+(the messages, ``SamplingParams``, ``RequestOutput``) exactly, so there is no second schema to
+keep in step (msgspec would need one; pyzmq's multi-peer sockets buy nothing with one peer).
 
 Recovery when the child dies (SIGKILL, the OOM killer, a crash in native code): the reader thread sees
 the pipe close; on the event loop every open request gets a final ``finish_reason="error"`` output
@@ -25,21 +25,18 @@ a child that is still loading.
 
 Modules:
 
-- ``messages``: what crosses the pipe (the message kinds, ``ReadyInfo``, the step counters).
-- ``child``: the engine process's side (load, report ready, serve commands); its OpenMP wait policy
-  and signal handling.
+- ``messages``: what crosses the pipe, one dataclass a kind (commands, ``ReadyInfo``, ``StepResult``
+  with its ``CoreStats``); the engine thread's commands are the same ones.
+- ``child``: the engine process's side (load, report ready, run the ``CoreDriver`` loop of
+  ``proxy.engine.driver`` on the pipe, answer grammar compiles); its OpenMP wait policy and signal
+  handling.
 - ``lifecycle``: starting the child and waiting for it to be ready, stopping it, killing it at exit.
-- ``grammar``: grammar compiles across the pipe (``ChildGrammarCompiler`` and both sides' halves).
+- ``grammar``: the API process's half of grammar compiles (``ChildGrammarCompiler``, the pending
+  compiles).
 - ``proc_client``: ``EngineProcClient``, the API process's side (reader thread, restarts, counters,
   admission).
 
-Import the names from this package.
+Import the names from their modules: this package imports none of them, so that the engine thread
+(``proxy.engine.async_engine``, through ``proxy.engine.driver``) can use ``messages`` without loading
+the process client.
 """
-
-from __future__ import annotations
-
-from proxy.engine.core_proc.grammar import ChildGrammarCompiler
-from proxy.engine.core_proc.messages import ReadyInfo
-from proxy.engine.core_proc.proc_client import EngineProcClient
-
-__all__ = ["ChildGrammarCompiler", "EngineProcClient", "ReadyInfo"]

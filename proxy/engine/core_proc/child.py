@@ -11,25 +11,37 @@ work). On a machine shared with other CPU work, set ``OMP_WAIT_POLICY=PASSIVE``.
 
 Signals: the API process owns shutdown. SIGINT and SIGTERM sent to the whole process group (Ctrl-C in
 a terminal, ``kill -TERM -PGID``, a supervisor's control group) also reach the child, which ignores
-both: the API process drains, then sends ``("stop",)`` (SIGKILL after ``STOP_TIMEOUT_S``, see
+both: the API process drains, then sends ``Stop`` (SIGKILL after ``STOP_TIMEOUT_S``, see
 ``proxy.engine.core_proc.lifecycle``). The child also ends by itself when the API process is gone
 (its pipe reports EOF).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from proxy.engine.core_proc.grammar import compile_and_answer
-from proxy.engine.core_proc.messages import ReadyInfo, Send, counters_of
+from proxy.engine.core_proc.messages import (
+    Compiled,
+    CompileFailure,
+    CompileGrammar,
+    CoreStats,
+    EngineCommand,
+    LoadFailed,
+    Progress,
+    ReadyInfo,
+    Send,
+    StepResult,
+)
+from proxy.engine.driver import CoreDriver
 from proxy.engine.request import RequestOutput
+from proxy.errors import InvalidRequestError
 from proxy.settings import Settings
 
 
@@ -51,15 +63,15 @@ def child_main(settings: Settings, conn: Connection) -> None:
     start = time.monotonic()
     try:
         from proxy.engine.core import EngineCore
+        from proxy.engine.loading import load_engine_model
         from proxy.engine.structured import GrammarCompiler, logits_width
-        from proxy.models import load_model
         from proxy.tokenizer import Tokenizer
 
-        conn.send(("progress", "loading the model"))
-        loaded = load_model(settings)
+        conn.send(Progress("loading the model"))
+        loaded = load_engine_model(settings)
         tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
         loaded_s = time.monotonic() - start
-        conn.send(("progress", f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
+        conn.send(Progress(f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
         num_logits = logits_width(loaded.model)
         compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
         core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
@@ -67,60 +79,60 @@ def child_main(settings: Settings, conn: Connection) -> None:
         if settings.self_check:  # as the in-process factory: refuse a model served wrong
             from proxy.engine.selfcheck import run_self_check
 
-            conn.send(("progress", "self-check against generate()"))
+            conn.send(Progress("self-check against generate()"))
             run_self_check(loaded.model, settings, core.max_model_len)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
-                                  tuple(sorted(loaded.eos_token_ids)), num_logits,
-                                  str(loaded.dtype).removeprefix("torch."), loaded.quantization,
-                                  time.monotonic() - start, wait_policy)))
+    conn.send(ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
+                        tuple(sorted(loaded.eos_token_ids)), num_logits,
+                        str(loaded.dtype).removeprefix("torch."), loaded.quantization,
+                        time.monotonic() - start, wait_policy))
     send_lock = threading.Lock()  # the compile thread answers while the engine loop sends steps
 
-    def send(msg: tuple[Any, ...]) -> None:
+    def send(msg: Any) -> None:
         with send_lock:
             conn.send(msg)
 
+    def compile_async(command: CompileGrammar) -> None:
+        compiler.executor.submit(compile_and_answer, compiler, send, command)
+
     try:  # compiles run on the compiler's own (nice 19) threads while the loop steps
-        serve(core, conn, send,
-              lambda *job: compiler.executor.submit(compile_and_answer, compiler, send, *job))
+        serve(CoreDriver(core, compile_async), conn, send)
     except (EOFError, BrokenPipeError):  # the API process is gone
         pass
 
 
-def serve(core: Any, conn: Connection, send: Send, compile_async: Callable[..., Any]) -> None:
-    """The engine loop of the child: apply the parent's commands, step, send the step's outputs.
+def serve(driver: CoreDriver, conn: Connection, send: Send) -> None:
+    """The engine loop of the child: the driver's loop on the pipe; a ``StepResult`` every turn.
 
-    Blocks on the pipe while the core has nothing to do; returns on ``("stop",)`` (after failing every
-    live request). Raises EOFError or BrokenPipeError when the API process is gone.
+    Blocks on the pipe while the core has nothing to do; returns on ``Stop`` (after failing every
+    live request; the API process has already ended their streams). Raises EOFError or
+    BrokenPipeError when the API process is gone.
     """
-    adds_seen = 0
-    while True:
-        outputs: list[RequestOutput] = []
-        if not core.has_unfinished():
-            messages = [conn.recv()]  # idle: block until the parent has something
-        else:
-            messages = []
+
+    def receive(block: bool) -> list[EngineCommand]:
+        commands = [conn.recv()] if block else []  # idle: block until the parent has something
         while conn.poll():
-            messages.append(conn.recv())
-        for msg in messages:
-            kind = msg[0]
-            if kind == "add":
-                adds_seen += 1
-                try:
-                    core.add_request(msg[1], msg[2], msg[3])
-                except Exception as exc:  # noqa: BLE001 - reported to that request only
-                    outputs.append(RequestOutput(msg[1], [], None, True, "error", len(msg[2]), 0,
-                                                 error=str(exc)))
-            elif kind == "abort":
-                for rid in msg[1]:
-                    core.abort_request(rid)
-            elif kind == "compile":
-                compile_async(msg[1], msg[2], msg[3])
-            elif kind == "stop":
-                core.fail_all("the engine shut down")
-                return
-        if core.has_unfinished():
-            outputs.extend(core.step())
-        send(("step", outputs, counters_of(core, adds_seen)))
+            commands.append(conn.recv())
+        return commands
+
+    def publish(outputs: list[RequestOutput]) -> None:
+        send(StepResult(outputs, CoreStats.of(driver.core, driver.num_adds_taken)))
+
+    driver.run(receive, publish)
+    driver.core.fail_all("the engine shut down")
+
+
+def compile_and_answer(compiler: Any, send: Send, command: CompileGrammar) -> None:
+    """Compile thread of the child: compile (cached for the ``AddRequest`` that follows), then send
+    ``Compiled`` (see ``proxy.engine.core_proc.grammar`` for the API process's half)."""
+    failure: CompileFailure | None = None
+    try:
+        compiler.compile(command.spec, command.param)
+    except InvalidRequestError as exc:
+        failure = CompileFailure("invalid", exc.message, exc.param)
+    except Exception as exc:  # noqa: BLE001 - reported to that request (a 500 there)
+        failure = CompileFailure("error", f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(OSError):
+        send(Compiled(command.token, failure))

@@ -1,18 +1,19 @@
-"""Grammar compiles across the pipe: both halves of the ``("compile", ...)`` exchange.
+"""Grammar compiles across the pipe: the API process's half of the ``CompileGrammar`` exchange.
 
 Grammars (structured outputs, tool calls) are compiled once, in the child, where the masks are
 applied: the API process has no grammar compiler of its own. ``ChildGrammarCompiler.compile_async``
 (awaited by ``AsyncEngineClient.prepare_structured_output`` before ``generate``) sends
-``("compile", ...)`` and awaits the answer; the child compiles on its ``GrammarCompiler``'s executor
-(nice 19; xgrammar releases the GIL), so its engine loop keeps stepping, caches the grammar and
-answers. A refused spec is a 400 naming ``param`` before the request is sent, as in thread mode; the
-``add`` that follows finds the grammar in the child's cache. Why not compile in the API process and ship the
+``CompileGrammar`` and awaits the ``Compiled`` answer; the child compiles on its
+``GrammarCompiler``'s executor (nice 19; xgrammar releases the GIL), so its engine loop keeps
+stepping, caches the grammar and answers. A refused spec is a 400 naming ``param`` before the
+request is sent, as in thread mode; the ``AddRequest`` that follows finds the grammar in the child's
+cache. Why not compile in the API process and ship the
 result: xgrammar's ``CompiledGrammar.serialize_json`` of a 60-field schema is 27 MB and took 2.5 s
 (1 s to load back) against 64 ms to compile it; compiling in both processes (as before) spent the
 time twice, the second time on the child's engine loop, stalling every stream.
 
-Child side: :func:`compile_and_answer`. API process side: :class:`PendingCompiles` (the compiles sent
-and not answered yet), :func:`raise_for_answer`, and :class:`ChildGrammarCompiler`.
+Here: :class:`PendingCompiles` (the compiles sent and not answered yet), :func:`raise_for_failure`,
+and :class:`ChildGrammarCompiler`. The child's half is ``proxy.engine.core_proc.child.compile_and_answer``.
 """
 
 from __future__ import annotations
@@ -20,32 +21,13 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
-from proxy.engine.core_proc.messages import Send
+from proxy.engine.core_proc.messages import CompileFailure
 from proxy.errors import EngineDeadError, InvalidRequestError
 from proxy.sampling import StructuredOutputParams
 
-if TYPE_CHECKING:
-    from proxy.engine.core_proc.proc_client import EngineProcClient
-
-# the child's answer to a compile: None (compiled and cached), or (kind, message, param) with kind
-# "invalid" (the spec cannot be enforced), "error" (the compiler failed) or "dead" (set here when the
-# child died or shut down before answering)
-CompileAnswer = tuple[str, str, str | None] | None
-
-
-def compile_and_answer(compiler: Any, send: Send, token: int, so: StructuredOutputParams, param: str) -> None:
-    """Compile thread of the child: compile (cached for the ``add`` that follows), then answer."""
-    error: tuple[str, str, str | None] | None = None
-    try:
-        compiler.compile(so, param)
-    except InvalidRequestError as exc:
-        error = ("invalid", exc.message, exc.param)
-    except Exception as exc:  # noqa: BLE001 - reported to that request (a 500 there)
-        error = ("error", f"{type(exc).__name__}: {exc}", None)
-    with contextlib.suppress(OSError):
-        send(("compiled", token, error))
+CompileAnswer = CompileFailure | None  # None: compiled and cached
 
 
 class PendingCompiles:
@@ -76,15 +58,15 @@ class PendingCompiles:
             future.set_result(answer)
 
     def fail_all(self, message: str) -> None:
-        """Answer every open compile with ``("dead", message, None)`` (the child died or shut down)."""
+        """Answer every open compile with a "dead" failure (the child died or shut down)."""
         while self._futures:
             with contextlib.suppress(KeyError):
                 _, future = self._futures.popitem()
                 if not future.done():
-                    future.set_result(("dead", message, None))
+                    future.set_result(CompileFailure("dead", message))
 
 
-def raise_for_answer(answer: CompileAnswer) -> None:
+def raise_for_failure(failure: CompileAnswer) -> None:
     """Return when the child compiled the grammar; else raise what its answer says.
 
     Raises:
@@ -92,14 +74,13 @@ def raise_for_answer(answer: CompileAnswer) -> None:
         EngineDeadError: the engine process died or shut down before answering.
         RuntimeError: the compiler failed otherwise (a 500).
     """
-    if answer is None:
+    if failure is None:
         return
-    kind, message, err_param = answer
-    if kind == "invalid":
-        raise InvalidRequestError(message, param=err_param)
-    if kind == "dead":
-        raise EngineDeadError(message)
-    raise RuntimeError(f"compiling the grammar failed in the engine process: {message}")
+    if failure.kind == "invalid":
+        raise InvalidRequestError(failure.message, param=failure.param)
+    if failure.kind == "dead":
+        raise EngineDeadError(failure.message)
+    raise RuntimeError(f"compiling the grammar failed in the engine process: {failure.message}")
 
 
 class ChildGrammarCompiler:
@@ -108,11 +89,14 @@ class ChildGrammarCompiler:
     ``AsyncEngineClient.prepare_structured_output`` awaits :meth:`compile_async`, which returns once
     the child has compiled and cached the grammar (see the module docs for why the grammar is not
     compiled in this process).
+
+    Args:
+        compile_grammar: ``EngineProcClient.compile_grammar`` (sends the compile, awaits the answer).
     """
 
-    def __init__(self, client: EngineProcClient) -> None:
-        self._client = client
+    def __init__(self, compile_grammar: Callable[[StructuredOutputParams, str], Awaitable[None]]) -> None:
+        self._compile_grammar = compile_grammar
 
     async def compile_async(self, so: StructuredOutputParams, param: str = "response_format") -> None:
-        """See :meth:`EngineProcClient.compile_grammar`."""
-        await self._client.compile_grammar(so, param)
+        """See ``EngineProcClient.compile_grammar``."""
+        await self._compile_grammar(so, param)

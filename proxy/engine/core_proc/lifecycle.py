@@ -17,13 +17,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from proxy.engine.core_proc.child import child_main
-from proxy.engine.core_proc.messages import ReadyInfo, Send
+from proxy.engine.core_proc.messages import LoadFailed, Progress, ReadyInfo, Send, Stop
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 _MP = multiprocessing.get_context("spawn")  # fork is unsafe with torch/CUDA threads already running
-STOP_TIMEOUT_S = 10.0  # a serving child gets this long to stop after ("stop",) before SIGKILL
+STOP_TIMEOUT_S = 10.0  # a serving child gets this long to stop after Stop() before SIGKILL
 _children: set[Any] = set()  # engine processes started and not yet reaped (killed at exit)
 _atexit_registered = False
 
@@ -81,17 +81,19 @@ def start_child(settings: Settings, on_started: Callable[[Any], None]) -> tuple[
                     if not proc.is_alive():
                         raise EOFError
                     continue
-                kind, payload = parent_conn.recv()
+                msg = parent_conn.recv()
             except EOFError:
                 proc.join(5)
                 raise ModelLoadError(
                     f"the engine process exited while loading (exit code {proc.exitcode})") from None
-            if kind == "progress":
-                logger.info("engine process: %s", payload)
-            elif kind == "failed":
-                raise ModelLoadError(f"the engine process failed to load the model: {payload}")
-            elif kind == "ready":
-                break
+            match msg:
+                case Progress(text):
+                    logger.info("engine process: %s", text)
+                case LoadFailed(reason):
+                    raise ModelLoadError(f"the engine process failed to load the model: {reason}")
+                case ReadyInfo():
+                    info = msg
+                    break
     except BaseException:
         if proc.is_alive():
             proc.kill()
@@ -99,18 +101,17 @@ def start_child(settings: Settings, on_started: Callable[[Any], None]) -> tuple[
         untrack(proc)
         parent_conn.close()
         raise
-    info: ReadyInfo = payload
     logger.info("engine process ready (pid %d) in %.1f s (OpenMP wait policy %s)", proc.pid, info.load_s,
                 info.omp_wait_policy or "libgomp's default")
     return proc, parent_conn, info
 
 
 def stop_child(proc: Any, conn: Connection | None, send: Send) -> None:
-    """Stop a serving child: ``("stop",)`` through ``send`` (it fails its requests and exits), SIGKILL
+    """Stop a serving child: ``Stop()`` through ``send`` (it fails its requests and exits), SIGKILL
     after ``STOP_TIMEOUT_S`` (it ignores SIGTERM); then close ``conn``. ``proc``/``conn`` may be None."""
     if conn is not None:
         with contextlib.suppress(RuntimeError, OSError):
-            send(("stop",))
+            send(Stop())
     if proc is not None:
         proc.join(STOP_TIMEOUT_S)
         if proc.is_alive():

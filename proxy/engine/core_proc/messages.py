@@ -1,27 +1,88 @@
-"""What crosses the pipe between the API process and the engine process.
+"""What crosses the pipe between the API process and the engine process: one frozen dataclass a kind.
 
-Messages (tuples, first item the kind):
+Receivers dispatch on the message's type (``match msg: case AddRequest(): ...``), as vLLM's
+``EngineCoreRequestType`` names each kind; nothing is read by position.
 
-- parent -> child: ``("add", request_id, prompt_token_ids, params)``, ``("abort", [request_id, ...])``,
-  ``("compile", token, StructuredOutputParams, param)``, ``("stop",)``.
-- child -> parent: ``("progress", text)`` and one ``("ready", ReadyInfo)`` or ``("failed", text)``
-  while loading; then ``("step", [RequestOutput, ...], counters)`` after every engine step and after
-  commands that change the counters (an abort frees blocks), and ``("compiled", token, error)``
-  (``error`` None, or ``(kind, message, param)``) when a compile finished.
+- parent -> child (the engine core's commands; :class:`~proxy.engine.driver.CoreDriver` applies the
+  first three, in-process too): :class:`AddRequest`, :class:`AbortRequests`, :class:`Stop`, and
+  :class:`CompileGrammar` (engine process only).
+- child -> parent: :class:`Progress` and then one :class:`ReadyInfo` or :class:`LoadFailed` while
+  loading; then a :class:`StepResult` after every engine step and after commands that change the
+  counters (an abort frees blocks), and a :class:`Compiled` when a compile finished.
+
+Cost: pickle writes a dataclass as its class (module and name) and its field dict: a few hundred
+bytes and tens of microseconds more than a tuple per message, against an engine step of tens of
+milliseconds (measured in ``docs/internals.md``, engine process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-Send = Callable[[tuple[Any, ...]], None]  # sends one message (under the sender's lock)
+from proxy.engine.client.core_client import EngineStats
+from proxy.engine.request import RequestOutput
+from proxy.sampling import SamplingParams, StructuredOutputParams
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """Queue a request (``EngineCore.add_request``); a refused one ends with ``RequestOutput.failed``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class AbortRequests:
+    """Abort requests (``EngineCore.abort_request``, idempotent); no output follows."""
+
+    request_ids: list[str]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Fail every live request and end the engine loop."""
+
+
+@dataclass(frozen=True)
+class CompileGrammar:
+    """Compile (and cache) the grammar of ``spec``; answered by :class:`Compiled` with ``token``.
+
+    Attributes:
+        token: the parent's key of the pending compile.
+        spec: the structured-output spec to compile.
+        param: the request field named by a refusal (``InvalidRequestError.param``).
+    """
+
+    token: int
+    spec: StructuredOutputParams
+    param: str
+
+
+EngineCommand = AddRequest | AbortRequests | Stop | CompileGrammar
+"""What the parent sends (``EngineProcClient``) and the child's engine loop receives."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A load step of the child, for the parent's log."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """The child could not build its engine (``"ExceptionType: message"``); it exits after sending."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
 class ReadyInfo:
-    """What the child reports once its engine is built.
+    """What the child reports once its engine is built (the message that ends loading).
 
     Attributes:
         model_path: the Hugging Face folder it loaded (the API process loads the tokenizer from it).
@@ -46,14 +107,83 @@ class ReadyInfo:
     omp_wait_policy: str
 
 
-# counters sent with every "step" message: running, waiting, kv usage, free blocks, total blocks,
-# preemptions, prefix-cache queries, prefix-cache hits, adds consumed so far
-Counters = tuple[int, int, float, int, int, int, int, int, int]
-NO_COUNTERS: Counters = (0, 0, 0.0, 0, 0, 0, 0, 0, 0)
+@dataclass(frozen=True)
+class CoreStats:
+    """The core's counters after a step (``EngineStats`` less what the API process adds).
+
+    Attributes:
+        num_running, num_waiting: requests in the running batch / waiting in the core.
+        kv_cache_usage: fraction of KV blocks in use, in [0, 1].
+        num_free_blocks, num_total_blocks: KV blocks.
+        num_preemptions: requests preempted (recomputed) so far.
+        prefix_cache_queries, prefix_cache_hits: prompt tokens looked up / found, since start.
+        num_adds_taken: ``AddRequest`` commands the core has taken so far (the sender counts the
+            ones sent; the difference is waiting too, see ``proxy.engine.admission``).
+    """
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_adds_taken: int
+
+    @classmethod
+    def of(cls, core: Any, num_adds_taken: int) -> CoreStats:
+        """The counters of ``core`` (an ``EngineCore``) now."""
+        return cls(core.num_running, core.num_waiting, core.kv_cache_usage, core.num_free_blocks,
+                   core.num_total_blocks, core.scheduler.num_preemptions, core.prefix_cache_queries,
+                   core.prefix_cache_hits, num_adds_taken)
+
+    def engine_stats(self, num_waiting: int, num_engine_restarts: int = 0) -> EngineStats:
+        """These counters as ``EngineStats``, with the client's ``num_waiting`` (adds in flight
+        included) and restart count."""
+        return EngineStats(self.num_running, num_waiting, self.kv_cache_usage, self.num_free_blocks,
+                           self.num_total_blocks, num_preemptions=self.num_preemptions,
+                           prefix_cache_queries=self.prefix_cache_queries,
+                           prefix_cache_hits=self.prefix_cache_hits, num_engine_restarts=num_engine_restarts)
 
 
-def counters_of(core: Any, adds_seen: int) -> Counters:
-    """The counters of ``core`` (an ``EngineCore``) for a "step" message; ``adds_seen``: adds taken."""
-    return (core.num_running, core.num_waiting, core.kv_cache_usage, core.num_free_blocks,
-            core.num_total_blocks, core.scheduler.num_preemptions, core.prefix_cache_queries,
-            core.prefix_cache_hits, adds_seen)
+NO_STATS = CoreStats(0, 0, 0.0, 0, 0, 0, 0, 0, 0)
+"""The counters before the first step message."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One engine step's outputs (possibly none) and the counters after it."""
+
+    outputs: list[RequestOutput]
+    stats: CoreStats
+
+
+@dataclass(frozen=True)
+class CompileFailure:
+    """Why a grammar was not compiled.
+
+    Attributes:
+        kind: "invalid" (the spec cannot be enforced, a 400), "error" (the compiler failed, a 500) or
+            "dead" (set in the API process when the child died or shut down before answering).
+        message: what to tell the client.
+        param: the request field a refusal names (``InvalidRequestError.param``), else None.
+    """
+
+    kind: Literal["invalid", "error", "dead"]
+    message: str
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The child's answer to :class:`CompileGrammar` ``token``: ``failure`` None when compiled and cached."""
+
+    token: int
+    failure: CompileFailure | None
+
+
+EngineReply = Progress | LoadFailed | ReadyInfo | StepResult | Compiled
+"""What the child sends."""
+
+Send = Callable[[Any], None]  # sends one message (under the sender's lock)

@@ -9,22 +9,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from proxy.engine import admission
 from proxy.engine.client import EngineStats, FaultInjector, OutputsHandler, deliver_outputs
-from proxy.engine.core_proc.grammar import PendingCompiles, raise_for_answer
+from proxy.engine.core_proc.grammar import PendingCompiles, raise_for_failure
 from proxy.engine.core_proc.lifecycle import start_child, stop_child, untrack
-from proxy.engine.core_proc.messages import NO_COUNTERS, Counters, ReadyInfo
+from proxy.engine.core_proc.messages import (
+    NO_STATS,
+    AbortRequests,
+    AddRequest,
+    Compiled,
+    CompileGrammar,
+    CoreStats,
+    EngineCommand,
+    ReadyInfo,
+    StepResult,
+)
 from proxy.engine.request import RequestOutput
-from proxy.errors import EngineDeadError, RateLimitError
+from proxy.errors import EngineDeadError
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+
+class ClientState(enum.Enum):
+    """Where the engine process is, as the API process sees it."""
+
+    UP = "up"  # serving
+    RESTARTING = "restarting"  # died; a new child is loading
+    DEAD = "dead"  # died for good (during shutdown, or the restart failed to load)
+    STOPPED = "stopped"  # shut down
 
 
 class EngineProcClient:
@@ -49,11 +70,11 @@ class EngineProcClient:
         self.fault_injector: FaultInjector | None = None
         self.num_restarts = 0
         self._live: set[str] = set()
-        self._counters: Counters = NO_COUNTERS
+        self._stats: CoreStats = NO_STATS
         self._adds_sent = 0
         self._on_outputs: OutputsHandler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._state = "up"  # "up", "restarting", "dead", "stopped"
+        self._state = ClientState.UP
         self._draining = False  # shutdown has begun: no more restarts
         self._generation = 0
         self._proc: Any = None
@@ -72,7 +93,7 @@ class EngineProcClient:
             self._launching = None
         self._proc, self._conn = proc, conn
         self._adds_sent = 0
-        self._counters = NO_COUNTERS
+        self._stats = NO_STATS
         return info
 
     def _on_launch_started(self, proc: Any) -> None:
@@ -95,14 +116,13 @@ class EngineProcClient:
         assert loop is not None
         try:
             while True:
-                msg = conn.recv()
-                if msg[0] == "compiled":
-                    self._compiles.answer(msg[1], msg[2])
-                    continue
-                _, outputs, counters = msg
-                self._counters = counters
-                if outputs:
-                    loop.call_soon_threadsafe(self._dispatch, outputs)
+                match conn.recv():
+                    case StepResult(outputs, stats):
+                        self._stats = stats
+                        if outputs:
+                            loop.call_soon_threadsafe(self._dispatch, outputs)
+                    case Compiled(token, failure):
+                        self._compiles.answer(token, failure)
         except (EOFError, OSError):
             pass
         self._compiles.fail_all("the engine process died while compiling the grammar; retry shortly")
@@ -112,7 +132,7 @@ class EngineProcClient:
     def _on_child_exit(self, generation: int) -> None:
         """Event loop: the child's pipe closed. Fail every open request; start a new child unless
         shutdown has begun (draining or stopped: the engine then stays dead)."""
-        if generation != self._generation or self._state == "stopped":
+        if generation != self._generation or self._state is ClientState.STOPPED:
             return
         proc = self._proc
         proc.join(1.0)
@@ -123,9 +143,8 @@ class EngineProcClient:
         message = f"the engine process died ({how}); " + (
             "the engine is restarting" if restart else "the server is shutting down")
         logger.error("%s: ending %d open request(s)", message, len(self._live))
-        self._state = "restarting" if restart else "dead"
-        failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error=message) for rid in self._live]
-        self._dispatch(failed)
+        self._state = ClientState.RESTARTING if restart else ClientState.DEAD
+        self._dispatch([RequestOutput.failed(rid, message) for rid in self._live])
         if self._conn is not None:
             self._conn.close()
         if restart:
@@ -136,16 +155,16 @@ class EngineProcClient:
         try:
             await asyncio.to_thread(self._launch)
         except Exception:
-            if self._state == "stopped":  # shutdown killed the child while it loaded
+            if self._state is ClientState.STOPPED:  # shutdown killed the child while it loaded
                 return
             logger.exception("restarting the engine process failed; the engine stays down (/health 503)")
-            self._state = "dead"
+            self._state = ClientState.DEAD
             return
-        if self._state == "stopped" or self._draining:
+        if self._state is ClientState.STOPPED or self._draining:
             self._stop_child()
             return
         self._start_reader()
-        self._state = "up"
+        self._state = ClientState.UP
         logger.warning("engine process restarted (restart #%d); serving again", self.num_restarts)
 
     def begin_drain(self) -> None:
@@ -155,15 +174,13 @@ class EngineProcClient:
     def shutdown(self) -> None:
         """Stop the child (it fails its requests; here they end with an error); later adds raise.
 
-        A child still loading (a restart) is killed; one serving gets ``("stop",)`` and
+        A child still loading (a restart) is killed; one serving gets ``Stop()`` and
         ``STOP_TIMEOUT_S`` seconds before SIGKILL (it ignores SIGTERM)."""
-        if self._state == "stopped":
+        if self._state is ClientState.STOPPED:
             return
-        self._state = "stopped"
+        self._state = ClientState.STOPPED
         self._draining = True
-        failed = [RequestOutput(rid, [], None, True, "error", 0, 0, error="the engine shut down")
-                  for rid in self._live]
-        self._dispatch(failed)
+        self._dispatch([RequestOutput.failed(rid, "the engine shut down") for rid in self._live])
         self._compiles.fail_all("the engine shut down")
         launching = self._launching
         if launching is not None and launching.is_alive():
@@ -176,7 +193,7 @@ class EngineProcClient:
     @property
     def is_healthy(self) -> bool:
         """True while the child serves (not while it restarts, after it died for good, or after shutdown)."""
-        return self._state == "up"
+        return self._state is ClientState.UP
 
     @property
     def pid(self) -> int | None:
@@ -187,16 +204,13 @@ class EngineProcClient:
 
     def stats(self) -> EngineStats:
         """The child's counters as of its last step message."""
-        running, _, usage, free, total, preemptions, queries, hits, _ = self._counters
-        return EngineStats(running, self.num_waiting, usage, free, total, num_preemptions=preemptions,
-                           prefix_cache_queries=queries, prefix_cache_hits=hits,
-                           num_engine_restarts=self.num_restarts)
+        return self._stats.engine_stats(self.num_waiting, self.num_restarts)
 
     @property
     def num_waiting(self) -> int:
         """Requests waiting in the child plus those sent and not yet taken by it."""
-        waiting, adds_seen = self._counters[1], self._counters[-1]
-        return waiting + max(0, self._adds_sent - adds_seen)
+        stats = self._stats  # one snapshot: its waiting and adds taken belong together
+        return admission.num_waiting(stats.num_waiting, self._adds_sent, stats.num_adds_taken)
 
     # ---- event-loop API ---------------------------------------------------------------------------
 
@@ -208,16 +222,16 @@ class EngineProcClient:
             RateLimitError: the waiting queue is full.
             ValueError: ``request_id`` is already live.
         """
-        if self._state != "up" or self._conn is None:
-            what = {"restarting": "is restarting", "dead": "died"}.get(self._state, "is not running")
+        if self._state is not ClientState.UP or self._conn is None:
+            what = {ClientState.RESTARTING: "is restarting", ClientState.DEAD: "died"}.get(
+                self._state, "is not running")
             raise EngineDeadError(f"the engine process {what}; retry shortly")
-        free_slots = max(0, self.max_num_seqs - self._counters[0])
-        if self.num_waiting - free_slots >= self.max_waiting:
-            raise RateLimitError(f"too many requests waiting ({self.max_waiting}); retry later")
+        admission.check_admission(self._stats.num_running, self.num_waiting, self.max_num_seqs,
+                                  self.max_waiting)
         if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
         try:
-            self._send(("add", request_id, list(prompt_token_ids), params))
+            self._send(AddRequest(request_id, list(prompt_token_ids), params))
         except OSError as exc:  # the child is dying; the reader reports it
             raise EngineDeadError(f"the engine process is not reachable: {exc}") from exc
         self._adds_sent += 1
@@ -229,9 +243,9 @@ class EngineProcClient:
         if not ended:
             return
         self._live.difference_update(ended)
-        if self._state == "up" and self._conn is not None:
+        if self._state is ClientState.UP and self._conn is not None:
             try:
-                self._send(("abort", ended))
+                self._send(AbortRequests(ended))
             except OSError:  # the child is dying; its requests are gone with it
                 pass
 
@@ -245,15 +259,15 @@ class EngineProcClient:
         """
         token, future = self._compiles.open()
         try:
-            if self._state != "up" or self._conn is None:
+            if self._state is not ClientState.UP or self._conn is None:
                 raise EngineDeadError("the engine process is not running; retry shortly")
-            self._send(("compile", token, so, param))
+            self._send(CompileGrammar(token, so, param))
         except (EngineDeadError, OSError) as exc:
             self._compiles.discard(token)
             raise EngineDeadError(str(exc)) from None
-        raise_for_answer(await asyncio.wrap_future(future))
+        raise_for_failure(await asyncio.wrap_future(future))
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, msg: EngineCommand) -> None:
         assert self._conn is not None
         with self._send_lock:
             self._conn.send(msg)

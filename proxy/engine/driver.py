@@ -1,0 +1,85 @@
+""":class:`CoreDriver`: the one loop around ``EngineCore.step()``, for the engine thread
+(``proxy.engine.async_engine``) and the engine process (``proxy.engine.core_proc.child``).
+
+Each turn: take the commands that arrived (blocking while the core has nothing to do), apply them
+in order, step once if any request waits or runs, publish that turn's outputs. The two hosts differ
+only in where commands come from and where outputs go (a deque and ``call_soon_threadsafe``; a pipe).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from proxy.engine.core_proc.messages import (
+    AbortRequests,
+    AddRequest,
+    CompileGrammar,
+    EngineCommand,
+    Stop,
+)
+from proxy.engine.request import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+Receive = Callable[[bool], Iterable[EngineCommand]]  # block: wait for a command when there is none
+Publish = Callable[[list[RequestOutput]], None]
+
+
+class CoreDriver:
+    """Applies commands to an ``EngineCore`` and steps it, on the one thread that owns the core.
+
+    Args:
+        core: the ``EngineCore`` (only this driver's thread touches it).
+        compile_grammar: runs a :class:`CompileGrammar` (the engine process); None: none arrive.
+
+    Attributes:
+        num_adds_taken: ``AddRequest`` commands taken so far, counted before the core queues each
+            (``proxy.engine.admission.num_waiting``); written by the driver's thread only.
+    """
+
+    def __init__(self, core: Any, compile_grammar: Callable[[CompileGrammar], None] | None = None) -> None:
+        self.core = core
+        self.compile_grammar = compile_grammar
+        self.num_adds_taken = 0
+
+    def run(self, receive: Receive, publish: Publish) -> list[RequestOutput]:
+        """Serve until a :class:`Stop`: ``receive(block)``, apply, step, ``publish(outputs)`` (every
+        turn, also with no outputs).
+
+        Returns:
+            the outputs of the commands applied before the ``Stop`` (refused adds), unpublished.
+        """
+        core = self.core
+        while True:
+            outputs: list[RequestOutput] = []
+            if self.apply(receive(not core.has_unfinished()), outputs):
+                return outputs
+            if core.has_unfinished():
+                outputs.extend(core.step())
+            publish(outputs)
+
+    def apply(self, commands: Iterable[EngineCommand], outputs: list[RequestOutput]) -> bool:
+        """Apply ``commands`` in order, appending their outputs; True when one is a :class:`Stop`
+        (the commands after it are left)."""
+        core = self.core
+        for command in commands:
+            match command:
+                case AddRequest(request_id, prompt_token_ids, params):
+                    self.num_adds_taken += 1
+                    try:
+                        core.add_request(request_id, prompt_token_ids, params)
+                    except Exception as exc:  # noqa: BLE001 - reported to that request only
+                        outputs.append(RequestOutput.failed(request_id, str(exc), len(prompt_token_ids)))
+                case AbortRequests(request_ids):
+                    for request_id in request_ids:
+                        core.abort_request(request_id)
+                case CompileGrammar():
+                    if self.compile_grammar is None:
+                        logger.error("a grammar compile reached an engine without a compile thread")
+                    else:
+                        self.compile_grammar(command)
+                case Stop():
+                    return True
+        return False
