@@ -164,7 +164,8 @@ class Settings:
         if self.embedding_pooling not in EMBEDDING_POOLINGS:
             raise ValueError(f"embedding_pooling (--embedding-pooling) must be one of {EMBEDDING_POOLINGS}, "
                              f"got {self.embedding_pooling!r}")
-        if self.embedding_max_num_batched_tokens < 1 or (self.embedding_num_threads or 1) < 1:
+        threads = self.embedding_num_threads
+        if self.embedding_max_num_batched_tokens < 1 or (threads is not None and threads < 1):
             raise ValueError("--embedding-max-num-batched-tokens and --embedding-num-threads must be at "
                              "least 1")
 

@@ -168,3 +168,12 @@ def test_lazy_worker_reports_a_failed_load_as_503():
                 asyncio.run(worker.embed(["a"], None))
     finally:
         worker.shutdown()
+
+
+@pytest.mark.parametrize("field", [{"embedding_pooling": "max"}, {"embedding_max_num_batched_tokens": 0},
+                                   {"embedding_num_threads": 0}])
+def test_settings_refuse_unserved_embedding_knobs(field):
+    from proxy.settings import Settings
+
+    with pytest.raises(ValueError, match="embedding"):
+        Settings(**field)
