@@ -164,8 +164,8 @@ def test_truncate_prompt_tokens(embed_server):
     assert body.status_code == 200 and body.json()["usage"]["prompt_tokens"] == 10
 
 
-_scalar = (st.none() | st.booleans() | st.integers(-3, 70000) | st.floats(allow_nan=False, allow_infinity=False)
-           | st.text(max_size=8))
+_scalar = (st.none() | st.booleans() | st.integers(-3, 70000)
+           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8))
 _json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
 
 
