@@ -32,6 +32,12 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
                                               route (/v1/chat/completions, /v1/completions, /v1/responses)
     streamproxy:responses_store_entries       gauge, stored Responses API responses (previous_response_id)
     streamproxy:responses_store_bytes         gauge, bytes of JSON they take
+    streamproxy:embedding_requests_total      counter, served ``/v1/embeddings`` requests; label model_name is
+                                              the embedding model's id (vLLM counts them in request_success)
+    streamproxy:embedding_prompt_tokens_total counter, tokens embedded (vLLM: prompt_tokens of pooling
+                                              requests)
+    streamproxy:embedding_request_latency_seconds  histogram, arrival -> vectors ready (vLLM's
+                                              e2e_request_latency of a pooling request)
 """
 
 from __future__ import annotations
@@ -125,6 +131,13 @@ class Metrics:
         self._structured = Counter(PREFIX + "structured_output_requests",
                                    "Requests with constrained (structured) output, by kind.",
                                    labels + ["kind"], registry=reg)
+        self._embedding_requests = Counter(PREFIX + "embedding_requests", "Served embeddings requests.",
+                                           labels, registry=reg)
+        self._embedding_tokens = Counter(PREFIX + "embedding_prompt_tokens", "Tokens embedded.", labels,
+                                         registry=reg)
+        self._embedding_latency = Histogram(PREFIX + "embedding_request_latency_seconds",
+                                            "Embeddings request latency (s).", labels,
+                                            buckets=TTFT_BUCKETS, registry=reg)
         reg.register(
             _CallbackCounter(
                 PREFIX + "num_preemptions",
@@ -198,6 +211,12 @@ class Metrics:
         """Count one constrained request (``json_schema``, ``json_object``, ``regex``, ``choice``,
         ``grammar``, ``tool_required``, ``tool_named``)."""
         self._structured.labels(self.model_name, kind).inc()
+
+    def observe_embedding(self, model_name: str, *, num_prompt_tokens: int, latency_s: float) -> None:
+        """Record one served embeddings request of ``model_name``: tokens embedded and latency (s)."""
+        self._embedding_requests.labels(model_name).inc()
+        self._embedding_tokens.labels(model_name).inc(num_prompt_tokens)
+        self._embedding_latency.labels(model_name).observe(latency_s)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (``CONTENT_TYPE``)."""

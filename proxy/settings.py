@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+EMBEDDING_POOLINGS = ("last", "mean", "cls")
+"""``--embedding-pooling`` values (``proxy.models.pooling.POOLING_MODES``)."""
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -91,6 +94,18 @@ class Settings:
         enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
             replay a graph captured per padded batch size and key-length bucket
             (``proxy.engine.decode_graphs``). CPU steps always run eager.
+        embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
+            BERT sentence-transformer, pooling read from its ``modules.json``, or a decoder embedding
+            model); None: the chat model embeds, pooled by ``embedding_pooling`` (a convenience, not a
+            retrieval model; loaded as a second copy of its weights at the first request).
+        served_embedding_model_name: the id clients send to ``/v1/embeddings``; default: the
+            ``embedding_model`` folder's name, or the chat model's name when it embeds itself.
+        embedding_pooling: ``last`` or ``mean`` (vLLM's names; also ``cls``): pooling of the chat model
+            and of an ``embedding_model`` folder without ``modules.json`` (vectors L2-normalised).
+        embedding_max_num_batched_tokens: padded tokens (inputs x longest) of one embedding forward
+            pass; an input alone may exceed it up to the model's length.
+        embedding_num_threads: torch intra-op threads of the embedding worker thread; None: 1 on CPU
+            (the chat engine keeps its cores; ``docs/embeddings.md``).
     """
 
     model: str | None = None
@@ -133,15 +148,29 @@ class Settings:
     enforce_eager: bool = False
     responses_store_max_entries: int = 1000
     responses_store_max_bytes: int = 128 * 1024 * 1024
+    embedding_model: str | None = None
+    served_embedding_model_name: str | None = None
+    embedding_pooling: str = "last"
+    embedding_max_num_batched_tokens: int = 2048
+    embedding_num_threads: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse the scheduling ratios that no engine could use, before a model is loaded (the CLI
         turns the error into a usage message).
 
         Raises:
-            ValueError: as :func:`check_prefill_bound`.
+            ValueError: as :func:`check_prefill_bound`; an ``embedding_pooling`` other than ``last``,
+                ``mean``, ``cls``; ``embedding_max_num_batched_tokens`` or ``embedding_num_threads``
+                below 1.
         """
         check_prefill_bound(self.max_prefill_step_ratio, self.max_long_gap_fraction)
+        if self.embedding_pooling not in EMBEDDING_POOLINGS:
+            raise ValueError(f"embedding_pooling (--embedding-pooling) must be one of {EMBEDDING_POOLINGS}, "
+                             f"got {self.embedding_pooling!r}")
+        threads = self.embedding_num_threads
+        if self.embedding_max_num_batched_tokens < 1 or (threads is not None and threads < 1):
+            raise ValueError("--embedding-max-num-batched-tokens and --embedding-num-threads must be at "
+                             "least 1")
 
 
 def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: float) -> None:

@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -33,11 +34,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.engine.client import EngineClient
+from proxy.engine.client import EmbeddingClient, EngineClient, ModelInfo
 from proxy.errors import MethodNotAllowedError, NotFoundError, StreamproxyError
 from proxy.settings import Settings
 
-from . import routes
+from . import embeddings, routes
 from .auth import ApiKeyMiddleware
 from .faults import FaultInjector
 from .responses import error_response
@@ -49,6 +50,8 @@ from .ui import asset as ui_asset
 log = logging.getLogger("proxy.api")
 
 EngineFactory = Callable[[Settings], EngineClient]
+EmbeddingFactory = Callable[[Settings, ModelInfo], EmbeddingClient]
+Loaded = TypeVar("Loaded")
 
 
 async def _streamproxy_error(request: Request, exc: Exception) -> Response:
@@ -107,7 +110,7 @@ async def _ui_page(request: Request) -> Response:
     return Response(found.body, media_type=found.media_type, headers=found.headers)
 
 
-async def in_own_thread(fn: Callable[[Settings], EngineClient], settings: Settings) -> EngineClient:
+async def in_own_thread(fn: Callable[[Settings], Loaded], settings: Settings) -> Loaded:
     """``fn(settings)`` on a new thread that ends when it returns (not ``asyncio.to_thread``'s pool).
 
     Why: torch's OpenMP runtime (libgomp) keeps a team of worker threads for every thread that ran a
@@ -117,7 +120,7 @@ async def in_own_thread(fn: Callable[[Settings], EngineClient], settings: Settin
     sleep and wake-up at each of its hundreds of small parallel regions: batch-1 decode of the default
     model took 78-89 ms a step against 35 ms when the loading thread has ended (2 cores, same run).
     """
-    done: concurrent.futures.Future[EngineClient] = concurrent.futures.Future()
+    done: concurrent.futures.Future[Loaded] = concurrent.futures.Future()
 
     def run() -> None:
         if not done.set_running_or_notify_cancel():  # the awaiting task was cancelled first
@@ -131,8 +134,16 @@ async def in_own_thread(fn: Callable[[Settings], EngineClient], settings: Settin
     return await asyncio.wrap_future(done)
 
 
+def default_embedding_factory(settings: Settings, chat: ModelInfo) -> EmbeddingClient:
+    """The embedding worker of ``settings`` (``proxy.engine.factory.build_embedding_client``; started)."""
+    from proxy.engine.factory import build_embedding_client
+
+    return build_embedding_client(settings, chat)
+
+
 def create_app(settings: Settings, engine_factory: EngineFactory | None = None, *,
-               enable_test_faults: bool = False) -> Starlette:
+               enable_test_faults: bool = False,
+               embedding_factory: EmbeddingFactory | None = None) -> Starlette:
     """The Starlette app serving ``settings.model``.
 
     Args:
@@ -142,10 +153,14 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
             Default: :func:`proxy.engine.factory.build_engine_client`.
         enable_test_faults: TEST ONLY. Install a :class:`~proxy.api.faults.FaultInjector` as the
             engine's ``fault_injector`` and mount ``POST /_test/fault`` to arm it. Never in production.
+        embedding_factory: called in a worker thread after the engine is loaded; returns the started
+            :class:`~proxy.engine.client.EmbeddingClient` of ``/v1/embeddings``. Default:
+            :func:`proxy.engine.factory.build_embedding_client`.
 
     The :class:`~proxy.api.state.ServerState` is ``app.state.server``.
     """
     factory = engine_factory or default_engine_factory
+    embed_factory = embedding_factory or default_embedding_factory
     state = ServerState(settings, FaultInjector() if enable_test_faults else None)
 
     async def load() -> None:
@@ -154,6 +169,11 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
             client.start()
             if state.fault_injector is not None:
                 client.fault_injector = state.fault_injector
+            try:
+                state.embedder = await in_own_thread(lambda s: embed_factory(s, client.model), settings)
+            except BaseException:
+                client.shutdown()
+                raise
         except Exception as exc:
             log.exception("loading the model failed")
             state.set_failed(f"Loading the model failed: {type(exc).__name__}: {exc}")
@@ -177,6 +197,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
             if state.client is not None:
                 with contextlib.suppress(Exception):
                     state.client.shutdown()
+            if state.embedder is not None:
+                state.embedder.shutdown()
             state.status = "stopped"
 
     table = [
@@ -191,6 +213,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses_api.list_input_items, methods=["GET"]),
+        Route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"]),
     ]
     if settings.ui:
         table += [Route("/", _ui_page, methods=["GET"]), Route("/ui/{name}", _ui_page, methods=["GET"])]

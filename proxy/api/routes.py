@@ -75,7 +75,7 @@ async def list_models(request: Request) -> Response:
     model = _state(request).require_ready().model
     card = protocol.model_card(model.served_model_name, model.created, model.max_model_len, dtype=model.dtype,
                                 quantization=model.quantization)
-    return json_response({"object": "list", "data": [card]})
+    return json_response({"object": "list", "data": [card, *_state(request).extra_model_cards()]})
 
 
 async def get_model(request: Request) -> Response:

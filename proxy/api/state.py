@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
-from proxy.engine.client import EngineClient
+from proxy import protocol
+from proxy.engine.client import EmbeddingClient, EngineClient
 from proxy.errors import ServiceUnavailableError
 from proxy.pipeline import ModelFeatures
 from proxy.settings import Settings
@@ -35,6 +37,7 @@ class ServerState:
         responses_store: stored Responses API responses (``previous_response_id``), in memory.
         load_error: why loading failed, for ``/health``.
         fault_injector: the test-only fault hook, when enabled.
+        embedder: the :class:`~proxy.engine.client.EmbeddingClient` of ``/v1/embeddings`` once loaded.
     """
 
     def __init__(self, settings: Settings, fault_injector: FaultInjector | None = None) -> None:
@@ -47,6 +50,7 @@ class ServerState:
         self.load_error: str | None = None
         self.is_draining = False
         self.fault_injector = fault_injector
+        self.embedder: EmbeddingClient | None = None
         self._grace_timer: asyncio.TimerHandle | None = None
 
     def set_ready(self, client: EngineClient) -> None:
@@ -94,6 +98,24 @@ class ServerState:
         if self.client is None or self.status != "ready":
             raise ServiceUnavailableError("The model failed to load; see the server log.")
         return self.client
+
+    # ---- embeddings (POST /v1/embeddings, proxy.api.embeddings) ----------------------------------
+
+    def require_embedder(self) -> EmbeddingClient:
+        """The embedding client, or 503 as :meth:`require_ready`."""
+        self.require_ready()
+        if self.embedder is None:
+            raise ServiceUnavailableError("The embedding model is still loading; retry shortly.")
+        return self.embedder
+
+    def extra_model_cards(self) -> list[dict[str, Any]]:
+        """``/v1/models`` entries beside the chat model's: the embedding model's, when it is served
+        under its own id (``routes.list_models`` appends these)."""
+        embedder, client = self.embedder, self.client
+        chat_name = client.model.served_model_name if client is not None else None
+        if embedder is None or embedder.served_model_name == chat_name:
+            return []
+        return [protocol.model_card(embedder.served_model_name, embedder.created, embedder.max_model_len)]
 
     # ---- shutdown ---------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The engine factory: ``Settings`` -> loaded model -> ``EngineCore`` -> ``AsyncEngine`` -> ``EngineClient``.
+"""The engine factory: ``Settings`` -> loaded model -> ``EngineCore`` -> ``AsyncEngine`` -> ``EngineClient``;
+and the embedding model's worker (``build_embedding_client``).
 
 The one place where a served engine is assembled (load-time checks of the model belong here).
 Runs in a worker thread at startup (``proxy.api.app.create_app``); imports torch through the engine.
@@ -6,8 +7,16 @@ Runs in a worker thread at startup (``proxy.api.app.create_app``); imports torch
 
 from __future__ import annotations
 
-from proxy.engine.client import AsyncEngineClient, ModelInfo
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from proxy.engine.client import AsyncEngineClient, EmbeddingClient, ModelInfo
+from proxy.errors import ServiceUnavailableError
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.models.embedding import EmbeddingModel
 
 
 def use_engine_process(settings: Settings) -> bool:
@@ -93,3 +102,56 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     # before the request is sent): see proxy.engine.core_proc.grammar
     compiler = ChildGrammarCompiler(core.compile_grammar)
     return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler)
+
+
+def embedding_model_name(settings: Settings, chat_model_name: str) -> str:
+    """The id ``/v1/embeddings`` serves: ``--served-embedding-model-name``, else the
+    ``--embedding-model`` folder's name (a ``.gguf`` file's stem), else the chat model's own name
+    (it embeds itself)."""
+    if settings.served_embedding_model_name:
+        return settings.served_embedding_model_name
+    if settings.embedding_model:
+        path = Path(settings.embedding_model).expanduser()
+        return path.stem if path.suffix.lower() == ".gguf" else path.name
+    return chat_model_name
+
+
+def build_embedding_client(settings: Settings, chat: ModelInfo) -> EmbeddingClient:
+    """The embedding worker (``proxy.engine.embedding_worker``), started.
+
+    With ``--embedding-model`` that folder is loaded now (its errors are startup errors); without
+    one, the chat model's folder is loaded again as a base model with ``--embedding-pooling`` at
+    the first embeddings request (a second copy of the chat weights, dense, outside the KV cache
+    pool: a convenience, not a retrieval model). ``--device`` / ``--dtype`` as for the chat model.
+
+    Raises:
+        proxy.models.ModelLoadError: the embedding model's name is the chat model's, or (eager) it
+            cannot be loaded.
+    """
+    from proxy.engine.embedding_worker import EmbeddingWorker
+    from proxy.models import ModelLoadError, resolve_device_dtype, resolve_model_source
+    from proxy.models.embedding import load_embedding_model
+
+    name = embedding_model_name(settings, chat.served_model_name)
+    own = settings.embedding_model is not None
+    if own and name == chat.served_model_name:
+        raise ModelLoadError(f"the embedding model's name {name!r} is the chat model's; set "
+                             "--served-embedding-model-name")
+
+    def load() -> EmbeddingModel:
+        dense = replace(settings, quantization="none")
+        device, dtype = resolve_device_dtype(dense)
+        folder = resolve_model_source(replace(dense, model=settings.embedding_model) if own else dense)[0]
+        return load_embedding_model(folder, device, dtype, default_pooling=settings.embedding_pooling,
+                                    max_len=None if own else chat.max_model_len)
+
+    threads = settings.embedding_num_threads
+    if threads is None and settings.device != "cuda":
+        threads = 1
+    worker = EmbeddingWorker(load, name, max_num_batched_tokens=settings.embedding_max_num_batched_tokens,
+                             num_threads=threads, lazy=not own)
+    try:
+        worker.start()
+    except ServiceUnavailableError as exc:
+        raise ModelLoadError(exc.message) from exc
+    return worker

@@ -1,10 +1,17 @@
-"""The OpenAI wire format: request schemas and validation (``requests``, ``fields``), the context
-check (``context``) and the response bodies and logprob formatting (``responses``). Import names
-from here."""
+"""The OpenAI wire format: request schemas and validation (``requests``, ``fields``, ``embeddings``),
+the context check (``context``) and the response bodies and logprob formatting (``responses``).
+Import names from here."""
 
 from __future__ import annotations
 
 from .context import resolve_max_tokens
+from .embeddings import (
+    ENCODING_FORMATS,
+    EmbeddingRequest,
+    embedding_response,
+    encode_embedding,
+    parse_embedding_request,
+)
 from .fields import StreamOptions, parse_json_body
 from .requests import (
     CHAT_ROLES,
@@ -32,9 +39,32 @@ from .responses import (
 )
 
 __all__ = [
-    "CHAT", "CHAT_ROLES", "COMPLETION", "COMPLETIONS_DEFAULT_MAX_TOKENS", "LOGPROB_FLOOR", "MAX_TOP_LOGPROBS",
-    "UNSUPPORTED_CHAT_FIELDS", "UNSUPPORTED_COMPLETION_FIELDS", "ChatCompletionRequest", "ChoiceResult",
-    "CompletionFormat", "CompletionRequest", "LogprobEntry", "StreamOptions", "Usage", "chat_logprobs",
-    "choice_params", "completion_logprobs", "model_card", "parse_chat_request", "parse_completion_request",
-    "parse_json_body", "resolve_max_tokens",
+    "CHAT",
+    "CHAT_ROLES",
+    "COMPLETION",
+    "COMPLETIONS_DEFAULT_MAX_TOKENS",
+    "ENCODING_FORMATS",
+    "LOGPROB_FLOOR",
+    "MAX_TOP_LOGPROBS",
+    "UNSUPPORTED_CHAT_FIELDS",
+    "UNSUPPORTED_COMPLETION_FIELDS",
+    "ChatCompletionRequest",
+    "ChoiceResult",
+    "CompletionFormat",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "LogprobEntry",
+    "StreamOptions",
+    "Usage",
+    "chat_logprobs",
+    "choice_params",
+    "completion_logprobs",
+    "embedding_response",
+    "encode_embedding",
+    "model_card",
+    "parse_chat_request",
+    "parse_completion_request",
+    "parse_embedding_request",
+    "parse_json_body",
+    "resolve_max_tokens",
 ]

@@ -12,7 +12,8 @@ output processing staying in the API process.
 
 Modules: ``interface`` (what the API sees: ``EngineClient``, ``ModelInfo``), ``core_client`` (the
 engine core seam: ``EngineCoreClient``, ``EngineStats``, ``deliver_outputs``), ``async_client``
-(``AsyncEngineClient``). Import the names from this package.
+(``AsyncEngineClient``), ``embedding`` (what ``POST /v1/embeddings`` sees: ``EmbeddingClient``,
+``EmbeddingOutput``). Import the names from this package.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from proxy.engine.client.core_client import (
     OutputsHandler,
     deliver_outputs,
 )
+from proxy.engine.client.embedding import EmbeddingClient, EmbeddingOutput
 from proxy.engine.client.interface import EngineClient, ModelInfo, StructuredOutputCompiler
 from proxy.engine.generation import Generation
 from proxy.engine.mailbox import ChoiceDelta
@@ -32,6 +34,8 @@ from proxy.engine.mailbox import ChoiceDelta
 __all__ = [
     "AsyncEngineClient",
     "ChoiceDelta",
+    "EmbeddingClient",
+    "EmbeddingOutput",
     "EngineClient",
     "EngineCoreClient",
     "EngineStats",
