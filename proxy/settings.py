@@ -80,7 +80,10 @@ class Settings:
         seed: global seed for requests without one.
         self_check: before reporting ready, compare the engine's greedy output with transformers'
             ``generate()`` on a few short prompts and refuse the model on a mismatch
-            (``proxy.engine.selfcheck``; seconds on a CPU for small models; off for very large ones).
+            (``proxy.engine.selfcheck``; seconds on a CPU for small models). None: run it unless a
+            pass is recorded for the same weights, code, versions and settings
+            (``proxy.engine.selfcheck_record``); True (``--self-check``): always run it; False
+            (``--no-self-check``): never (very large models).
         tool_call_parser: how ``tool_choice: "auto"`` output is parsed into tool calls: ``hermes``,
             ``llama3_json`` or ``mistral`` (vLLM's names); "": detected from the chat template.
         ui: serve the built-in chat page at ``/`` (``--no-ui`` turns it off).
@@ -125,7 +128,7 @@ class Settings:
     cache_dir: str | None = None
     log_level: str = "info"
     seed: int | None = None
-    self_check: bool = True
+    self_check: bool | None = None
     tool_call_parser: str = ""
     ui: bool = True
     engine_process: bool | None = None

@@ -22,7 +22,7 @@ A difference is accepted only where the reference's top-2 logit gap is a near-ti
 logits around 10-20 is already 0.06-0.125), and then only from that token on, as in the
 engine tests. Any other difference, or an exception in either run, raises :class:`SelfCheckError`
 naming the model type and the first differing step. ``Settings.self_check=False`` skips it
-(large models on a CPU).
+(large models on a CPU); a pass is remembered for the same inputs (``proxy.engine.selfcheck_record``).
 """
 
 from __future__ import annotations

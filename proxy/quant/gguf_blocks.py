@@ -130,12 +130,20 @@ class ModuleWeights:
         return self.full(name)[rows]
 
 
+#: rows compared first: a wrong row order (llama's q/k as stored) differs within them, so the
+#: rest of the sample is dequantized only for an order that may match (a fifth of the packing time).
+FIRST_ROWS = 16
+
+
 def _equal(
     planes: list[Int4Plane], sample: torch.Tensor, rows: torch.Tensor, order: torch.Tensor | None
 ) -> bool:
     src = rows if order is None else order[rows]
-    v = planes_value([p.select_rows(src) for p in planes], slice(None))
-    return torch.equal(v.to(sample.dtype), sample)
+    for part in (slice(None, FIRST_ROWS), slice(FIRST_ROWS, None)):
+        v = planes_value([p.select_rows(src[part]) for p in planes], slice(None))
+        if not torch.equal(v.to(sample.dtype), sample[part]):
+            return False
+    return True
 
 
 def match_row_order(
