@@ -29,10 +29,11 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from e2e.server import REPO, Server, _stop, free_port, get_server, wait_until_healthy
+from e2e.server import REPO, Server, _stop, get_server, wait_until_healthy
 from test_cases import call, finish_of, joined, with_model
 from testdata import ROUND2_PUBLIC
 
+from proxy.ports import free_port
 from proxy.quant import is_fast
 
 pytestmark = [pytest.mark.slow]

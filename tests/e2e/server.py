@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from proxy.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 600.0  # the first run converts the GGUF once; later starts take seconds
@@ -40,11 +41,6 @@ class Server:
 
 _SERVERS: dict[bool, Server] = {}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path, timeout_s: float) -> None:

@@ -30,15 +30,12 @@ import pytest
 from api.fakes import make_tiny_model as _make_tiny_model
 from api.fakes import thread_server  # noqa: F401  (re-exported for the production tests)
 
+from proxy.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 NGINX_CONF = REPO / "docs" / "nginx.conf"
 TINY = "tiny"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_tiny_model(folder: Path) -> Path:
