@@ -1,4 +1,8 @@
-"""Every line of tests/data/cases/round2_public.jsonl (C29a..C40b) against a real default-model server.
+"""Request compatibility with what OpenAI clients send, against a real default-model server: every line of
+tests/data/cases/round2_public.jsonl (C29a..C40b): the ``developer`` role, content-part arrays,
+``max_completion_tokens``, the forms of ``stop``, ``top_p`` 0, ``logit_bias`` and the penalties, a
+chat template that raises (400, not 500), bodies with a byte-order mark or gzip-encoded.
+
 
 One parametrized test per case id asserts that case's whole ``check`` text (write-ups in
 ``tests/data/cases/log.md``). ``MODEL`` is replaced by the served id; the requests a check compares
@@ -51,7 +55,7 @@ EOS_ID = 2
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Server:
-    return get_server(tmp_path_factory.mktemp("cases_round2"))
+    return get_server(tmp_path_factory.mktemp("request_compat_cases"))
 
 
 async def call_path(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -437,7 +441,7 @@ def test_every_case_has_a_check() -> None:
 
 
 @pytest.mark.parametrize("cid", [c["id"] for c in CASES])
-def test_round2_case(cid: str, server: Server, request: pytest.FixtureRequest) -> None:
+def test_request_compat_case(cid: str, server: Server, request: pytest.FixtureRequest) -> None:
     if cid in ("C37a", "C37b"):  # the second server starts only for these two
         check_c37(cid, request.getfixturevalue("raising"))
     else:
