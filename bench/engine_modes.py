@@ -66,8 +66,8 @@ def start_server(mode: str, args: argparse.Namespace, log_dir: Path) -> tuple[su
     port = free_port()
     cmd = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", str(args.threads),
            MODES[mode], *(["--model", args.model] if args.model else []), *shlex.split(args.extra_args)]
-    log = open(log_dir / f"{mode}.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_dir / f"{mode}.log", "wb") as log:  # the server writes through its own copy
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.load_timeout
     while time.monotonic() < deadline:

@@ -384,14 +384,14 @@ def start_raising_server(tmp: Path) -> Server:
             os.symlink(f, folder / f.name)
     port = free_port()
     log_path = tmp / "server.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", str(port),
-         "--num-threads", "1", "--max-num-seqs", "4", "--kv-cache-bytes", str(32 << 20),
-         "--no-engine-process"],
-        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    with open(log_path, "wb") as log:  # the server writes through its own copy
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", str(port),
+             "--num-threads", "1", "--max-num-seqs", "4", "--kv-cache-bytes", str(32 << 20),
+             "--no-engine-process"],
+            cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+            stdout=log, stderr=subprocess.STDOUT,
+        )
     atexit.register(_stop, process)
     base = f"http://127.0.0.1:{port}"
     wait_until_healthy(process, base, log_path, 300)
