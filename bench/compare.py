@@ -38,7 +38,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -48,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from proxy.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_BENCH = REPO / "bench" / "serve_bench.py"
@@ -364,11 +365,6 @@ class Peer:
     note: str = ""
     is_python: bool = True  # a Python server py-spy can profile (--profile)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torch_env(threads: int) -> dict[str, str]:

@@ -28,7 +28,6 @@ import os
 import resource
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from proxy.engine.loading import load_engine_model
 from proxy.quant.skinny import use_skinny_linears
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+from proxy.threads import run_in_own_thread
 
 TOPICS = [
     "a cat and a lighthouse", "the history of bread", "why the sky is blue", "a robot learning to paint",
@@ -49,29 +49,6 @@ TOPICS = [
     "the life of a honeybee", "how a compiler works", "a city under the sea", "the first day of school",
     "the water cycle", "a detective in Paris", "how to bake a cake", "the moon landing",
 ]
-
-
-def in_thread(fn, *args):  # type: ignore[no-untyped-def]
-    """Run ``fn(*args)`` on a fresh thread and return its result (re-raising its exception).
-
-    Every system runs this way: the server's engine (and transformers' continuous batching) step on
-    a background thread, and on a busy machine torch ops issued from the main thread were measured up
-    to 10x slower than the same ops from a fresh thread (OpenMP team of the initial thread).
-    """
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["result"]
 
 
 def build_prompts(tokenizer, n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
@@ -236,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts_all = build_prompts(tokenizer, max(levels))
     print(f"model {loaded.served_model_name}, {loaded.device} {loaded.dtype}, {args.threads} threads, "
           f"{args.max_new_tokens} new tokens, EOS ignored, prompts ~{len(prompts_all[0])} tokens")
-    in_thread(run_ours, model, loaded, prompts_all[:1], 4)  # warm-up
-    in_thread(run_static, ref, tokenizer, prompts_all[:1], 4)
+    run_in_own_thread(run_ours, model, loaded, prompts_all[:1], 4)  # warm-up
+    run_in_own_thread(run_static, ref, tokenizer, prompts_all[:1], 4)
     results: dict[str, dict[str, dict[str, float]]] = {}
     header = f"{'conc':>4} {'system':>8} {'tok/s':>8} {'TTFT s':>8} {'wall s':>8} {'CPU s':>8}"
     print(header)
@@ -245,11 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         prompts = prompts_all[:c]
         row: dict[str, dict[str, float]] = {}
         for _ in range(max(1, args.repeat)):  # alternate, so a slow patch hits every system alike
-            keep_best(row, "ours", in_thread(run_ours, model, loaded, prompts, args.max_new_tokens))
-            keep_best(row, "static", in_thread(run_static, ref, tokenizer, prompts, args.max_new_tokens))
+            keep_best(row, "ours", run_in_own_thread(run_ours, model, loaded, prompts, args.max_new_tokens))
+            static = run_in_own_thread(run_static, ref, tokenizer, prompts, args.max_new_tokens)
+            keep_best(row, "static", static)
             if not args.skip_hf_cb:
                 try:
-                    keep_best(row, "hf-cb", in_thread(run_hf_cb, ref, prompts, args.max_new_tokens))
+                    keep_best(row, "hf-cb", run_in_own_thread(run_hf_cb, ref, prompts, args.max_new_tokens))
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     print(f"  hf-cb failed: {type(exc).__name__}: {exc}")
         results[str(c)] = row

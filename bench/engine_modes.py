@@ -27,7 +27,6 @@ import asyncio
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from proxy.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
@@ -45,11 +46,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # generate() as `proxy serv
 
 MODES = {"thread": "--no-engine-process", "process": "--engine-process"}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BenchError(RuntimeError):
@@ -67,11 +63,11 @@ def start_server(mode: str, args: argparse.Namespace, log_dir: Path) -> tuple[su
         BenchError: the server exited, its load failed (``/health`` status ``failed``), or it was not
             healthy after ``args.load_timeout`` seconds (the server is stopped first).
     """
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", str(args.threads),
            MODES[mode], *(["--model", args.model] if args.model else []), *shlex.split(args.extra_args)]
-    log = open(log_dir / f"{mode}.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_dir / f"{mode}.log", "wb") as log:  # the server writes through its own copy
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.load_timeout
     while time.monotonic() < deadline:
@@ -131,6 +127,7 @@ def static_generate(shape: tuple[int, int], streams: int, args: argparse.Namespa
 
     from proxy.engine.loading import load_engine_model
     from proxy.settings import Settings
+    from proxy.threads import run_in_own_thread
 
     torch.set_num_threads(args.threads)
     loaded = load_engine_model(Settings(model=args.model, device="cpu", num_threads=args.threads))
@@ -138,8 +135,8 @@ def static_generate(shape: tuple[int, int], streams: int, args: argparse.Namespa
     prompts = [[(17 * i + 31 * j) % (vocab - 200) + 100 for j in range(shape[0])] for i in range(streams)]
     model, tok = loaded.model, loaded.hf_tokenizer
     model.set_attn_implementation("sdpa")  # the served weights (quantized as served); generate() needs sdpa
-    engine_bench.in_thread(engine_bench.run_static, model, tok, prompts[:2], 4)  # warm-up
-    run = engine_bench.in_thread(engine_bench.run_static, model, tok, prompts, shape[1])
+    run_in_own_thread(engine_bench.run_static, model, tok, prompts[:2], 4)  # warm-up
+    run = run_in_own_thread(engine_bench.run_static, model, tok, prompts, shape[1])
     return float(run["tok_s"])
 
 

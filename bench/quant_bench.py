@@ -64,9 +64,10 @@ def run_one(config: str, max_new: int, threads: int) -> dict[str, float | str]:
     """Load one configuration and measure it (in this process)."""
     import torch
 
-    from bench.engine_bench import build_prompts, in_thread, run_ours
+    from bench.engine_bench import build_prompts, run_ours
     from proxy.engine.loading import load_engine_model
     from proxy.settings import Settings
+    from proxy.threads import run_in_own_thread
 
     quant, dtype = config.split(":")
     torch.set_num_threads(threads)
@@ -86,8 +87,8 @@ def run_one(config: str, max_new: int, threads: int) -> dict[str, float | str]:
         model.lm_head = head
     tok = loaded.hf_tokenizer
     ppl = perplexity(model, tok)
-    one = in_thread(run_ours, model, loaded, build_prompts(tok, 1), max_new)
-    many = in_thread(run_ours, model, loaded, build_prompts(tok, 16), max_new)
+    one = run_in_own_thread(run_ours, model, loaded, build_prompts(tok, 1), max_new)
+    many = run_in_own_thread(run_ours, model, loaded, build_prompts(tok, 16), max_new)
     # batch-1 TPOT: wall time after the first token over the remaining tokens
     tpot_ms = 1000 * (one["wall_s"] - one["ttft_s"]) / (max_new - 1)
     return {
@@ -104,9 +105,10 @@ def interleaved_tpot(configs: list[str], max_new: int, threads: int, rounds: int
     ``rounds`` each: on a shared machine the ratios of this mode are the steadier ones."""
     import torch
 
-    from bench.engine_bench import build_prompts, in_thread, run_ours
+    from bench.engine_bench import build_prompts, run_ours
     from proxy.engine.loading import load_engine_model
     from proxy.settings import Settings
+    from proxy.threads import run_in_own_thread
 
     torch.set_num_threads(threads)
     models = {}
@@ -119,7 +121,7 @@ def interleaved_tpot(configs: list[str], max_new: int, threads: int, rounds: int
     best = {c: float("inf") for c in configs}
     for _ in range(rounds):
         for config, loaded in models.items():
-            one = in_thread(run_ours, loaded.model, loaded, prompt, max_new)
+            one = run_in_own_thread(run_ours, loaded.model, loaded, prompt, max_new)
             best[config] = min(best[config], 1000 * (one["wall_s"] - one["ttft_s"]) / (max_new - 1))
     base = best[configs[0]]
     for config in configs:

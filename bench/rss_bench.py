@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,16 +27,11 @@ from pathlib import Path
 
 import httpx
 
+from proxy.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 600.0
 
-
-def free_port() -> int:
-    """A free TCP port of 127.0.0.1 (bind port 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def descendants(pid: int) -> list[int]:

@@ -41,6 +41,7 @@ from proxy.engine.loading import load_engine_model
 from proxy.engine.structured import GrammarCompiler, logits_width
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings
+from proxy.threads import run_in_own_thread
 
 SCHEMA = {
     "type": "object",
@@ -63,24 +64,6 @@ def big_schema(tag: str) -> str:
     return json.dumps(
         {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
     )
-
-
-def in_thread(fn, *args):  # type: ignore[no-untyped-def]
-    """Run ``fn(*args)`` on a fresh thread (as the server's engine thread) and return its result."""
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["result"]
 
 
 def prompts_for(tokenizer, n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
@@ -185,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     vocab = logits_width(loaded.model)
     compiler = GrammarCompiler(loaded.hf_tokenizer, vocab, loaded.eos_token_ids)
     prompts = prompts_for(loaded.hf_tokenizer, 16)
-    in_thread(mask_cost, loaded, compiler, prompts[:2], 4)  # warm-up
+    run_in_own_thread(mask_cost, loaded, compiler, prompts[:2], 4)  # warm-up
     best: dict[str, float] = {}
     for r in range(args.repeat):
-        res = in_thread(mask_cost, loaded, compiler, prompts, args.max_new_tokens)
-        res.update(in_thread(compile_stall, loaded, compiler, prompts[:15], args.max_new_tokens, f"r{r}"))
+        res = run_in_own_thread(mask_cost, loaded, compiler, prompts, args.max_new_tokens)
+        res.update(run_in_own_thread(compile_stall, loaded, compiler, prompts[:15], args.max_new_tokens,
+                                     f"r{r}"))
         for k, v in res.items():
             best[k] = min(best.get(k, v), v)
     print(f"model {loaded.served_model_name}, {args.threads} threads, {args.max_new_tokens} new tokens, "

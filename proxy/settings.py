@@ -77,7 +77,10 @@ class Settings:
         seed: global seed for requests without one.
         self_check: before reporting ready, compare the engine's greedy output with transformers'
             ``generate()`` on a few short prompts and refuse the model on a mismatch
-            (``proxy.engine.selfcheck``; seconds on a CPU for small models; off for very large ones).
+            (``proxy.engine.selfcheck``; seconds on a CPU for small models). None: run it unless a
+            pass is recorded for the same weights, code, versions and settings
+            (``proxy.engine.selfcheck_record``); True (``--self-check``): always run it; False
+            (``--no-self-check``): never (very large models).
         tool_call_parser: how ``tool_choice: "auto"`` output is parsed into tool calls: ``hermes``,
             ``llama3_json`` or ``mistral`` (vLLM's names); "": detected from the chat template.
         reasoning_parser: how a thinking model's output is split into the reasoning and the answer:
@@ -140,7 +143,7 @@ class Settings:
     cache_dir: str | None = None
     log_level: str = "info"
     seed: int | None = None
-    self_check: bool = True
+    self_check: bool | None = None
     tool_call_parser: str = ""
     reasoning_parser: str = ""
     ui: bool = True

@@ -97,6 +97,15 @@ def test_boolean_settings_are_flag_pairs():
     assert (s.long_prefill_token_threshold, s.max_num_partial_prefills) == (32, 2)
 
 
+def test_self_check_is_auto_unless_forced_or_off():
+    """Unset: run unless a pass is recorded; --self-check forces it; --no-self-check turns it off."""
+    assert parse([]).self_check is None
+    assert parse(["--self-check"]).self_check is True
+    assert parse(["--no-self-check"]).self_check is False
+    assert parse([], {"STREAMPROXY_SELF_CHECK": "0"}).self_check is False
+    assert parse([], {"STREAMPROXY_SELF_CHECK": "1"}).self_check is True
+
+
 def test_bad_environment_value_is_an_error():
     with pytest.raises(ValueError, match="STREAMPROXY_PORT"):
         parse([], {"STREAMPROXY_PORT": "abc"})

@@ -18,11 +18,9 @@ The test-only fault hook (``proxy.api.faults``) is mounted only with ``enable_te
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
@@ -37,6 +35,7 @@ from starlette.routing import Route
 from proxy.engine.client import EmbeddingClient, EngineClient, ModelInfo
 from proxy.errors import MethodNotAllowedError, NotFoundError, StreamproxyError
 from proxy.settings import Settings
+from proxy.threads import start_in_own_thread
 
 from . import embeddings, routes
 from .auth import ApiKeyMiddleware
@@ -111,27 +110,9 @@ async def _ui_page(request: Request) -> Response:
 
 
 async def in_own_thread(fn: Callable[[Settings], Loaded], settings: Settings) -> Loaded:
-    """``fn(settings)`` on a new thread that ends when it returns (not ``asyncio.to_thread``'s pool).
-
-    Why: torch's OpenMP runtime (libgomp) keeps a team of worker threads for every thread that ran a
-    parallel region, for as long as that thread lives, and once a process holds more OpenMP threads
-    than cores it cuts every worker's spin-wait to 1000 iterations. Loading the model in a pool thread
-    that outlives the load left its team beside the engine thread's, so every decode step paid a
-    sleep and wake-up at each of its hundreds of small parallel regions: batch-1 decode of the default
-    model took 78-89 ms a step against 35 ms when the loading thread has ended (2 cores, same run).
-    """
-    done: concurrent.futures.Future[Loaded] = concurrent.futures.Future()
-
-    def run() -> None:
-        if not done.set_running_or_notify_cancel():  # the awaiting task was cancelled first
-            return
-        try:
-            done.set_result(fn(settings))
-        except Exception as exc:  # noqa: BLE001 - any load error is handed to the awaiting task
-            done.set_exception(exc)
-
-    threading.Thread(target=run, name="streamproxy-load", daemon=True).start()
-    return await asyncio.wrap_future(done)
+    """``fn(settings)`` on a new thread that ends when it returns, not ``asyncio.to_thread``'s pool
+    (why: ``proxy.threads``)."""
+    return await asyncio.wrap_future(start_in_own_thread(fn, settings, name="streamproxy-load"))
 
 
 def default_embedding_factory(settings: Settings, chat: ModelInfo) -> EmbeddingClient:

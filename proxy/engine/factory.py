@@ -47,8 +47,9 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     model's generation config; ``max_model_len`` is the engine's (lowered to the KV pool's capacity
     when that is smaller). The client is not started: ``start()`` must run on the event loop.
 
-    With ``settings.self_check`` the engine's greedy output is first compared with ``generate()``
-    on the same weights (``proxy.engine.selfcheck``).
+    Unless ``settings.self_check`` is False, the engine's greedy output is first compared with
+    ``generate()`` on the same weights (``proxy.engine.selfcheck``), or a recorded pass for the same
+    inputs is found (``proxy.engine.selfcheck_record``).
 
     Raises:
         proxy.models.ModelLoadError: the model cannot be resolved or loaded, or its architecture is
@@ -60,7 +61,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
     from proxy.engine.loading import load_engine_model
-    from proxy.engine.selfcheck import run_self_check
+    from proxy.engine.selfcheck_record import check_at_load
     from proxy.engine.structured import GrammarCompiler, logits_width
     from proxy.tokenizer import Tokenizer
 
@@ -72,8 +73,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     core = EngineCore(
         loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler
     )
-    if settings.self_check:  # refuse a model the engine would serve wrong text for
-        run_self_check(loaded.model, settings, core.max_model_len)
+    check_at_load(loaded, settings, core.max_model_len)  # refuse a model served wrong text
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
     return AsyncEngineClient(

@@ -22,7 +22,7 @@ A difference is accepted only where the reference's top-2 logit gap is a near-ti
 logits around 10-20 is already 0.06-0.125), and then only from that token on, as in the
 engine tests. Any other difference, or an exception in either run, raises :class:`SelfCheckError`
 naming the model type and the first differing step. ``Settings.self_check=False`` skips it
-(large models on a CPU).
+(large models on a CPU); a pass is remembered for the same inputs (``proxy.engine.selfcheck_record``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,34 +99,53 @@ def _prompts(model: Any, max_model_len: int, longest_window: int | None) -> list
     return [torch.randint(low, vocab, (max(1, n),), generator=g).tolist() for n in lengths]
 
 
+def greedy_reference(
+    model: Any, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None,
+    min_new_tokens: int = 0,
+) -> tuple[list[int], list[float]]:
+    """transformers' ``generate(do_sample=False)`` of one prompt alone (batch 1, no padding), the
+    reference the engine's greedy ids are compared with (here and in the engine tests).
+
+    Args:
+        model: a causal LM; runs with its current attention implementation and generation config.
+        prompt: token ids.
+        max_new_tokens, min_new_tokens: as ``generate()``'s.
+        eos_token_id: passed to ``generate()`` (None: the generation config's).
+
+    Returns:
+        ``(new token ids, the top-2 logit gap of each step)``: a gap below :func:`tie_tolerance` marks
+        a near-tie, where a different but correct kernel may pick the other token.
+    """
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([list(prompt)], device=device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    ids: list[int] = out.sequences[0, len(prompt):].tolist()
+    gaps = []
+    for score in out.scores:
+        top2 = score[0].float().topk(2).values
+        gaps.append(float(top2[0] - top2[1]))
+    return ids, gaps
+
+
 def _reference(model: Any, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-    """``generate()`` of each prompt alone with eager attention -> (new ids, top-2 gaps per step)."""
+    """:func:`greedy_reference` of each prompt with eager attention and a default generation config."""
     from transformers import GenerationConfig
 
-    device = next(model.parameters()).device
     saved_generation_config = model.generation_config
     model.set_attn_implementation("eager")
     try:
         model.generation_config = GenerationConfig(pad_token_id=0)
-        results = []
-        with torch.inference_mode():
-            for prompt in prompts:
-                out = model.generate(
-                    torch.tensor([prompt], device=device),
-                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
-                    max_new_tokens=NUM_NEW_TOKENS,
-                    min_new_tokens=NUM_NEW_TOKENS,
-                    do_sample=False,
-                    output_scores=True,
-                    return_dict_in_generate=True,
-                )
-                ids = out.sequences[0, len(prompt):].tolist()
-                gaps = []
-                for score in out.scores:
-                    top2 = score[0].float().topk(2).values
-                    gaps.append(float(top2[0] - top2[1]))
-                results.append((ids, gaps))
-        return results
+        return [greedy_reference(model, p, NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS) for p in prompts]
     finally:
         model.generation_config = saved_generation_config
         model.set_attn_implementation(ATTN_IMPLEMENTATION)

@@ -117,6 +117,7 @@ def load_model(
         device=device,
         dtype=dtype,
         quantization=quantization,
+        gguf_path=str(gguf) if gguf is not None else None,
     )
     logger.info(
         "loaded %s in %.2f s: %s, quantization %s, max_model_len=%d eos=%s",

@@ -28,6 +28,8 @@ class LoadedModel:
         dtype: ``torch.dtype`` of the weights.
         quantization: what the linears are served as (:func:`proxy.models.quantize.apply_quantization`'s
             description, e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"``; ``"none"``: dense).
+        gguf_path: the ``.gguf`` file the folder was converted from (its tensors may be the served
+            weights), or None.
     """
 
     model: Any
@@ -39,3 +41,4 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     quantization: str = "none"
+    gguf_path: str | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from proxy.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 600.0  # the first run converts the GGUF once; later starts take seconds
@@ -40,11 +41,6 @@ class Server:
 
 _SERVERS: dict[bool, Server] = {}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path, timeout_s: float) -> None:
@@ -75,13 +71,13 @@ def get_server(tmp_dir: Path, engine_process: bool = False) -> Server:
     port = free_port()
     log_path = tmp_dir / "server.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", "2",
-         "--max-num-seqs", "16", "--kv-cache-bytes", str(256 << 20),
-         "--engine-process" if engine_process else "--no-engine-process"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
+    with open(log_path, "wb") as log:  # the server writes through its own copy
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", "2",
+             "--max-num-seqs", "16", "--kv-cache-bytes", str(256 << 20),
+             "--engine-process" if engine_process else "--no-engine-process"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
     atexit.register(_stop, process)
     base = f"http://127.0.0.1:{port}"
     wait_until_healthy(process, base, log_path, STARTUP_TIMEOUT_S)

@@ -14,7 +14,9 @@ import httpx
 import pytest
 from api.fakes import make_tiny_model
 
-from .server import REPO, Server, free_port, sse_chunks, wait_until_healthy
+from proxy.ports import free_port
+
+from .server import REPO, Server, sse_chunks, wait_until_healthy
 
 pytestmark = pytest.mark.slow
 

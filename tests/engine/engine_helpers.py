@@ -4,33 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from proxy.engine.core import EngineCore
+from proxy.engine.selfcheck import greedy_reference as reference_greedy  # noqa: F401 (the engine tests' reference)
 from proxy.sampling import SamplingParams
 
 TIE_TOLERANCE = 1e-4
-
-
-def reference_greedy(model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int, eos: int | None):
-    """``model.generate(do_sample=False)`` of one prompt alone -> (new ids, per-step top-2 logit gaps)."""
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([list(prompt)]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=0,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    ids = out.sequences[0, len(prompt):].tolist()
-    gaps = []
-    for score in out.scores:
-        top2 = score[0].float().topk(2).values
-        gaps.append(float(top2[0] - top2[1]))
-    return ids, gaps
 
 
 def assert_greedy_matches(

@@ -226,16 +226,18 @@ def test_self_check_refuses_when_the_engine_raises(monkeypatch) -> None:
 
 
 def test_engine_factory_runs_the_self_check_unless_disabled(tmp_path, monkeypatch) -> None:
-    """The served engine is built only after the self-check passed; ``self_check=False`` skips it."""
+    """The served engine is built only after the self-check passed; ``self_check=False`` skips it.
+    (A patched function is no code change the record's key sees: the sabotaged run is forced.)"""
     from proxy.engine.factory import build_engine_client
 
     from .arch_zoo import save_tiny_folder
 
     folder = str(save_tiny_folder("gemma2", tmp_path / "tiny-gemma2"))
-    settings = Settings(model=folder, dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=256)
-    assert settings.self_check  # on by default
+    settings = Settings(model=folder, dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=256,
+                        cache_dir=str(tmp_path / "cache"))
+    assert settings.self_check is None  # on by default (unless a pass is recorded)
     assert build_engine_client(settings) is not None
     _drop_softcap(monkeypatch)  # an engine that would serve wrong text
     with pytest.raises(SelfCheckError, match=r"self-check failed for model type 'gemma2'.*first differs"):
-        build_engine_client(settings)
+        build_engine_client(dataclasses.replace(settings, self_check=True))
     assert build_engine_client(dataclasses.replace(settings, self_check=False)) is not None

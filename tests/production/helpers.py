@@ -30,15 +30,12 @@ import pytest
 from api.fakes import make_tiny_model as _make_tiny_model
 from api.fakes import thread_server  # noqa: F401  (re-exported for the production tests)
 
+from proxy.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 NGINX_CONF = REPO / "docs" / "nginx.conf"
 TINY = "tiny"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_tiny_model(folder: Path) -> Path:
@@ -97,10 +94,10 @@ def start_server(tmp: Path, args: list[str], env: dict[str, str] | None = None,
     port = free_port()
     log_path = tmp / f"{name}.log"
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args],
-                               cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=new_session)
+    with open(log_path, "wb") as log:  # the server writes through its own copy
+        process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args],
+                                   cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=new_session)
     proc = Proc(process, port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

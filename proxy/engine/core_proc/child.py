@@ -76,11 +76,11 @@ def child_main(settings: Settings, conn: Connection) -> None:
         compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
         core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
                           grammar_compiler=compiler)
-        if settings.self_check:  # as the in-process factory: refuse a model served wrong
-            from proxy.engine.selfcheck import run_self_check
+        if settings.self_check is not False:  # as the in-process factory: refuse a model served wrong
+            from proxy.engine.selfcheck_record import check_at_load
 
-            conn.send(Progress("self-check against generate()"))
-            run_self_check(loaded.model, settings, core.max_model_len)
+            conn.send(Progress("self-check against generate() (or its recorded pass)"))
+            check_at_load(loaded, settings, core.max_model_len)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
         conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
         return

@@ -1,4 +1,8 @@
-"""Every line of tests/data/cases/round2_public.jsonl (C29a..C40b) against a real default-model server.
+"""Request compatibility with what OpenAI clients send, against a real default-model server: every line of
+tests/data/cases/round2_public.jsonl (C29a..C40b): the ``developer`` role, content-part arrays,
+``max_completion_tokens``, the forms of ``stop``, ``top_p`` 0, ``logit_bias`` and the penalties, a
+chat template that raises (400, not 500), bodies with a byte-order mark or gzip-encoded.
+
 
 One parametrized test per case id asserts that case's whole ``check`` text (write-ups in
 ``tests/data/cases/log.md``). ``MODEL`` is replaced by the served id; the requests a check compares
@@ -29,10 +33,11 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from e2e.server import REPO, Server, _stop, free_port, get_server, wait_until_healthy
+from e2e.server import REPO, Server, _stop, get_server, wait_until_healthy
 from test_cases import call, finish_of, joined, with_model
 from testdata import ROUND2_PUBLIC
 
+from proxy.ports import free_port
 from proxy.quant import is_fast
 
 pytestmark = [pytest.mark.slow]
@@ -50,7 +55,7 @@ EOS_ID = 2
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Server:
-    return get_server(tmp_path_factory.mktemp("cases_round2"))
+    return get_server(tmp_path_factory.mktemp("request_compat_cases"))
 
 
 async def call_path(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -379,14 +384,14 @@ def start_raising_server(tmp: Path) -> Server:
             os.symlink(f, folder / f.name)
     port = free_port()
     log_path = tmp / "server.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
-    process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", str(port),
-         "--num-threads", "1", "--max-num-seqs", "4", "--kv-cache-bytes", str(32 << 20),
-         "--no-engine-process"],
-        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    with open(log_path, "wb") as log:  # the server writes through its own copy
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", str(port),
+             "--num-threads", "1", "--max-num-seqs", "4", "--kv-cache-bytes", str(32 << 20),
+             "--no-engine-process"],
+            cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+            stdout=log, stderr=subprocess.STDOUT,
+        )
     atexit.register(_stop, process)
     base = f"http://127.0.0.1:{port}"
     wait_until_healthy(process, base, log_path, 300)
@@ -436,7 +441,7 @@ def test_every_case_has_a_check() -> None:
 
 
 @pytest.mark.parametrize("cid", [c["id"] for c in CASES])
-def test_round2_case(cid: str, server: Server, request: pytest.FixtureRequest) -> None:
+def test_request_compat_case(cid: str, server: Server, request: pytest.FixtureRequest) -> None:
     if cid in ("C37a", "C37b"):  # the second server starts only for these two
         check_c37(cid, request.getfixturevalue("raising"))
     else:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from api.fakes import make_tokenizer
+
 from proxy.engine.mailbox import Mailbox
 from proxy.engine.output import OutputProcessor
 from proxy.engine.request import RequestOutput, TokenLogprob
 from proxy.sampling import SamplingParams
-
-from .fakes import make_tokenizer
 
 
 def out(rid, ids, finished=False, reason=None, lps=None, stop_reason=None, error=None):
