@@ -67,7 +67,7 @@ def test_model_folders_load_as_the_server_loads_them(tmp_path, write) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from proxy.models import load_model
+    from proxy.engine.loading import load_engine_model as load_model
     from proxy.settings import Settings
     from proxy.tokenizer import Tokenizer
 
