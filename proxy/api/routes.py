@@ -79,10 +79,15 @@ async def list_models(request: Request) -> Response:
 
 
 async def get_model(request: Request) -> Response:
-    """``GET /v1/models/{model_id}`` (OpenAI "Retrieve model"); 404 for another id."""
-    model = _state(request).require_ready().model
+    """``GET /v1/models/{model_id}`` (OpenAI "Retrieve model"): the chat model's card or the embedding
+    model's (when served under its own id); 404 for another id."""
+    state = _state(request)
+    model = state.require_ready().model
     model_id = request.path_params.get("model_id", "")
     if model_id != model.served_model_name:
+        for card in state.extra_model_cards():
+            if card["id"] == model_id:
+                return json_response(card)
         raise ModelNotFoundError(f"The model '{model_id}' does not exist.", param="model")
     return json_response(protocol.model_card(model.served_model_name, model.created, model.max_model_len,
                                              dtype=model.dtype, quantization=model.quantization))

@@ -70,6 +70,9 @@ def _post(server: EmbedServer, body: object) -> httpx.Response:
 def test_models_lists_the_embedding_model(embed_server):
     ids = [m["id"] for m in httpx.get(f"{embed_server.base_url}/v1/models", timeout=10).json()["data"]]
     assert ids == ["tiny-llama", NAME]
+    card = httpx.get(f"{embed_server.base_url}/v1/models/{NAME}", timeout=10).json()
+    assert card["id"] == NAME and card["object"] == "model"
+    assert httpx.get(f"{embed_server.base_url}/v1/models/nope", timeout=10).status_code == 404
 
 
 @pytest.mark.parametrize("encoding_format", ["float", "sdk-default"])
