@@ -330,3 +330,33 @@ def test_a_call_inside_the_thinking_stays_reasoning_and_the_call_after_it_is_par
     assert "".join(d.get("content") or "" for d in deltas) == "Sure."
     calls = [t for d in deltas for t in d.get("tool_calls") or []]
     assert "".join(t["function"]["arguments"] for t in calls) == '{"city": "Oslo"}'
+
+
+HARMONY = ("<|channel|>analysis<|message|>The user wants the weather.<|end|>"
+           "<|start|>assistant<|channel|>final<|message|>It is sunny in Oslo.")
+
+
+def test_harmony_channels_split_and_the_openai_sdk_reads_the_fields() -> None:
+    """GPT-OSS's harmony output (analysis then final channel) through the real app: the OpenAI SDK's
+    message and stream deltas carry the thinking as ``reasoning_content`` beside ``content``."""
+    from openai import AsyncOpenAI
+
+    async def main():
+        async with _serve_reply(HARMONY, reasoning_parser="gpt_oss", max_model_len=2048) as s:
+            sdk = AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=s.client)
+            msg = (await sdk.chat.completions.create(
+                model="test-model", messages=[{"role": "user", "content": "weather?"}])).choices[0].message
+            stream = await sdk.chat.completions.create(
+                model="test-model", messages=[{"role": "user", "content": "weather?"}], stream=True,
+                stream_options={"include_usage": True})
+            chunks = [c async for c in stream]
+            return msg, chunks
+
+    msg, chunks = run(main())
+    assert msg.content == "It is sunny in Oslo."
+    thinking = "The user wants the weather."
+    assert msg.model_extra["reasoning_content"] == msg.model_extra["reasoning"] == thinking
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == msg.content
+    assert "".join((d.model_extra or {}).get("reasoning_content", "") for d in deltas) == thinking
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens > 0
