@@ -57,6 +57,32 @@ def _frame(deltas: Sequence[ChoiceDelta], fmt: CompletionFormat, framer: ChunkFr
             out.append(framer.finish(d.index, finish))
 
 
+async def paced(generation: Generation, keepalive_s: float | None,
+                out: list[bytes]) -> AsyncIterator[bytes | Sequence[ChoiceDelta]]:
+    """What a stream body does next: bytes to write now, or the generation's next deltas to frame.
+
+    Before each wait for output it yields what the body has framed into ``out`` so far (then
+    empties it), unless the generation has finished (the body's end writes it with the last
+    events); after ``keepalive_s`` seconds without output, a ``: keepalive`` comment. Ends when
+    every choice has finished.
+
+    Raises:
+        StreamproxyError: what the generation raises (an engine error, the shutdown).
+    """
+    while True:
+        if out and not generation.is_finished:
+            yield b"".join(out)
+            out.clear()
+        if not await generation.wait(keepalive_s):
+            yield KEEPALIVE
+            continue
+        try:
+            deltas = await generation.__anext__()
+        except StopAsyncIteration:
+            return
+        yield deltas
+
+
 async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkFramer,
                    outputs: list[ChoiceOutput], *, keepalive_s: float | None, include_usage: bool,
                    first: Sequence[ChoiceDelta] | None) -> AsyncIterator[bytes]:
@@ -82,22 +108,16 @@ async def sse_body(generation: Generation, fmt: CompletionFormat, framer: ChunkF
             out.extend(framer.role(i) for i in range(generation.num_choices))
         if first:
             _frame(first, fmt, framer, outputs, text_offsets, out)
-        while True:
-            if out and not generation.is_finished:
-                yield b"".join(out)
-                out = []
-            if not await generation.wait(keepalive_s):
-                yield KEEPALIVE
-                continue
-            try:
-                deltas = await generation.__anext__()
-            except StopAsyncIteration:
-                break
-            except StreamproxyError as exc:
-                out += [framer.error(exc.message, exc.type, exc.code), framer.done()]
-                yield b"".join(out)
-                return
-            _frame(deltas, fmt, framer, outputs, text_offsets, out)
+        try:
+            async for item in paced(generation, keepalive_s, out):
+                if isinstance(item, bytes):
+                    yield item
+                else:
+                    _frame(item, fmt, framer, outputs, text_offsets, out)
+        except StreamproxyError as exc:
+            out += [framer.error(exc.message, exc.type, exc.code), framer.done()]
+            yield b"".join(out)
+            return
         if include_usage:
             usage = generation.usage
             out.append(framer.usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,

@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.api.app import create_app
 from proxy.settings import Settings
 
 from .conftest import sse_events, sse_json
 from .fakes import make_hf_tokenizer, make_tiny_model
+from .real_app import real_app
 
 NAME = "tiny"
 
@@ -54,17 +54,8 @@ async def with_app(model_dir: Path, fn, engine_process: bool = False):
         dtype="float32",
         engine_process=engine_process,
     )
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        state = app.state.server
-        for _ in range(30000):  # the engine process imports torch afresh: seconds on a busy machine
-            if state.status != "loading":
-                break
-            await asyncio.sleep(0.01)
-        assert state.status == "ready", state.load_error
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
-                                     timeout=120) as client:
-            return await fn(client, state)
+    async with real_app(settings) as (client, state):
+        return await fn(client, state)
 
 
 def counts(usage: dict) -> dict:

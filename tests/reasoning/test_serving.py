@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 from api.conftest import sse_json
+from api.real_app import real_app
 
-from proxy.api.app import create_app
 from proxy.settings import Settings
 from reasoning.fixtures import make_qwen3_style_tokenizer, write_qwen3_style_model
 
@@ -39,17 +39,8 @@ async def with_app(model_dir: Path, fn, reasoning_parser: str = ""):
     settings = Settings(model=str(model_dir), served_model_name=NAME, max_model_len=512, num_kv_blocks=64,
                         num_threads=1, device="cpu", dtype="float32", reasoning_parser=reasoning_parser,
                         self_check=False, engine_process=False)
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        state = app.state.server
-        for _ in range(30000):
-            if state.status != "loading":
-                break
-            await asyncio.sleep(0.01)
-        assert state.status == "ready", state.load_error
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
-                                     timeout=120) as client:
-            return await fn(client)
+    async with real_app(settings) as (client, _):
+        return await fn(client)
 
 
 def chat(seed: int, close_id: int, **kw: Any) -> dict[str, Any]:

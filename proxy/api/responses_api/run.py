@@ -30,7 +30,7 @@ from proxy.settings import Settings
 
 from ..completion import collect, first_deltas, headers_wait_s, unless_disconnected
 from ..responses import SSE_HEADERS, SSE_MEDIA_TYPE, json_response
-from ..streaming import KEEPALIVE
+from ..streaming import KEEPALIVE, paced
 from .body import response_object, responses_usage, status_of
 from .output import ResponseOutput
 from .store import ResponseStore
@@ -114,26 +114,20 @@ class ResponseRun:
             out = [framer.event("response.created", dumps({"response": created})),
                    framer.event("response.in_progress", dumps({"response": created}))]
             finish = self._frame(first, output, out) if first else None
-            while True:
-                if out and not generation.is_finished:
-                    yield b"".join(out)
-                    out = []
-                if not await generation.wait(keepalive_s):
-                    yield KEEPALIVE
-                    continue
-                try:
-                    deltas = await generation.__anext__()
-                except StopAsyncIteration:
-                    break
-                except StreamproxyError as exc:
-                    out.append(framer.event("error", dumps({"code": exc.code, "message": exc.message,
-                                                            "param": None})))
-                    failed = self._object(output, "failed", generation,
-                                          error={"code": exc.code or "server_error", "message": exc.message})
-                    out.append(framer.event("response.failed", dumps({"response": failed})))
-                    yield b"".join(out)
-                    return
-                finish = self._frame(deltas, output, out) or finish
+            try:
+                async for item in paced(generation, keepalive_s, out):
+                    if isinstance(item, bytes):
+                        yield item
+                    else:
+                        finish = self._frame(item, output, out) or finish
+            except StreamproxyError as exc:
+                out.append(framer.event("error", dumps({"code": exc.code, "message": exc.message,
+                                                        "param": None})))
+                failed = self._object(output, "failed", generation,
+                                      error={"code": exc.code or "server_error", "message": exc.message})
+                out.append(framer.event("response.failed", dumps({"response": failed})))
+                yield b"".join(out)
+                return
             done = self._finished(output, generation, finish)
             kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
             out.append(framer.event(kind, dumps({"response": done})))
