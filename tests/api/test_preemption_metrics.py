@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.api.app import create_app
 from proxy.settings import Settings
 
 from .fakes import make_tiny_model
+from .real_app import real_app
 
 NAME = "tiny"
 
@@ -40,28 +39,16 @@ def test_preemptions_in_health_and_metrics(model_dir: Path) -> None:
                         num_threads=1, device="cpu", dtype="float32", self_check=False)
 
     async def main():
-        app = create_app(settings)
-        async with app.router.lifespan_context(app):
-            state = app.state.server
-            for _ in range(3000):
-                if state.status != "loading":
-                    break
-                await asyncio.sleep(0.01)
-            assert state.status == "ready", state.load_error
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
-                                         timeout=120) as client:
-                before = (await client.get("/health")).json()
-                before_metric = _counter(
-                    (await client.get("/metrics")).text, "streamproxy:num_preemptions_total"
-                )
-                body = {"model": NAME, "messages": [{"role": "user", "content": "Hello there, how are you"}],
-                        "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-                replies = await asyncio.gather(
-                    *[client.post("/v1/chat/completions", json=body) for _ in range(4)]
-                )
-                after = (await client.get("/health")).json()
-                metric = _counter((await client.get("/metrics")).text, "streamproxy:num_preemptions_total")
-                return before, before_metric, replies, after, metric
+        async with real_app(settings) as (client, _):
+            before = (await client.get("/health")).json()
+            before_metric = _counter((await client.get("/metrics")).text, "streamproxy:num_preemptions_total")
+            body = {"model": NAME, "messages": [{"role": "user", "content": "Hello there, how are you"}],
+                    "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+            posts = [client.post("/v1/chat/completions", json=body) for _ in range(4)]
+            replies = await asyncio.gather(*posts)
+            after = (await client.get("/health")).json()
+            metric = _counter((await client.get("/metrics")).text, "streamproxy:num_preemptions_total")
+            return before, before_metric, replies, after, metric
 
     before, before_metric, replies, after, metric = asyncio.run(main())
     assert before["num_preemptions"] == 0 and before_metric == 0
