@@ -56,7 +56,8 @@ def _router_command(kind: str, port: int, urls: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def router(tmp: Path, kind: str, replicas: list[Proc]) -> Iterator[str]:
-    """``kind`` in front of ``replicas`` (cache_aware); yields its base URL once it routes a request."""
+    """``kind`` in front of ``replicas`` (cache_aware); yields its base URL once it routes a request.
+    Its log is ``tmp / f"{kind}.log"``."""
     port = free_port()
     log_path = tmp / f"{kind}.log"
     with open(log_path, "wb") as log:
@@ -188,6 +189,9 @@ def test_a_conversation_stays_on_its_replica_with_cached_tokens(kind: str, pair:
             question = {"role": "user", "content": f"Turn {turn}: what's my name?"}
             messages += [out["choices"][0]["message"], question]
         served = [_chat_requests(p) - b for p, b in zip(pair, before)]
+    # vllm-router asks each worker for /v1/chat/completions/render; on a 404 it logs this and
+    # falls back to least load
+    assert "render_unavailable" not in (tmp_path / f"{kind}.log").read_text(errors="replace")
     assert sorted(served) == [0, 4], served
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
 
