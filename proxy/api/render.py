@@ -5,6 +5,8 @@
 ``render_completion_request``): its ``GenerateRequest`` as JSON, ``{"request_id", "token_ids",
 "features", "sampling_params", "model", "stream", "stream_options", "cache_salt", "priority",
 "kv_transfer_params"}``; the completion render is a list of them (one per prompt; here always one).
+``POST /v1/responses/render`` (vLLM 0.30, PR #50195) renders a self-contained Responses request to
+one ``GenerateRequest``; it is stateless, so ``previous_response_id`` is refused (400).
 vllm-router's ``cache_aware`` policy calls them on each worker to route by token prefix; without them
 it falls back to least load (``render_unavailable``).
 
@@ -25,6 +27,7 @@ from starlette.responses import Response
 from proxy import protocol
 from proxy.errors import InvalidRequestError
 from proxy.pipeline import PreparedRequest, prepare_chat, prepare_completion
+from proxy.protocol.responses_request import parse_responses_request
 
 from .body import read_json_body
 from .responses import json_response
@@ -113,3 +116,24 @@ async def render_completion(request: Request) -> Response:
     cmpl = protocol.parse_completion_request(body, max_n=state.max_n, vocab_size=client.model.vocab_size)
     prepared = await prepare_completion(cmpl, client)
     return json_response([generate_request(prepared, cmpl.model, body, "cmpl")])
+
+
+async def render_response(request: Request) -> Response:
+    """``POST /v1/responses/render`` (vLLM): a Responses body -> its ``GenerateRequest`` (200), the
+    prompt built as ``POST /v1/responses`` builds it (``parse_responses_request``, ``prepare_chat``).
+
+    Raises:
+        InvalidRequestError: ``previous_response_id`` given (the render is stateless), or the body
+            is not a valid Responses request (400, ``param`` named).
+        ModelNotFoundError: another ``model`` (404).
+        ServiceUnavailableError: loading or draining (503).
+    """
+    state: ServerState = request.app.state.server
+    body = await read_json_body(request, state.settings.max_body_bytes)
+    client = state.require_ready()
+    if body.get("previous_response_id") is not None:
+        raise InvalidRequestError("The render endpoint is stateless: send the whole conversation as 'input' "
+                                  "instead of 'previous_response_id'.", param="previous_response_id")
+    parsed = parse_responses_request(body, [], vocab_size=client.model.vocab_size)
+    prepared = await prepare_chat(parsed.chat, client, state.features, compile_grammar=False)
+    return json_response(generate_request(prepared, parsed.chat.model, body, "resp"))

@@ -134,10 +134,12 @@ def test_fuzzed_bodies_never_give_a_5xx():
     rng = random.Random(29)
     values = [None, True, 0, -1, 2**70, 1.5, "x", "", [], [1], ["a"], {}, {"a": 1}, [{"role": "user"}],
               [{"role": "user", "content": 5}], CHAT]
-    keys = ["model", "prompt", "messages", "tokens", "add_special_tokens", "add_generation_prompt",
-            "continue_final_message", "return_token_strs", "max_tokens", "stream", "tools", "priority",
+    keys = ["model", "prompt", "messages", "input", "instructions", "tokens", "add_special_tokens",
+            "add_generation_prompt", "continue_final_message", "return_token_strs", "max_tokens", "stream",
+            "tools", "priority",
             "cache_salt", "chat_template_kwargs"]
-    paths = ["/tokenize", "/detokenize", "/v1/chat/completions/render", "/v1/completions/render"]
+    paths = ["/tokenize", "/detokenize", "/v1/chat/completions/render", "/v1/completions/render",
+             "/v1/responses/render"]
     calls = []
     for _ in range(160):
         body = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, 5))}
@@ -145,3 +147,17 @@ def test_fuzzed_bodies_never_give_a_5xx():
     responses, _ = _posts(*calls)
     assert all(r.status_code < 500 for r in responses), [(c, r.text) for c, r in zip(calls, responses)
                                                           if r.status_code >= 500][:3]
+
+
+def test_responses_render_is_the_prompt_of_the_same_responses_request():
+    body = {"model": MODEL, "instructions": "Be brief.", "input": "Héllo 你好 🤗", "max_output_tokens": 4}
+    (render, count, stateful), engine = _posts(
+        ("/v1/responses/render", body), ("/v1/responses/input_tokens", body),
+        ("/v1/responses/render", {**body, "previous_response_id": "resp_1"}))
+    got = render.json()
+    assert set(got) == GENERATE_REQUEST_KEYS and got["request_id"].startswith("resp-")
+    assert got["token_ids"] == _template_ids(CHAT)
+    assert count.json()["input_tokens"] == len(got["token_ids"])
+    assert got["sampling_params"]["max_tokens"] == 4
+    assert stateful.status_code == 400 and stateful.json()["error"]["param"] == "previous_response_id"
+    assert engine.submitted == []

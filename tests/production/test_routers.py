@@ -40,28 +40,29 @@ from .helpers import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROUTERS = ("sglang-router", "vllm-router")
-SYSTEM = ("You are the archivist of conversation {n}. Keep every answer short, exact and friendly, and "
-          "always remember what the user told you before in this conversation, word for word.")
+SYSTEM = ("{n}: you are the archivist of this conversation. Keep every answer short, exact and friendly, "
+          "and always remember what the user told you before in this conversation, word for word.")
+"""The unique ``{n}`` comes first, inside the prompt's first KV block: no other test's prompt shares it."""
 
 
-def _router_command(kind: str, port: int, urls: list[str]) -> list[str]:
+def _router_command(kind: str, port: int, urls: list[str], log_level: str) -> list[str]:
     exe = shutil.which(kind, path=str(Path(sys.executable).parent))
     if exe is None:
         pytest.skip(f"{kind} is not installed (pip install -e '.[router]'; make setup installs it)")
     args = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
             "--prometheus-port", str(free_port()), "--health-check-interval-secs", "1",
-            "--health-failure-threshold", "1", "--log-level", "info"]
+            "--health-failure-threshold", "1", "--log-level", log_level]
     return [exe, "launch", *args] if kind == "sglang-router" else [exe, *args]
 
 
 @contextlib.contextmanager
-def router(tmp: Path, kind: str, replicas: list[Proc]) -> Iterator[str]:
+def router(tmp: Path, kind: str, replicas: list[Proc], log_level: str = "info") -> Iterator[str]:
     """``kind`` in front of ``replicas`` (cache_aware); yields its base URL once it routes a request.
     Its log is ``tmp / f"{kind}.log"``."""
     port = free_port()
     log_path = tmp / f"{kind}.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(_router_command(kind, port, [r.base_url for r in replicas]),
+        process = subprocess.Popen(_router_command(kind, port, [r.base_url for r in replicas], log_level),
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -176,7 +177,7 @@ def test_stream_through_the_router_is_byte_identical(kind: str, pair: list[Proc]
 
 @pytest.mark.parametrize("kind", ROUTERS)
 def test_a_conversation_stays_on_its_replica_with_cached_tokens(kind: str, pair: list[Proc], tmp_path: Path):
-    with router(tmp_path, kind, pair) as url:
+    with router(tmp_path, kind, pair, log_level="debug") as url:
         before = [_chat_requests(p) for p in pair]
         messages = [{"role": "system", "content": SYSTEM.format(n=f"{kind}-{time.time_ns()}")},
                     {"role": "user", "content": "My name is Ada and I like 你好 and 🤗. Remember it."}]
@@ -189,9 +190,10 @@ def test_a_conversation_stays_on_its_replica_with_cached_tokens(kind: str, pair:
             question = {"role": "user", "content": f"Turn {turn}: what's my name?"}
             messages += [out["choices"][0]["message"], question]
         served = [_chat_requests(p) - b for p, b in zip(pair, before)]
-    # vllm-router asks each worker for /v1/chat/completions/render; on a 404 it logs this and
-    # falls back to least load
-    assert "render_unavailable" not in (tmp_path / f"{kind}.log").read_text(errors="replace")
+    # vllm-router asks each worker for /v1/chat/completions/render; when that fails it logs this (at
+    # debug level, with the reason, e.g. "render_unavailable" for a 404) and falls back to least load
+    log = (tmp_path / f"{kind}.log").read_text(errors="replace")
+    assert "Prefix input preparation unavailable" not in log
     assert sorted(served) == [0, 4], served
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
 
