@@ -5,7 +5,9 @@ the ``router`` extra), real processes on 127.0.0.1 over a tiny random model fold
 - a multi-turn conversation stays on one replica, with cached prompt tokens on every later turn;
 - a replica killed mid-stream ends the client's stream (error event + ``[DONE]`` or the router's
   error), and the next requests are served by the survivor;
-- a draining replica (SIGTERM) finishes its open stream.
+- a draining replica (SIGTERM) finishes its open stream;
+- a session key (``X-SMG-Routing-Key`` with ``sglang-router --policy manual``, ``x-session-id`` with
+  ``vllm-router --policy consistent_hash``) pins differing requests to one replica.
 """
 
 from __future__ import annotations
@@ -45,24 +47,26 @@ SYSTEM = ("{n}: you are the archivist of this conversation. Keep every answer sh
 """The unique ``{n}`` comes first, inside the prompt's first KV block: no other test's prompt shares it."""
 
 
-def _router_command(kind: str, port: int, urls: list[str], log_level: str) -> list[str]:
+def _router_command(kind: str, port: int, urls: list[str], log_level: str, policy: str) -> list[str]:
     exe = shutil.which(kind, path=str(Path(sys.executable).parent))
     if exe is None:
         pytest.skip(f"{kind} is not installed (pip install -e '.[router]'; make setup installs it)")
-    args = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
+    args = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls, "--policy", policy,
             "--prometheus-port", str(free_port()), "--health-check-interval-secs", "1",
             "--health-failure-threshold", "1", "--log-level", log_level]
     return [exe, "launch", *args] if kind == "sglang-router" else [exe, *args]
 
 
 @contextlib.contextmanager
-def router(tmp: Path, kind: str, replicas: list[Proc], log_level: str = "info") -> Iterator[str]:
-    """``kind`` in front of ``replicas`` (cache_aware); yields its base URL once it routes a request.
+def router(tmp: Path, kind: str, replicas: list[Proc], log_level: str = "info",
+           policy: str = "cache_aware") -> Iterator[str]:
+    """``kind`` in front of ``replicas`` (``--policy``); yields its base URL once it routes a request.
     Its log is ``tmp / f"{kind}.log"``."""
     port = free_port()
     log_path = tmp / f"{kind}.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(_router_command(kind, port, [r.base_url for r in replicas], log_level),
+        process = subprocess.Popen(_router_command(kind, port, [r.base_url for r in replicas], log_level,
+                                                   policy),
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -196,6 +200,27 @@ def test_a_conversation_stays_on_its_replica_with_cached_tokens(kind: str, pair:
     assert "Prefix input preparation unavailable" not in log
     assert sorted(served) == [0, 4], served
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+
+
+STICKY = {"sglang-router": ("manual", "X-SMG-Routing-Key"),
+          "vllm-router": ("consistent_hash", "x-session-id")}
+"""The README's session stickiness: each router's key-pinning policy and the header it reads."""
+
+
+@pytest.mark.parametrize("kind", ROUTERS)
+def test_a_session_key_pins_requests_to_one_replica(kind: str, pair: list[Proc], tmp_path: Path):
+    policy, header = STICKY[kind]
+    with router(tmp_path, kind, pair, policy=policy) as url:
+        served = []
+        for session in ("alpha", "beta", "gamma"):
+            before = [_chat_requests(p) for p in pair]
+            for i in range(3):  # different prompts: only the key ties them together
+                hi = _chat([{"role": "user", "content": f"{session} {i} {'x' * i * 40}"}], max_tokens=2)
+                r = httpx.post(f"{url}/v1/chat/completions", json=hi, headers={header: session},
+                               timeout=60)
+                assert r.status_code == 200, r.text
+            served.append(sorted(_chat_requests(p) - b for p, b in zip(pair, before)))
+    assert served == [[0, 3]] * 3, served
 
 
 @pytest.mark.parametrize("kind", ROUTERS)
