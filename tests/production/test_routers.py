@@ -7,7 +7,8 @@ the ``router`` extra), real processes on 127.0.0.1 over a tiny random model fold
   error), and the next requests are served by the survivor;
 - a draining replica (SIGTERM) finishes its open stream;
 - a session key (``X-SMG-Routing-Key`` with ``sglang-router --policy manual``, ``x-session-id`` with
-  ``vllm-router --policy consistent_hash``) pins differing requests to one replica.
+  ``vllm-router --policy consistent_hash``) pins differing requests to one replica;
+- the README's router commands run as written (ports, the key and the model substituted).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -275,3 +277,76 @@ def test_a_killed_replica_ends_its_stream_and_the_survivor_serves_then_drains(ki
             assert survivor.process.wait(30) == 0
     finally:
         _stop_all(procs)
+
+
+def _readme_commands() -> list[list[str]]:
+    """The commands of the README's router block (``sglang-router launch`` in it): continuation lines
+    joined, the commented ``vllm-router`` alternative uncommented, ``&`` dropped."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```sh\n(.*?)```", readme, flags=re.DOTALL)
+    (block,) = [b for b in blocks if "sglang-router launch" in b]
+    text = re.sub(r"^# or: ", "", block, flags=re.MULTILINE)
+    text = re.sub(r"^#(\s+--)", r"\1", text, flags=re.MULTILINE).replace("\\\n", " ")
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [[a for a in shlex.split(line, comments=True) if a != "&"] for line in lines]
+
+
+def test_the_readme_router_commands_run_as_written(tiny_model: Path, tmp_path: Path):
+    commands = _readme_commands()
+    assert [c[0] for c in commands] == ["streamproxy", "streamproxy", "sglang-router", "vllm-router"]
+    ports = {"8000": str(free_port()), "8001": str(free_port()), "8002": str(free_port())}
+    bindir = Path(sys.executable).parent
+
+    def substituted(cmd: list[str]) -> list[str]:
+        out = []
+        for arg in cmd:
+            arg = arg.replace("$KEY", "k-readme").replace("0.0.0.0", "127.0.0.1")
+            for old, new in ports.items():
+                arg = re.sub(rf"(^|:){old}$", rf"\g<1>{new}", arg)
+            out.append(arg)
+        if out[0] == "streamproxy":  # the tiny model instead of the default one
+            return [sys.executable, "-m", "proxy", *out[1:], "--model", str(tiny_model), *TINY_ARGS]
+        return [str(bindir / out[0]), *out[1:], "--prometheus-port", str(free_port())]
+
+    procs = []
+    try:
+        for i, cmd in enumerate(commands[:2]):
+            log = open(tmp_path / f"readme{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            procs.append(subprocess.Popen(substituted(cmd), stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True,
+                                          env={**os.environ, "HF_HUB_OFFLINE": "1"}))
+        for port in (ports["8001"], ports["8002"]):
+            deadline = time.monotonic() + 120
+            while True:
+                assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                time.sleep(0.2)
+        auth = {"Authorization": "Bearer k-readme"}
+        for cmd in commands[2:]:
+            with open(tmp_path / f"{cmd[0]}.log", "wb") as log:
+                front = subprocess.Popen(substituted(cmd), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+            try:
+                url = f"http://127.0.0.1:{ports['8000']}"
+                deadline = time.monotonic() + 60
+                while True:
+                    assert front.poll() is None and time.monotonic() < deadline, cmd[0]
+                    with contextlib.suppress(httpx.HTTPError):
+                        if httpx.get(f"{url}/v1/models", headers=auth, timeout=2).status_code == 200:
+                            break
+                    time.sleep(0.2)
+                hi = _chat([{"role": "user", "content": "hi"}], max_tokens=2)
+                ok = httpx.post(f"{url}/v1/chat/completions", json=hi, headers=auth, timeout=60)
+                refused = httpx.post(f"{url}/v1/chat/completions", json=hi, timeout=60)
+                assert ok.status_code == 200 and ok.json()["model"] == TINY, ok.text
+                assert refused.status_code == 401, refused.text
+            finally:
+                os.killpg(front.pid, signal.SIGKILL)
+                front.wait(10)
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
