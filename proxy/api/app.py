@@ -37,7 +37,7 @@ from proxy.errors import MethodNotAllowedError, NotFoundError, StreamproxyError
 from proxy.settings import Settings
 from proxy.threads import start_in_own_thread
 
-from . import embeddings, routes
+from . import embeddings, render, routes, tokenize, worker_info
 from .auth import ApiKeyMiddleware
 from .faults import FaultInjector
 from .responses import error_response
@@ -189,8 +189,17 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         Route("/v1/models/{model_id:path}", routes.get_model, methods=["GET"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/chat/completions/render", render.render_chat_completion, methods=["POST"]),
+        Route("/v1/completions/render", render.render_completion, methods=["POST"]),
+        Route("/tokenize", tokenize.tokenize, methods=["POST"]),
+        Route("/detokenize", tokenize.detokenize, methods=["POST"]),
+        Route("/server_info", worker_info.server_info, methods=["GET"]),
+        Route("/get_server_info", worker_info.server_info, methods=["GET"]),
+        Route("/model_info", worker_info.model_info, methods=["GET"]),
+        Route("/get_model_info", worker_info.model_info, methods=["GET"]),
         Route("/v1/responses", responses_api.create_response, methods=["POST"]),
         Route("/v1/responses/input_tokens", responses_api.count_input_tokens, methods=["POST"]),
+        Route("/v1/responses/render", render.render_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses_api.list_input_items, methods=["GET"]),

@@ -14,7 +14,7 @@ An endpoint is parse -> prepare -> ``EngineClient.generate`` -> its wire format
 
 from proxy.pipeline.choice_output import ChoiceOutput, ChoiceParts
 from proxy.pipeline.features import PROMPTED_TOOL_PARSER, ModelFeatures
-from proxy.pipeline.prepare import PreparedRequest, prepare_chat, prepare_completion
+from proxy.pipeline.prepare import PreparedRequest, check_model, prepare_chat, prepare_completion, render_chat
 
 __all__ = [
     "PROMPTED_TOOL_PARSER",
@@ -22,6 +22,8 @@ __all__ = [
     "ChoiceParts",
     "ModelFeatures",
     "PreparedRequest",
+    "check_model",
     "prepare_chat",
     "prepare_completion",
+    "render_chat",
 ]

@@ -130,12 +130,53 @@ async def _constrain(client: EngineClient, params: SamplingParams, so: Structure
     return replace(params, structured_outputs=so)
 
 
-async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient,
-                       features: ModelFeatures) -> PreparedRequest:
+async def _with_grammar(chat: ChatCompletionRequest, client: EngineClient, params: SamplingParams,
+                        reasoning: str | None, prompt_text: str) -> SamplingParams:
+    """``params`` with the grammar of a ``required`` / named tool choice or of ``response_format``
+    compiled and attached, gated to start after the thinking (``after_reasoning``)."""
+    tools = chat.tools
+    if tools is not None and tools.is_constrained:
+        kind = "tool_named" if tools.choice.mode == "named" else "tool_required"
+        so = tools.grammar()
+        so = after_reasoning(so, client.tokenizer, reasoning, prompt_text) if so is not None else None
+        return await _constrain(client, params, so, "tools", kind)
+    if chat.structured is not None:
+        so = after_reasoning(chat.structured, client.tokenizer, reasoning, prompt_text)
+        return await _constrain(client, params, so, chat.structured_param or "response_format",
+                                _KIND_METRIC[chat.structured.kind])
+    return params
+
+
+async def render_chat(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures, *,
+                      add_generation_prompt: bool = True, continue_final_message: bool = False,
+                      add_special_tokens: bool = False) -> tuple[str, list[int], str | None]:
+    """``(prompt text, prompt ids, the auto tool parser)`` of a chat: its messages and tools through the
+    chat template (:func:`_tool_prompt`), then tokenized; the one rendering :func:`prepare_chat` (and so
+    generation), the render endpoints and ``/tokenize`` share. The defaults are generation's;
+    ``continue_final_message`` leaves the last message open (transformers' flag, vLLM's name);
+    ``add_special_tokens`` adds the tokenizer's BOS etc. on top of the template's.
+
+    Raises:
+        InvalidRequestError: the template rejects the messages, or ``auto`` tools cannot be parsed (400).
+    """
+    messages, template_kwargs, parser = _tool_prompt(chat, features)
+    if continue_final_message:
+        template_kwargs["continue_final_message"] = True
+    size = sum(len(str(m.get("content") or "")) for m in messages)
+    tokenizer = client.tokenizer
+    text = await _tokenize(lambda: tokenizer.render_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, **template_kwargs), size)
+    prompt_ids = await _tokenize(lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens), size)
+    return text, prompt_ids, parser
+
+
+async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures, *,
+                       compile_grammar: bool = True) -> PreparedRequest:
     """A validated chat request -> its :class:`PreparedRequest`.
 
     ``required`` / named tool choices and ``response_format`` are enforced with a grammar compiled
-    off the event loop here, before the request is submitted.
+    off the event loop here, before the request is submitted. ``compile_grammar=False`` (the render
+    endpoints, which generate nothing) skips that compile; the prompt ids are the same.
 
     Raises:
         ModelNotFoundError: ``model`` is not the served model (404).
@@ -143,11 +184,8 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient,
             grammar cannot be enforced, or prompt + ``max_tokens`` exceed the context (400).
     """
     check_model(client, chat.model)
-    messages, template_kwargs, parser = _tool_prompt(chat, features)
-    size = sum(len(str(m.get("content") or "")) for m in messages)
+    text, prompt_ids, parser = await render_chat(chat, client, features)
     tokenizer = client.tokenizer
-    text = await _tokenize(lambda: tokenizer.render_chat_template(messages, **template_kwargs), size)
-    prompt_ids = await _tokenize(lambda: tokenizer.encode(text, add_special_tokens=False), size)
     max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len)
     params = replace(chat.params, max_tokens=max_tokens)
     tools = chat.tools
@@ -164,15 +202,8 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient,
     keep = tokenizer.special_ids_of(markers) if markers else frozenset()
     if keep:
         params = replace(params, keep_special_ids=keep)
-    if tools is not None and tools.is_constrained:
-        kind = "tool_named" if tools.choice.mode == "named" else "tool_required"
-        so = tools.grammar()
-        so = after_reasoning(so, tokenizer, reasoning, text) if so is not None else None
-        params = await _constrain(client, params, so, "tools", kind)
-    elif chat.structured is not None:
-        so = after_reasoning(chat.structured, tokenizer, reasoning, text)
-        params = await _constrain(client, params, so, chat.structured_param or "response_format",
-                                  _KIND_METRIC[chat.structured.kind])
+    if compile_grammar:
+        params = await _with_grammar(chat, client, params, reasoning, text)
     active = tools if tools is not None and tools.choice.mode != "none" else None
     return PreparedRequest(prompt_ids, params, chat.n, chat.stream, active, parser if active else None,
                            reasoning, starts_inside)
