@@ -27,7 +27,9 @@ def blocks(lang: str, needle: str) -> list[str]:
     return [code for kind, code in BLOCKS if kind == lang and needle in code]
 
 
-PYTHON_EXAMPLES = ["stream=True", "llm.stream(", "chat.completions.parse(", "bind_tools("]
+PYTHON_EXAMPLES = [
+    "stream=True", "llm.stream(", "chat.completions.parse(", "bind_tools(", "responses.stream(",
+]
 """One needle per Python example of the README, each in exactly one block."""
 
 
