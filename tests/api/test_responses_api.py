@@ -280,3 +280,23 @@ def test_fuzzed_bodies_never_5xx() -> None:
                 assert set(err) == {"message", "type", "param", "code"}, err
 
         check()
+
+
+def test_continuation_errors_name_this_requests_input_index() -> None:
+    async def main() -> None:
+        async with serve() as s:
+            first = (await s.client.post("/v1/responses", json={"model": MODEL, "input": "hi"})).json()
+            r = await s.client.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "previous_response_id": first["id"],
+                    "input": [
+                        {"role": "user", "content": "ok"},
+                        {"type": "function_call_output", "output": "1"},
+                    ],
+                },
+            )
+            assert r.status_code == 400 and r.json()["error"]["param"] == "input[1].call_id", r.text
+
+    run(main())

@@ -12,10 +12,11 @@ INCOMPLETE_REASONS = {"length": "max_output_tokens"}
 
 
 def responses_usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
-    """Responses ``usage``: ``input_tokens`` (+ ``cached_tokens``), ``output_tokens`` (+
-    ``reasoning_tokens``), ``total_tokens``."""
+    """Responses ``usage``: ``input_tokens`` (+ ``cached_tokens``, and ``cache_write_tokens`` 0:
+    OpenAI's count of explicit, billed cache writes, required by its SDKs' types; the prefix cache
+    here is automatic), ``output_tokens`` (+ ``reasoning_tokens``), ``total_tokens``."""
     return {"input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": usage.total_tokens}
