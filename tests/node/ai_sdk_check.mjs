@@ -8,7 +8,7 @@ import { z } from "zod";
 const [baseURL, model] = process.argv.slice(2);
 const openai = createOpenAI({ baseURL: `${baseURL}/v1`, apiKey: "unused" });
 const prompt = "Write a story about a dragon who learns to bake bread.";
-const settings = { maxOutputTokens: 16, temperature: 0, maxRetries: 0 };
+const settings = { maxOutputTokens: 8, temperature: 0, maxRetries: 0 };
 
 const gen = await generateText({ model: openai(model), prompt, ...settings });
 

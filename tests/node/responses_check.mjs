@@ -5,7 +5,7 @@ import OpenAI from "openai";
 
 const [baseURL, model] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: "unused", maxRetries: 0, timeout: 120000 });
-const request = { model, input: "Write a story about a dragon who learns to bake bread.", max_output_tokens: 16, temperature: 0 };
+const request = { model, input: "Write a story about a dragon who learns to bake bread.", max_output_tokens: 8, temperature: 0 };
 
 const full = await client.responses.create(request);
 const stream = await client.responses.create({ ...request, stream: true });
@@ -20,7 +20,10 @@ for await (const event of stream) {
   last = event;
 }
 
-const helper = client.responses.stream({ model, input: "Say hello.", max_output_tokens: 60, temperature: 0 });
+// guided_choice (passed through as a body field) makes the answer short and complete: finalResponse() needs it
+const helper = client.responses.stream({
+  model, input: "Say hello.", max_output_tokens: 30, temperature: 0, guided_choice: ["Hello there, friend!"],
+});
 const helperDeltas = [];
 helper.on("response.output_text.delta", (e) => helperDeltas.push(e.delta));
 const final = await helper.finalResponse();
