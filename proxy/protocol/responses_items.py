@@ -62,16 +62,22 @@ def _call(item: dict[str, Any], p: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+def chat_messages(items: list[dict[str, Any]], instructions: str | None,
+                  num_prior: int = 0) -> list[dict[str, Any]]:
     """The chat ``messages`` of Responses input items (the module docstring's rules).
 
+    Args:
+        items: the conversation's items: ``num_prior`` items of a ``previous_response_id`` first,
+            then this request's ``input``.
+
     Raises:
-        InvalidRequestError: a malformed item, naming ``input[i]...``.
+        InvalidRequestError: a malformed item, naming ``input[i]...`` with ``i`` its index in this
+            request's ``input`` (the prior items were validated by the request that stored them).
     """
     out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     reasoning: list[str] = []
     for i, item in enumerate(items):
-        p = f"input[{i}]"
+        p = f"input[{i - num_prior}]"
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")

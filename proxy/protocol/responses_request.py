@@ -193,7 +193,7 @@ def parse_responses_request(body: dict[str, Any], prior_items: list[dict[str, An
         raise _bad("include", f"'include' must be an array, not {_type_name(include)}.")
     items = prior_items + input_items(body)
     chat: dict[str, Any] = {k: body[k] for k in _PASSTHROUGH if k in body}
-    chat.update(model=body.get("model"), messages=chat_messages(items, instructions),
+    chat.update(model=body.get("model"), messages=chat_messages(items, instructions, len(prior_items)),
                 stream=body.get("stream"))
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]

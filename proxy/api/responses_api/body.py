@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.protocol import Usage
@@ -12,17 +13,28 @@ INCOMPLETE_REASONS = {"length": "max_output_tokens"}
 
 
 def responses_usage(usage: Usage) -> dict[str, Any]:
-    """Responses ``usage``: ``input_tokens`` (+ ``cached_tokens``), ``output_tokens`` (+
-    ``reasoning_tokens``, 0 without a reasoning parser), ``total_tokens``."""
+    """Responses ``usage``: ``input_tokens`` (+ ``cached_tokens``, and ``cache_write_tokens`` 0:
+    OpenAI's count of explicit, billed cache writes, required by its SDKs' types; the prefix cache
+    here is automatic), ``output_tokens`` (+ ``reasoning_tokens``, 0 without a reasoning parser),
+    ``total_tokens``."""
     return {"input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
             "total_tokens": usage.total_tokens}
 
 
-def response_object(response_id: str, created_at: int, model: str, request: ResponsesRequest, *,
-                    status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+@dataclass(frozen=True)
+class ResponseHead:
+    """What names one response: ``id`` (``resp_...``), ``created_at`` (Unix seconds), ``model``."""
+
+    id: str
+    created_at: int
+    model: str
+
+
+def response_object(head: ResponseHead, request: ResponsesRequest, *, status: str,
+                    output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                     finish_reason: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole ``response`` object.
 
@@ -38,9 +50,9 @@ def response_object(response_id: str, created_at: int, model: str, request: Resp
     reasoning: dict[str, Any] = body["reasoning"] if isinstance(body.get("reasoning"), dict) else {}
     incomplete = INCOMPLETE_REASONS.get(finish_reason or "") if status == "incomplete" else None
     return {
-        "id": response_id,
+        "id": head.id,
         "object": "response",
-        "created_at": created_at,
+        "created_at": head.created_at,
         "status": status,
         "background": False,
         "error": error,
@@ -48,7 +60,7 @@ def response_object(response_id: str, created_at: int, model: str, request: Resp
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),
         "max_tool_calls": None,
-        "model": model,
+        "model": head.model,
         "output": output,
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": body.get("previous_response_id"),

@@ -50,6 +50,7 @@ class ResponseOutput:
         self._text: list[str] = []
         self._logprobs: list[dict[str, Any]] = []
         self.reasoning_text = ""
+        self._cut = False  # the open item is closed by a max_tokens cut
 
     # ---- events --------------------------------------------------------------------------------
 
@@ -95,7 +96,7 @@ class ResponseOutput:
             self._event(out, "response.output_text.done", {**ids, "content_index": 0, "text": text,
                                                            "logprobs": part["logprobs"]})
             self._event(out, "response.content_part.done", {**ids, "content_index": 0, "part": part})
-            item = {**item, "status": "completed", "content": [part]}
+            item = {**item, "status": "incomplete" if self._cut else "completed", "content": [part]}
         elif item["type"] == "reasoning":
             summary = {"type": "summary_text", "text": text}
             self._event(out, "response.reasoning_summary_text.done",
@@ -110,7 +111,7 @@ class ResponseOutput:
         else:
             self._event(out, "response.function_call_arguments.done", {**ids, "arguments": text,
                                                                       "name": item["name"]})
-            item = {**item, "status": "completed", "arguments": text}
+            item = {**item, "status": "incomplete" if self._cut else "completed", "arguments": text}
         self._event(out, "response.output_item.done", {"output_index": len(self.items), "item": item})
         self.items.append(item)
         self._open = None
@@ -146,13 +147,15 @@ class ResponseOutput:
                 self._delta(out, ARGUMENTS_DELTA, None, call.arguments)
         return out
 
-    def close(self) -> list[bytes]:
-        """End of the choice: the open item is closed; an output without any item gets an empty
-        message (as OpenAI answers an empty completion)."""
+    def close(self, finish_reason: str | None = None) -> list[bytes]:
+        """End of the choice: the open item is closed (``status: "incomplete"`` when ``max_tokens``
+        cut it, finish reason ``length``, as OpenAI marks a cut item); an output without any item gets
+        an empty message (as OpenAI answers an empty completion)."""
         out: list[bytes] = []
         if not self.items and self._open is None:
             self._start(out, {"id": item_id("msg"), "type": "message", "status": "in_progress",
                               "role": "assistant", "content": []})
+        self._cut = finish_reason == "length"
         self._close(out)
         return out
 

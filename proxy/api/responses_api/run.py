@@ -31,7 +31,7 @@ from proxy.settings import Settings
 from ..completion import collect, first_deltas, headers_wait_s, unless_disconnected
 from ..responses import SSE_HEADERS, SSE_MEDIA_TYPE, json_response
 from ..streaming import KEEPALIVE, paced
-from .body import response_object, responses_usage, status_of
+from .body import ResponseHead, response_object, responses_usage, status_of
 from .output import ResponseOutput
 from .store import ResponseStore
 
@@ -48,16 +48,14 @@ class ResponseRun:
 
     def __init__(self, client: EngineClient, request: ResponsesRequest, prepared: PreparedRequest,
                  store: ResponseStore) -> None:
-        self.id = f"resp_{uuid.uuid4().hex}"
-        self.created_at = int(time.time())
-        self.model = client.model.served_model_name
+        self.head = ResponseHead(f"resp_{uuid.uuid4().hex}", int(time.time()), client.model.served_model_name)
         self.client, self.request, self.prepared, self.store = client, request, prepared, store
         self.choice = prepared.choice_output()
 
     def _object(self, output: ResponseOutput, status: str, generation: Generation | None = None,
                 finish_reason: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
         usage = None if generation is None or status == "in_progress" else responses_usage(generation.usage)
-        return response_object(self.id, self.created_at, self.model, self.request, status=status,
+        return response_object(self.head, self.request, status=status,
                                output=list(output.items), usage=usage, finish_reason=finish_reason,
                                error=error)
 
@@ -74,7 +72,7 @@ class ResponseRun:
         Raises (before any byte is sent): as :func:`proxy.api.completion.respond`.
         """
         prepared = self.prepared
-        generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.id)
+        generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id)
         handed_to_body = False
         try:
             if not prepared.stream.stream:
@@ -83,7 +81,7 @@ class ResponseRun:
                 output.feed(self.choice.feed(result.text), list(result.logprobs or ()))
                 last, finish = self.choice.finish(result.finish_reason)
                 output.feed(last)
-                output.close()
+                output.close(finish)
                 return json_response(self._finished(output, generation, finish))
             first = await unless_disconnected(request, first_deltas(generation, headers_wait_s(settings)))
             body = self._events(generation, first, settings.keepalive_interval_s or None)
@@ -100,7 +98,7 @@ class ResponseRun:
             if d.finish_reason is not None:
                 last, finish = self.choice.finish(d.finish_reason)
                 out += output.feed(last)
-                out += output.close()
+                out += output.close(finish)
         return finish
 
     async def _events(self, generation: Generation, first: Sequence[ChoiceDelta] | None,

@@ -1,0 +1,270 @@
+"""The Responses API in-process (FakeEngine, tiny tokenizer): every refused field, built-in tool and
+malformed item is a 4xx OpenAI error object naming the Responses field; a fuzz of request bodies never
+gets a 5xx; a stored response reads back equal to the body that was returned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .conftest import MODEL, REPLY, run, serve
+from .fakes import FakeEngine, make_tokenizer, thread_server
+
+FN = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+
+# (name, body fields, status, param)
+BAD = [
+    ("background", {"background": True}, 400, "background"),
+    ("conversation", {"conversation": "conv_1"}, 400, "conversation"),
+    ("prompt", {"prompt": {"id": "pmpt_1"}}, 400, "prompt"),
+    ("max_tool_calls", {"max_tool_calls": 2}, 400, "max_tool_calls"),
+    ("truncation auto", {"truncation": "auto"}, 400, "truncation"),
+    *[
+        (f"tool {kind}", {"tools": [FN, {"type": kind}]}, 400, "tools[1].type")
+        for kind in (
+            "web_search",
+            "file_search",
+            "computer_use_preview",
+            "code_interpreter",
+            "image_generation",
+            "mcp",
+        )
+    ],
+    (
+        "input_image",
+        {
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "What is this?"},
+                        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+                    ],
+                }
+            ]
+        },
+        400,
+        "input[0].content[1].type",
+    ),
+    (
+        "function_call_output without call_id",
+        {"input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "output": "1"}]},
+        400,
+        "input[1].call_id",
+    ),
+    (
+        "function_call without call_id",
+        {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+        400,
+        "input[0].call_id",
+    ),
+    ("unknown item type", {"input": [{"type": "banana"}]}, 400, "input[0].type"),
+    ("unknown role", {"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role"),
+    ("input missing", {"input": None}, 400, "input"),
+    ("unknown previous_response_id", {"previous_response_id": "resp_nope"}, 404, "previous_response_id"),
+    (
+        "invalid schema",
+        {
+            "text": {
+                "format": {
+                    "type": "json_schema",
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": {"type": 7}}},
+                }
+            }
+        },
+        400,
+        "text.format.schema",
+    ),
+    ("schema missing", {"text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text.format.schema"),
+    ("format type", {"text": {"format": {"type": "yaml"}}}, 400, "text.format.type"),
+    ("max_output_tokens 0", {"max_output_tokens": 0}, 400, "max_output_tokens"),
+    ("temperature 3", {"temperature": 3}, 400, "temperature"),
+    ("tool_choice hosted", {"tool_choice": {"type": "web_search"}}, 400, "tool_choice.type"),
+    ("store string", {"store": "yes"}, 400, "store"),
+]
+
+
+def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Any:
+    return client.post(path, json=body)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_bad_input_is_a_named_4xx(stream: bool) -> None:
+    async def main() -> None:
+        async with serve(with_grammar=True) as s:
+            for name, fields, status, param in BAD:
+                body = {"model": MODEL, "input": "hi", "stream": stream, **fields}
+                body = {k: v for k, v in body.items() if v is not None}
+                for path in ("/v1/responses", "/v1/responses/input_tokens"):
+                    r = await s.client.post(path, json=body)
+                    assert r.status_code == status, (name, path, r.text)
+                    err = r.json()["error"]
+                    assert set(err) == {"message", "type", "param", "code"}, name
+                    assert err["param"] is not None and err["param"].startswith(param), (name, err)
+                    assert err["type"] == "invalid_request_error", err  # also for 404s, as OpenAI
+
+    run(main())
+
+
+def test_bad_schema_names_the_schema_path() -> None:
+    async def main() -> None:
+        async with serve(with_grammar=True) as s:
+            r = await s.client.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "input": "hi",
+                    "text": {
+                        "format": {
+                            "type": "json_schema",
+                            "name": "x",
+                            "schema": {"type": "object", "properties": {"a": {"type": 7}}},
+                        }
+                    },
+                },
+            )
+            assert r.status_code == 400
+            err = r.json()["error"]
+            assert (
+                err["param"].startswith("text.format.schema") and "response_format" not in err["message"]
+            ), err
+
+    run(main())
+
+
+def test_get_equals_the_body_and_input_items() -> None:
+    async def main() -> None:
+        async with serve() as s:
+            r = await s.client.post(
+                "/v1/responses",
+                json={"model": MODEL, "input": "hi", "instructions": "Be kind.", "metadata": {"k": "v"}},
+            )
+            assert r.status_code == 200
+            body = r.json()
+            assert body["status"] == "completed" and body["output"][0]["content"][0]["text"] == REPLY
+            assert body["metadata"] == {"k": "v"} and body["instructions"] == "Be kind."
+            got = await s.client.get(f"/v1/responses/{body['id']}")
+            assert got.status_code == 200 and got.json() == body
+            items = (await s.client.get(f"/v1/responses/{body['id']}/input_items")).json()
+            assert [(i["type"], i["role"], i["content"]) for i in items["data"]] == [
+                ("message", "user", "hi")
+            ]
+            assert items["has_more"] is False and items["first_id"] == items["data"][0]["id"]
+            unknown = await s.client.get("/v1/responses/resp_nope")
+            assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "response_not_found"
+
+    run(main())
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+FIELDS = [
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "text",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "store",
+    "metadata",
+    "include",
+    "reasoning",
+    "previous_response_id",
+    "truncation",
+    "parallel_tool_calls",
+    "top_logprobs",
+    "stream",
+    "background",
+    "user",
+    "seed",
+]
+ITEM = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(
+            ["message", "function_call", "function_call_output", "reasoning", "item_reference", "x"]
+        ),
+        "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]),
+        "content": st.text(max_size=5)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["input_text", "output_text", "input_image", "x"])},
+                optional={"text": JSON},
+            ),
+            max_size=2,
+        )
+        | JSON,
+        "call_id": JSON,
+        "name": JSON,
+        "arguments": JSON,
+        "output": JSON,
+        "summary": JSON,
+    },
+)
+
+
+def bodies(stored_id: str) -> st.SearchStrategy[dict[str, Any]]:
+    """Request bodies, some continuing the stored response ``stored_id``."""
+    return st.fixed_dictionaries(
+        {"model": st.just(MODEL), "max_output_tokens": st.integers(1, 4) | JSON},
+        optional={
+            "input": st.text(max_size=8) | st.lists(ITEM, max_size=3) | JSON,
+            "previous_response_id": st.just(stored_id) | JSON,
+            **{f: JSON for f in FIELDS if f not in ("input", "max_output_tokens", "previous_response_id")},
+        },
+    )
+
+
+def test_fuzzed_bodies_never_5xx() -> None:
+    tokenizer = make_tokenizer()
+    engine = FakeEngine(reply_ids=list(tokenizer.encode("ok")))
+    with (
+        thread_server(engine) as (port, _),
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client,
+    ):
+        stored = client.post("/v1/responses", json={"model": MODEL, "input": "hi"}).json()["id"]
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(bodies(stored), st.sampled_from(["/v1/responses", "/v1/responses/input_tokens"]))
+        def check(body: dict[str, Any], path: str) -> None:
+            r = client.post(path, json=body)
+            assert r.status_code < 500, (body, r.status_code, r.text)
+            if r.status_code >= 400:
+                err = r.json()["error"]
+                assert set(err) == {"message", "type", "param", "code"}, err
+
+        check()
+
+
+def test_continuation_errors_name_this_requests_input_index() -> None:
+    async def main() -> None:
+        async with serve() as s:
+            first = (await s.client.post("/v1/responses", json={"model": MODEL, "input": "hi"})).json()
+            r = await s.client.post(
+                "/v1/responses",
+                json={
+                    "model": MODEL,
+                    "previous_response_id": first["id"],
+                    "input": [
+                        {"role": "user", "content": "ok"},
+                        {"type": "function_call_output", "output": "1"},
+                    ],
+                },
+            )
+            assert r.status_code == 400 and r.json()["error"]["param"] == "input[1].call_id", r.text
+
+    run(main())
