@@ -76,6 +76,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     """
     out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     reasoning: list[str] = []
+    call_ids: set[str] = set()
     for i, item in enumerate(items):
         p = f"input[{i - num_prior}]"
         kind = item.get("type", "message")
@@ -90,6 +91,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             out.append(msg)
         elif kind == "function_call":
             call = _call(item, p)
+            call_ids.add(call["id"])
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and not reasoning:
                 last.setdefault("tool_calls", []).append(call)
@@ -101,6 +103,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str) or not call_id:
                 raise _bad(f"{p}.call_id", f"'{p}.call_id' is required for a function_call_output item.")
+            if call_id not in call_ids:  # as OpenAI answers
+                raise _bad(f"{p}.call_id",
+                           f"No tool call found for function call output with call_id {call_id!r}.")
             text = output if isinstance(output, str) else _text(output, f"{p}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":

@@ -268,3 +268,32 @@ def test_continuation_errors_name_this_requests_input_index() -> None:
             assert r.status_code == 400 and r.json()["error"]["param"] == "input[1].call_id", r.text
 
     run(main())
+
+
+def test_an_output_without_its_call_is_refused_and_a_cut_call_continues() -> None:
+    """A ``function_call_output`` whose ``call_id`` no call of the conversation has is a 400 naming
+    it (as OpenAI answers); a stored call whose arguments ``max_output_tokens`` cut (not JSON) is
+    accepted back, by ``previous_response_id`` or sent as an item (OpenAI accepts any string)."""
+    async def main():
+        async with serve() as s:
+            orphan = await s.client.post("/v1/responses", json={"model": MODEL, "input": [
+                {"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "zz",
+                                                    "output": "x"}]})
+            cut = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                   "arguments": '{"city":'}
+            sent = await s.client.post("/v1/responses", json={"model": MODEL, "input": [
+                {"role": "user", "content": "Weather?"}, cut,
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]})
+            chat = await s.client.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                       "arguments": '{"city":'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+            return orphan, sent, chat
+
+    orphan, sent, chat = run(main())
+    assert orphan.status_code == 400 and orphan.json()["error"]["param"] == "input[1].call_id", orphan.text
+    assert "zz" in orphan.json()["error"]["message"]
+    assert sent.status_code == 200 and sent.json()["status"] in ("completed", "incomplete"), sent.text
+    assert chat.status_code == 200, chat.text

@@ -32,7 +32,9 @@ def template_messages(
 
     Returns:
         New message dicts: assistant ``tool_calls`` with ``function.arguments`` as objects (what
-        transformers' templates expect), ``tool`` messages with ``tool_call_id`` (and ``name`` when
+        transformers' templates expect; arguments that are not JSON, as a call cut by ``max_tokens``
+        leaves them, stay the string they were, as OpenAI accepts them), ``tool`` messages with
+        ``tool_call_id`` (and ``name`` when
         known). For a template without tool support, an assistant's calls are written into its
         content (``call_format``'s text, else a JSON array), and ``content`` is always a string
         (templates concatenate it).
@@ -87,9 +89,7 @@ def _tool_calls(value: Any, p: str) -> list[dict[str, Any]]:
             try:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
-                raise bad_field(
-                    f"{q}.function.arguments", f"'{q}.function.arguments' must be JSON text."
-                ) from None
+                pass  # a call max_tokens cut (OpenAI accepts any string): the template gets the text
         call_id = call.get("id")
         if call_id is not None and not isinstance(call_id, str):
             raise bad_field(f"{q}.id", f"'{q}.id' must be a string.")
