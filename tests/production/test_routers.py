@@ -311,10 +311,10 @@ def test_the_readme_router_commands_run_as_written(tiny_model: Path, tmp_path: P
     procs = []
     try:
         for i, cmd in enumerate(commands[:2]):
-            log = open(tmp_path / f"readme{i}.log", "wb")  # noqa: SIM115 - closed with the process
-            procs.append(subprocess.Popen(substituted(cmd), stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True,
-                                          env={**os.environ, "HF_HUB_OFFLINE": "1"}))
+            with open(tmp_path / f"readme{i}.log", "wb") as log:  # the child keeps its own copy
+                procs.append(subprocess.Popen(substituted(cmd), stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True,
+                                              env={**os.environ, "HF_HUB_OFFLINE": "1"}))
         for port in (ports["8001"], ports["8002"]):
             deadline = time.monotonic() + 120
             while True:
