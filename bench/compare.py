@@ -32,6 +32,7 @@ Usage (CPU, the issue's sweep)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -383,8 +384,9 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
     folder = hf_folder(scratch)
     eos = ",".join(str(i) for i in eos_token_ids(folder))
     t = str(args.threads)
-    if name == "streamproxy":
-        cmd = [sys.executable, "-m", "proxy", "serve", *host, "--num-threads", t,
+    if name in ("streamproxy", "streamproxy-adaptive"):  # -adaptive: with --adaptive-threads
+        adaptive = ["--adaptive-threads"] if name == "streamproxy-adaptive" else []
+        cmd = [sys.executable, "-m", "proxy", "serve", *host, "--num-threads", t, *adaptive,
                "--device", "cuda" if cuda else "cpu", *(["--dtype", "bfloat16"] if cuda else []),
                *args.streamproxy_args.split()]
         return Peer(name, cmd, "", torch_env(args.threads), ["--eos-strategy", "ignore_eos"])
@@ -514,8 +516,16 @@ def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path, out: Pat
     return cmd
 
 
-def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, port: int) -> dict[str, Any]:
-    """Start ``peer``, run the serve_bench sweep against it, stop it; returns its summary dict.
+def busy_processes(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes that each keep one core busy (a plain Python loop, as another program on a
+    laptop or a shared VM would), for the ``--busy`` points."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, port: int,
+              busy: int = 0) -> dict[str, Any]:
+    """Start ``peer``, run the serve_bench sweep against it (beside ``busy`` busy processes, started
+    once the server is ready), stop it; returns its summary dict.
 
     Raises:
         PeerUnavailable: if it does not start or the sweep produced nothing.
@@ -541,7 +551,13 @@ def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, po
                  "--format", "raw", "--output", str(raw), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cmd = serve_bench_cmd(peer, args, hf_folder(scratch), out, base_url, model_id)
-        rc = subprocess.call(cmd, cwd=REPO, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        loops = busy_processes(busy)
+        try:
+            rc = subprocess.call(cmd, cwd=REPO, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        finally:
+            for loop in loops:
+                loop.kill()
+                loop.wait()
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes the profile on SIGINT
             try:
@@ -636,6 +652,31 @@ def comparison_table(
     return "\n".join(lines)
 
 
+def busy_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """For every ``NAME+busyN`` run: its output tok/s and mean TPOT as a share of ``NAME``'s own
+    idle run at the same concurrency (empty when no ``--busy`` point was run)."""
+    lines = []
+    for label, s in summaries.items():
+        name, _, busy = label.partition("+busy")
+        idle = summaries.get(name)
+        if not busy or idle is None:
+            continue
+        for run in s["runs"]:
+            ref = next((r for r in idle["runs"] if r["max_concurrency"] == run["max_concurrency"]), None)
+            if ref is None:
+                continue
+            lines.append(
+                f"| {run['max_concurrency']} | {name} | {busy} | {run['output_throughput']:.1f} | "
+                f"{_ratio(run['output_throughput'], ref['output_throughput'])} | {run['mean_tpot_ms']:.1f} | "
+                f"{_ratio(ref['mean_tpot_ms'], run['mean_tpot_ms'])} |"
+            )
+    if not lines:
+        return ""
+    head = ("| streams | server | busy processes | out tok/s | of idle tok/s | mean TPOT ms "
+            "| idle TPOT / this TPOT |")
+    return "\n".join([head, "|" + "---|" * 7, *sorted(lines)])
+
+
 def machine_info(args: argparse.Namespace) -> str:
     cpu = platform.processor()
     try:
@@ -698,6 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sample the Python servers with py-spy during their sweep; top frames go in compare.md",
     )
+    p.add_argument("--busy", default="0",
+                   help="comma list of how many busy processes (one core each) run beside every server "
+                        "during its sweep, e.g. 0,1,2: each server is measured at each; labels get +busyN")
     p.add_argument("--build-only", action="store_true", help="build/install the peers, run nothing")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -719,7 +763,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.build_only:
                 log(f"{name}: ready to run ({peer.cmd[0]})")
                 continue
-            summaries[name] = bench_one(peer, args, scratch, out, port)
+            for busy in (int(b) for b in args.busy.split(",")):
+                label = name if busy == 0 else f"{name}+busy{busy}"
+                summaries[label] = bench_one(dataclasses.replace(peer, name=label), args, scratch, out,
+                                             port, busy)
         except PeerUnavailable as exc:
             skipped[name] = str(exc)
             log(f"SKIPPING {name}: {exc}")
@@ -727,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if skipped else 0
     info = machine_info(args)
     table = comparison_table(summaries, skipped)
+    shares = busy_table(summaries)
+    if shares:
+        table += "\n\n" + shares
     rss = ", ".join(f"{n} {s['peak_rss_mib']:.0f} MiB" for n, s in summaries.items() if s.get("peak_rss_mib"))
     notes = "; ".join(f"{n}: {s['note']}" for n, s in summaries.items() if s.get("note"))
     text = f"{info}\n\n{table}\n\npeak server RSS (main process): {rss}\nnotes: {notes or '-'}\n"

@@ -53,7 +53,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._live: set[str] = set()  # added and not finished or aborted (event-loop side)
         self._on_outputs: OutputsHandler | None = None
-        self._driver = CoreDriver(core)
+        self._driver = CoreDriver(core, adaptive_threads=core.settings.adaptive_threads)
         self._num_adds_sent = 0  # written on the event loop only (the driver counts those taken)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

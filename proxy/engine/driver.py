@@ -19,6 +19,7 @@ from proxy.engine.core_proc.messages import (
     EngineCommand,
     Stop,
 )
+from proxy.engine.cpu_threads import adaptive_threads_for
 from proxy.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -33,15 +34,19 @@ class CoreDriver:
     Args:
         core: the ``EngineCore`` (only this driver's thread touches it).
         compile_grammar: runs a :class:`CompileGrammar` (the engine process); None: none arrive.
+        adaptive_threads: step under :class:`proxy.engine.cpu_threads.AdaptiveThreads` where it
+            applies (``Settings.adaptive_threads``; the core's ``runner.device`` is read).
 
     Attributes:
         num_adds_taken: ``AddRequest`` commands taken so far, counted before the core queues each
             (``proxy.engine.admission.num_waiting``); written by the driver's thread only.
     """
 
-    def __init__(self, core: Any, compile_grammar: Callable[[CompileGrammar], None] | None = None) -> None:
+    def __init__(self, core: Any, compile_grammar: Callable[[CompileGrammar], None] | None = None,
+                 adaptive_threads: bool = False) -> None:
         self.core = core
         self.compile_grammar = compile_grammar
+        self.adaptive_threads = adaptive_threads
         self.num_adds_taken = 0
 
     def run(self, receive: Receive, publish: Publish) -> list[RequestOutput]:
@@ -52,12 +57,18 @@ class CoreDriver:
             the outputs of the commands applied before the ``Stop`` (refused adds), unpublished.
         """
         core = self.core
+        threads = adaptive_threads_for(core.runner.device) if self.adaptive_threads else None
         while True:
             outputs: list[RequestOutput] = []
             if self.apply(receive(not core.has_unfinished()), outputs):
                 return outputs
             if core.has_unfinished():
-                outputs.extend(core.step())
+                if threads is None:
+                    outputs.extend(core.step())
+                else:
+                    threads.step_started()
+                    outputs.extend(core.step())
+                    threads.step_done()
             publish(outputs)
 
     def apply(self, commands: Iterable[EngineCommand], outputs: list[RequestOutput]) -> bool:

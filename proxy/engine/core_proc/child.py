@@ -98,7 +98,7 @@ def child_main(settings: Settings, conn: Connection) -> None:
         compiler.executor.submit(compile_and_answer, compiler, send, command)
 
     try:  # compiles run on the compiler's own (nice 19) threads while the loop steps
-        serve(CoreDriver(core, compile_async), conn, send)
+        serve(CoreDriver(core, compile_async, settings.adaptive_threads), conn, send)
     except (EOFError, BrokenPipeError):  # the API process is gone
         pass
 

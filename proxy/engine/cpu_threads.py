@@ -1,0 +1,180 @@
+"""Adaptive intra-op threads on the CPU: fewer torch threads while other work holds the cores.
+
+Why: torch's CPU kernels run each op as an OpenMP team whose threads meet at a barrier; a decode
+step is hundreds of such ops. When another process takes one of the cores, one member of the team is
+descheduled for a whole time slice and every other member waits at the next barrier, so a 2-thread
+step slows far more than the lost share of one core (measured: ``docs/threads.md``). With one thread
+per core left free, nobody waits for a partner.
+
+The signal is the engine thread's own **run-queue wait** (``/proc/thread-self/schedstat``, second
+field: nanoseconds the thread was runnable but not running), summed over its steps: near 0 when the
+team has its cores, about a third of the step time beside one busy process on two cores. The rule,
+applied by :meth:`AdaptiveThreads.step_done` after each engine step:
+
+- measure windows of at least :attr:`AdaptiveThreads.window_s` seconds of step time (and
+  :attr:`AdaptiveThreads.min_steps` steps); when a window's wait fraction ``f`` is above
+  :attr:`AdaptiveThreads.drop_at`, use ``max(1, round(threads * (1 - f)))`` threads (at least one fewer);
+- while below the full count, a thread that finds a free core never waits, so the only way to learn
+  that the cores are free again is to try: after :attr:`AdaptiveThreads.probe_after_s` seconds the full
+  count runs one step; if it waits again the reduced count returns and the next probe comes twice as
+  late (up to :attr:`AdaptiveThreads.max_probe_after_s`), otherwise the full count stays.
+
+Changing the thread count does not change a row's bits on the machines measured (``docs/threads.md``);
+the engine's batch-invariance rules are about which rows share a step, not about threads.
+Opt-in with ``--adaptive-threads`` (``Settings.adaptive_threads``; why it is not the default:
+``docs/threads.md``); never on CUDA, with one thread, or where the kernel has no schedstat file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+class RunQueueClock:
+    """The calling thread's run-queue wait in nanoseconds, from :data:`SCHEDSTAT` (opened on the
+    first read, so construct it anywhere and read it on the thread it measures).
+
+    Raises:
+        OSError: from :meth:`wait_ns` where the file does not exist (no schedstat in this kernel).
+    """
+
+    def __init__(self, path: str = SCHEDSTAT) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def wait_ns(self) -> int:
+        """Nanoseconds this thread has spent runnable but not running, since it started."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return int(os.pread(self._fd, 128, 0).split()[1])
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class AdaptiveThreads:
+    """The rule of the module docstring, driven by the engine thread after every step.
+
+    Args:
+        max_threads: the full count (``Settings.num_threads`` or torch's default).
+        wait_ns: the engine thread's cumulative run-queue wait (:class:`RunQueueClock`).
+        set_threads: applies a count on the engine thread (``torch.set_num_threads``).
+        clock: monotonic seconds.
+        window_s, min_steps, drop_at, probe_after_s, max_probe_after_s: the rule's constants.
+
+    Attributes:
+        threads: the count in use now.
+        changes: how many times the count changed (for logs and tests).
+    """
+
+    def __init__(
+        self,
+        max_threads: int,
+        wait_ns: Callable[[], int],
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        window_s: float = 0.25,
+        min_steps: int = 2,
+        drop_at: float = 0.10,
+        probe_after_s: float = 5.0,
+        max_probe_after_s: float = 80.0,
+    ) -> None:
+        self.max_threads = max_threads
+        self.threads = max_threads
+        self._wait_ns = wait_ns
+        self._set_threads = set_threads
+        self._clock = clock
+        self.window_s = window_s
+        self.min_steps = min_steps
+        self.drop_at = drop_at
+        self.probe_after_s = probe_after_s
+        self.max_probe_after_s = max_probe_after_s
+        self._probe_gap = probe_after_s
+        self._next_probe = 0.0
+        self._probing = False
+        self._step_start: tuple[float, int] | None = None
+        self._busy_s = 0.0
+        self._waited_ns = 0
+        self._steps = 0
+        self.changes = 0
+
+    def step_started(self) -> None:
+        """Mark the start of an engine step (the time between steps is not measured)."""
+        self._step_start = (self._clock(), self._wait_ns())
+
+    def step_done(self) -> None:
+        """Account the step that :meth:`step_started` began; change the count when the rule says."""
+        if self._step_start is None:
+            return
+        started, waited = self._step_start
+        self._step_start = None
+        now = self._clock()
+        self._busy_s += now - started
+        self._waited_ns += self._wait_ns() - waited
+        self._steps += 1
+        if self.threads < self.max_threads:
+            if now >= self._next_probe:  # try the full count for one window
+                self._probing = True
+                self._apply(self.max_threads, "probing whether the cores are free again")
+            self._reset_window()
+            return
+        if not self._probing and (self._busy_s < self.window_s or self._steps < self.min_steps):
+            return  # a probe is judged on its first step: under contention a step at the full
+            # count is the slow kind (it may be a whole prompt's prefill)
+        fraction = self._waited_ns / 1e9 / self._busy_s
+        self._reset_window()
+        if fraction > self.drop_at:
+            reduced = min(self.max_threads - 1, max(1, round(self.max_threads * (1 - fraction))))
+            if self._probing:
+                self._probe_gap = min(self._probe_gap * 2, self.max_probe_after_s)
+            self._next_probe = now + self._probe_gap
+            self._probing = False
+            self._apply(reduced, f"the engine thread waited {fraction:.0%} of its step time for a CPU")
+        elif self._probing:
+            self._probing = False
+            self._probe_gap = self.probe_after_s
+            logger.info("engine threads stay at %d: the cores are free again", self.threads)
+
+    def _reset_window(self) -> None:
+        self._busy_s = 0.0
+        self._waited_ns = 0
+        self._steps = 0
+
+    def _apply(self, threads: int, why: str) -> None:
+        if threads == self.threads:
+            return
+        logger.info("engine threads %d -> %d: %s", self.threads, threads, why)
+        self._set_threads(threads)
+        self.threads = threads
+        self.changes += 1
+
+
+def adaptive_threads_for(device: torch.device) -> AdaptiveThreads | None:
+    """The engine thread's :class:`AdaptiveThreads`, or None where the rule does not apply (not a
+    CPU, one thread, no schedstat file). Call on the engine thread (it reads that thread's torch
+    thread count)."""
+    if device.type != "cpu":
+        return None
+    threads = torch.get_num_threads()
+    if threads < 2:
+        return None
+    clock = RunQueueClock()
+    try:
+        clock.wait_ns()
+    except (OSError, IndexError, ValueError):
+        logger.info("adaptive threads off: %s is not readable", SCHEDSTAT)
+        return None
+    return AdaptiveThreads(threads, clock.wait_ns)

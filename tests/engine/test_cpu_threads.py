@@ -1,0 +1,149 @@
+"""The adaptive intra-op thread rule (``proxy.engine.cpu_threads``), on a fake clock and a fake
+run-queue wait, and once on the real schedstat file of this thread."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from proxy.engine.cpu_threads import AdaptiveThreads, RunQueueClock, adaptive_threads_for
+
+
+class FakeMachine:
+    """A clock and a run-queue wait counter that steps advance: each step takes ``step_s`` seconds
+    and waits ``wait_fraction`` of it on the run queue."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waited_ns = 0
+        self.wait_fraction = 0.0
+        self.step_s = 0.125  # exact in binary: 8 steps fill a 1 s window
+        self.applied: list[int] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def wait_ns(self) -> int:
+        return self.waited_ns
+
+    def steps(self, rule: AdaptiveThreads, n: int) -> None:
+        for _ in range(n):
+            rule.step_started()
+            self.now += self.step_s
+            self.waited_ns += int(self.step_s * self.wait_fraction * 1e9)
+            rule.step_done()
+
+
+def make(machine: FakeMachine, max_threads: int = 2) -> AdaptiveThreads:
+    return AdaptiveThreads(max_threads, machine.wait_ns, machine.applied.append, machine.clock,
+                           window_s=1.0, min_steps=4, drop_at=0.10, probe_after_s=5.0,
+                           max_probe_after_s=20.0)
+
+
+def test_free_cores_keep_every_thread() -> None:
+    m = FakeMachine()
+    m.wait_fraction = 0.02
+    rule = make(m)
+    m.steps(rule, 200)
+    assert rule.threads == 2 and m.applied == []
+
+
+def test_waiting_drops_a_thread_after_one_window() -> None:
+    m = FakeMachine()
+    m.wait_fraction = 0.34  # two threads beside one busy process on two cores
+    rule = make(m)
+    m.steps(rule, 7)  # 0.875 s: the window is not full yet
+    assert rule.threads == 2
+    m.steps(rule, 1)
+    assert rule.threads == 1 and m.applied == [1]
+
+
+def test_time_between_steps_is_not_measured() -> None:
+    m = FakeMachine()
+    m.wait_fraction = 0.5
+    rule = make(m)
+    for _ in range(3):  # an idle engine: long pauses between steps do not fill the window
+        m.steps(rule, 1)
+        m.now += 100.0
+    assert rule.threads == 2
+
+
+def test_probe_returns_when_the_cores_are_free_and_backs_off_while_they_are_not() -> None:
+    m = FakeMachine()
+    m.wait_fraction = 0.34
+    rule = make(m)
+    m.steps(rule, 8)
+    assert m.applied == [1]
+    m.wait_fraction = 0.0  # one thread never waits, whether or not the other core is busy
+    m.steps(rule, 39)  # 4.875 s since the drop: no probe yet
+    assert rule.threads == 1
+    m.steps(rule, 1)  # 5 s: the full count is tried
+    assert m.applied == [1, 2]
+    m.wait_fraction = 0.34  # still busy: back to one thread after that one step, next probe 10 s later
+    m.steps(rule, 1)
+    assert m.applied == [1, 2, 1]
+    m.wait_fraction = 0.0
+    m.steps(rule, 79)
+    assert m.applied == [1, 2, 1]
+    m.steps(rule, 1)
+    assert m.applied == [1, 2, 1, 2]
+    m.steps(rule, 300)  # the cores are free: the full count stays
+    assert m.applied == [1, 2, 1, 2] and rule.threads == 2
+
+
+def test_back_off_is_capped() -> None:
+    m = FakeMachine()
+    m.wait_fraction = 0.34
+    rule = make(m)
+    m.steps(rule, 1600)  # 200 s busy: drops, probes at +5, +10, +20, +20, ...
+    drops = m.applied.count(1)
+    assert rule.threads == 1
+    assert drops >= 8  # capped at 20 s between probes: about (200 - 35) / 21 + 3
+    assert rule.changes == len(m.applied)
+
+
+def test_many_cores_drop_in_proportion() -> None:
+    m = FakeMachine()
+    m.wait_fraction = 0.25
+    rule = make(m, max_threads=8)
+    m.steps(rule, 8)
+    assert m.applied == [6]  # round(8 * 0.75)
+
+
+def test_real_schedstat_of_this_thread() -> None:
+    clock = RunQueueClock()
+    try:
+        first = clock.wait_ns()
+    except OSError:
+        pytest.skip("this kernel has no /proc/thread-self/schedstat")
+    assert first >= 0 and clock.wait_ns() >= first
+    clock.close()
+    clock.close()
+
+
+def test_rule_applies_on_cpu_with_threads_only() -> None:
+    assert adaptive_threads_for(torch.device("cuda")) is None
+    results: dict[str, object] = {}
+
+    def on_thread(n: int) -> None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            results[str(n)] = adaptive_threads_for(torch.device("cpu"))
+        finally:
+            torch.set_num_threads(before)
+
+    for n in (1, 2):
+        worker = threading.Thread(target=on_thread, args=(n,))
+        worker.start()
+        worker.join()
+    assert results["1"] is None
+    rule = results["2"]
+    try:
+        RunQueueClock().wait_ns()
+    except OSError:
+        assert rule is None
+    else:
+        assert isinstance(rule, AdaptiveThreads) and rule.max_threads == 2
