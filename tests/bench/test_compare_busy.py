@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import compare  # noqa: E402
+import compare
 
 
 def run(c: int, tok_s: float, tpot_ms: float) -> dict[str, float]:
