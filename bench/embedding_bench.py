@@ -123,6 +123,10 @@ async def phase(base: str, chat: str, embedder: str, args: argparse.Namespace, *
         runs = await asyncio.gather(*tasks)
         if runs:
             out.update(stream_figures(list(runs), window))
+        if args.dump:
+            with open(args.dump, "a") as fh:
+                fh.write(json.dumps({"streams": streams, "embeddings": embeddings, "runs": list(runs),
+                                     "window": window}) + "\n")
         return out
 
 
@@ -134,6 +138,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--num-texts", type=int, default=256)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dump", default=None, help="append each phase's raw chunk times (JSON lines) here")
     ap.add_argument("--serve-args", default="--num-threads 2 --no-engine-process",
                     help="extra arguments of `proxy serve`")
     args = ap.parse_args()
