@@ -126,7 +126,7 @@ class AdaptiveThreads:
         self._waited_ns += self._wait_ns() - waited
         self._steps += 1
         if self.threads < self.max_threads:
-            if now >= self._next_probe:  # try the full count for one window
+            if now >= self._next_probe:  # try the full count for one step
                 self._probing = True
                 self._apply(self.max_threads, "probing whether the cores are free again")
             self._reset_window()

@@ -63,11 +63,10 @@ class CoreDriver:
             if self.apply(receive(not core.has_unfinished()), outputs):
                 return outputs
             if core.has_unfinished():
-                if threads is None:
-                    outputs.extend(core.step())
-                else:
+                if threads is not None:
                     threads.step_started()
-                    outputs.extend(core.step())
+                outputs.extend(core.step())
+                if threads is not None:
                     threads.step_done()
             publish(outputs)
 
