@@ -4,6 +4,7 @@ body, and each bad field refused with its ``param``."""
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 import pytest
@@ -56,9 +57,25 @@ def test_bad_fields_name_their_param(body, param):
 
 def test_response_float_and_base64():
     vectors = np.array([[0.5, -0.25], [1.0, 0.1]], dtype=np.float32)
-    body = embedding_response(vectors, "m", 7, "float")
-    assert body == {"object": "list", "model": "m", "usage": {"prompt_tokens": 7, "total_tokens": 7},
-                    "data": [{"object": "embedding", "index": 0, "embedding": [0.5, -0.25]},
-                             {"object": "embedding", "index": 1, "embedding": [1.0, float(np.float32(0.1))]}]}
-    packed = embedding_response(vectors, "m", 7, "base64")["data"][1]["embedding"]
+    raw = embedding_response(vectors, "m", 7, "float")
+    # compact JSON; each float the shortest decimal that reads back as the same float32
+    assert raw == (b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5,-0.25]},'
+                   b'{"object":"embedding","index":1,"embedding":[1.0,0.1]}],"model":"m",'
+                   b'"usage":{"prompt_tokens":7,"total_tokens":7}}')
+    body = json.loads(raw)
+    assert np.array_equal(np.array([d["embedding"] for d in body["data"]], dtype=np.float32), vectors)
+    packed = json.loads(embedding_response(vectors, "m", 7, "base64"))["data"][1]["embedding"]
     assert np.array_equal(np.frombuffer(base64.b64decode(packed), dtype="<f4"), vectors[1])
+
+
+def test_response_float_values_round_trip_and_non_finite_is_null():
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((3, 257)).astype(np.float32) * np.float32(1e-3)
+    vectors[1] = vectors[1] ** 3  # tiny magnitudes: exponent notation
+    floats = json.loads(embedding_response(vectors, "m", 1, "float"))["data"]
+    assert np.array_equal(np.array([d["embedding"] for d in floats], dtype=np.float32), vectors)
+    packed = json.loads(embedding_response(vectors, "m", 1, "base64"))["data"]
+    assert np.array_equal(np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4")
+                                    for d in packed]), vectors)
+    bad = np.array([[np.nan, np.inf, 1.0]], dtype=np.float32)
+    assert json.loads(embedding_response(bad, "m", 1, "float"))["data"][0]["embedding"] == [None, None, 1.0]

@@ -17,7 +17,6 @@ from proxy import protocol
 from proxy.errors import ModelNotFoundError
 
 from .body import read_json_body
-from .responses import json_response
 from .state import ServerState
 
 
@@ -39,9 +38,9 @@ async def create_embeddings(request: Request) -> Response:
                                  param="model")
     out = await embedder.embed(req.texts, req.token_ids, truncate_prompt_tokens=req.truncate_prompt_tokens,
                                dimensions=req.dimensions)
-    payload = protocol.embedding_response(out.vectors, served, out.num_prompt_tokens, req.encoding_format)
+    body_out = protocol.embedding_response(out.vectors, served, out.num_prompt_tokens, req.encoding_format)
     client = state.client
     if client is not None:
         client.metrics.observe_embedding(served, num_prompt_tokens=out.num_prompt_tokens,
                                          latency_s=time.monotonic() - start)
-    return json_response(payload)
+    return Response(body_out, media_type="application/json")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from proxy.errors import InvalidRequestError
 
@@ -140,26 +141,36 @@ def parse_embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
     return EmbeddingRequest(model, texts, token_ids, encoding, dimensions, truncate, user)
 
 
-def encode_embedding(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    """One vector on the wire: a list of floats, or base64 of its little-endian float32 bytes (what the
-    OpenAI SDK decodes with ``np.frombuffer(base64.b64decode(s), dtype="float32")``).
+def encode_embedding(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
+    """One vector on the wire: float32 values (a JSON array once :func:`embedding_response` writes
+    them), or base64 of its little-endian float32 bytes (what the OpenAI SDK decodes with
+    ``np.frombuffer(base64.b64decode(s), dtype="float32")``).
 
     Args:
         vector: ``[dim]``, any float dtype (sent as float32).
         encoding_format: ``"float"`` or ``"base64"``.
+
+    Returns:
+        ``[dim]`` C-contiguous little-endian float32 for ``"float"``; the ASCII base64 text otherwise.
     """
-    as_f32 = np.asarray(vector, dtype="<f4")
+    as_f32 = np.ascontiguousarray(vector, dtype="<f4")
     if encoding_format == "base64":
         return base64.b64encode(as_f32.tobytes()).decode("ascii")
-    values: list[float] = as_f32.tolist()
-    return values
+    return as_f32
 
 
 def embedding_response(vectors: np.ndarray, model: str, num_prompt_tokens: int,
-                       encoding_format: str) -> dict[str, Any]:
-    """The response body: one ``data`` entry a row of ``vectors`` (``[num_inputs, dim]``), in input
-    order; ``usage`` counts the tokens embedded (after truncation), ``total_tokens == prompt_tokens``."""
+                       encoding_format: str) -> bytes:
+    """The response body, compact UTF-8 JSON: one ``data`` entry a row of ``vectors``
+    (``[num_inputs, dim]``), in input order; ``usage`` counts the tokens embedded (after truncation),
+    ``total_tokens == prompt_tokens``.
+
+    A ``"float"`` vector is written by orjson straight from the float32 array, each value the
+    shortest decimal that reads back as the same float32 (a non-finite value as ``null``), fast
+    enough to run on the event loop (why not ``json``: docs/embeddings.md).
+    """
     data = [{"object": "embedding", "index": i, "embedding": encode_embedding(v, encoding_format)}
             for i, v in enumerate(vectors)]
-    return {"object": "list", "data": data, "model": model,
-            "usage": {"prompt_tokens": num_prompt_tokens, "total_tokens": num_prompt_tokens}}
+    payload = {"object": "list", "data": data, "model": model,
+               "usage": {"prompt_tokens": num_prompt_tokens, "total_tokens": num_prompt_tokens}}
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)

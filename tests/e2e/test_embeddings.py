@@ -96,7 +96,9 @@ def test_base64_is_little_endian_float32(embed_server):
     packed = _post(embed_server, {"model": NAME, "input": TEXTS[:2], "encoding_format": "base64"})
     packed = packed.json()["data"]
     for f, p in zip(floats, packed):
-        assert np.frombuffer(base64.b64decode(p["embedding"]), dtype="<f4").tolist() == f["embedding"]
+        # the float form writes each float32 as its shortest decimal: equal once read back as float32
+        assert np.array_equal(np.frombuffer(base64.b64decode(p["embedding"]), dtype="<f4"),
+                              np.array(f["embedding"], dtype=np.float32))
 
 
 def test_batched_equals_one_at_a_time_and_token_ids(embed_server):
