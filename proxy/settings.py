@@ -98,7 +98,12 @@ class Settings:
         responses_store_max_bytes: most bytes of JSON those stored responses may take.
         enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
             replay a graph captured per padded batch size and key-length bucket
-            (``proxy.engine.decode_graphs``). CPU steps always run eager.
+            (``proxy.engine.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
+        compile_decode: on the CPU, run pure-decode steps through ``torch.compile`` (inductor), one
+            compiled graph per padded batch size and key-length bucket of the CUDA graphs
+            (``proxy.engine.graph_kinds.CompiledDecodeGraph``): batch 1 is compiled at load, other
+            shapes at their first step, which waits for it (minutes on 2 cores the first time;
+            inductor's on-disk cache shortens later starts; ``docs/compile.md``). Off by default.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
             BERT sentence-transformer, pooling read from its ``modules.json``, or a decoder embedding
             model); None: the chat model embeds, pooled by ``embedding_pooling`` (a convenience, not a
@@ -152,6 +157,7 @@ class Settings:
     ui: bool = True
     engine_process: bool | None = None
     enforce_eager: bool = False
+    compile_decode: bool = False
     responses_store_max_entries: int = 1000
     responses_store_max_bytes: int = 128 * 1024 * 1024
     embedding_model: str | None = None

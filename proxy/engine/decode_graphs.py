@@ -29,11 +29,12 @@ Capture runs on the padded buffers only (every row a padded row), then the real 
 capture never writes a real sequence's KV. A capture that fails (a model with data-dependent control
 flow, e.g. routed MoE layers) logs once and turns graphs off: every later step runs eager.
 
-The graph itself sits behind :class:`DecodeGraph` (``capture(fn) -> output``, ``replay()``):
-:class:`CudaDecodeGraph` on CUDA; the CPU tests run the same static-buffer plumbing with a stand-in
-that re-runs ``fn`` at replay. Only :func:`cuda_graph_factory` and :class:`CudaDecodeGraph` touch
-``torch.cuda``, and the model runner calls them only on a CUDA device (``--enforce-eager`` turns
-graphs off there too). Written without a GPU to run it on: see the README.
+The graph itself sits behind :class:`~proxy.engine.graph_kinds.DecodeGraph` (``capture(fn) ->
+output``, ``replay()``, in ``proxy.engine.graph_kinds``): ``CudaDecodeGraph`` on CUDA (the only
+code that touches ``torch.cuda``, called only on a CUDA device; ``--enforce-eager`` turns graphs
+off), ``CompiledDecodeGraph`` (``torch.compile``) on the CPU with ``--compile-decode``; the CPU
+tests also run the plumbing with a stand-in that re-runs ``fn`` at replay. The CUDA path was
+written without a GPU to run it on: see the README.
 """
 
 from __future__ import annotations
@@ -41,17 +42,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import torch
 
 from proxy.engine.attention import KEY_PAD, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.graph_kinds import DecodeGraph
 
 logger = logging.getLogger(__name__)
-
-WARMUP_RUNS = 2
-"""Eager runs on a side stream before a capture (lazy initialisation of cuBLAS and allocator
-state must not happen inside the capture; torch's CUDA graph notes)."""
 
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, PagedAttentionMetadata], torch.Tensor]
 """``forward(input_ids [1, B], position_ids [1, B], meta) -> logits [B, V]`` (model dtype)."""
@@ -74,61 +71,6 @@ def key_length_bucket(length: int) -> int:
     while bucket < length:
         bucket *= 2
     return bucket
-
-
-class DecodeGraph(Protocol):
-    """A recorded forward pass over fixed buffers."""
-
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Record ``fn`` (which reads only the static inputs); return its output tensor, which
-        every :meth:`replay` overwrites in place."""
-        ...
-
-    def replay(self) -> None:
-        """Run the recorded work again on the static inputs' current values."""
-        ...
-
-
-class CudaDecodeGraph:
-    """:class:`DecodeGraph` over ``torch.cuda.CUDAGraph``, all graphs of a runner in one memory pool.
-
-    One pool (``torch.cuda.graph_pool_handle()``) is shared by every graph, as vLLM shares one.
-    Graphs are replayed in any order, not the capture order torch's notes ask of a shared pool, so
-    a later capture may place its tensors (its output too) in memory an earlier graph uses for its
-    intermediates. That is safe here because replays never overlap (one engine thread, one stream)
-    and a graph's output is consumed (the sampling rows copied out by ``index_select``) before the
-    next replay of any graph.
-    """
-
-    def __init__(self, device: torch.device, pool: Any) -> None:
-        self.device = device
-        self.pool = pool
-        self.graph: Any = None
-
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Warm up on a side stream, then capture ``fn`` into the shared pool (torch docs, "CUDA
-        Graphs": whole-network capture)."""
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_RUNS):
-                fn()
-        current.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.pool):
-            output = fn()
-        return output
-
-    def replay(self) -> None:
-        """Launch the captured graph on the current stream."""
-        self.graph.replay()
-
-
-def cuda_graph_factory(device: torch.device) -> Callable[[], DecodeGraph]:
-    """A factory of :class:`CudaDecodeGraph` sharing one new memory pool (CUDA only)."""
-    pool = torch.cuda.graph_pool_handle()
-    return lambda: CudaDecodeGraph(device, pool)
 
 
 @dataclass
@@ -184,6 +126,24 @@ class DecodeGraphRunner:
         self.graphs: dict[tuple[int, int], _Captured] = {}
         self.enabled = True
         self.num_replays = 0
+
+    @property
+    def num_shapes(self) -> int:
+        """Shapes this runner may capture: its batch sizes times its key buckets."""
+        return len(self.batch_sizes) * (self.max_key_len // KEY_PAD).bit_length()
+
+    def warm_up(self, num_rows: int) -> None:
+        """Capture the shape of a ``num_rows``-row step over :data:`KEY_PAD` keys now (at load)
+        rather than at its first step; a failure turns graphs off as :meth:`run` does."""
+        shape = self.shape_for(num_rows, KEY_PAD)
+        if shape is None or shape in self.graphs:
+            return
+        try:
+            self.graphs[shape] = self._capture(*shape)
+        except Exception:
+            logger.warning("decode graph capture failed at batch %d, %d keys: running eager from now on",
+                           *shape, exc_info=True)
+            self.enabled = False
 
     def shape_for(self, num_rows: int, key_len: int) -> tuple[int, int] | None:
         """``(padded batch size, key bucket)`` of a decode step, or None when it runs eager."""

@@ -14,8 +14,9 @@ layers that never reach the attention function (Mamba / linear attention). The c
 the shapes the layers really produce (multi-head latent attention has K and V of other widths).
 
 Pure-decode steps on CUDA replay captured graphs (``proxy.engine.decode_graphs``; off with
-``settings.enforce_eager``, never on CPU); the pools keep one scratch slot past the blocks for the
-graphs' padded rows. Prefill and mixed steps, and every step on CPU, run eager.
+``settings.enforce_eager``); on the CPU, with ``settings.compile_decode``, they run graphs compiled
+by ``torch.compile`` over the same static buffers. The pools keep one scratch slot past the blocks
+for the graphs' padded rows. Prefill and mixed steps run eager.
 
 KV pool size: ``settings.num_kv_blocks`` when set; otherwise enough blocks for ``max_num_seqs``
 full contexts, capped on CUDA by ``free memory * gpu_memory_utilization`` (``torch.cuda.mem_get_info``
@@ -24,6 +25,7 @@ after the weights are loaded) and on CPU by ``settings.kv_cache_bytes``.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -40,7 +42,8 @@ from proxy.engine.attention import (
     padded_key_length,
     probe_layers,
 )
-from proxy.engine.decode_graphs import DecodeGraph, DecodeGraphRunner
+from proxy.engine.decode_graphs import DecodeGraphRunner
+from proxy.engine.graph_kinds import DecodeGraph
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.quant.dense_prefill import active_row_plan, has_dense_weights, plan_rows
 from proxy.settings import Settings
@@ -123,17 +126,29 @@ class ModelRunner:
         self.dense_prefill = has_dense_weights(model)
         self.decode_graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and not settings.enforce_eager:
-            from proxy.engine.decode_graphs import cuda_graph_factory
+            from proxy.engine.graph_kinds import cuda_graph_factory
 
             self.use_decode_graphs(cuda_graph_factory(self.device))
+        elif settings.compile_decode and not settings.enforce_eager:
+            from proxy.engine.graph_kinds import CompiledDecodeGraph, raise_recompile_limit
 
-    def use_decode_graphs(self, make_graph: Callable[[], DecodeGraph]) -> None:
-        """Run pure-decode steps through graphs made by ``make_graph`` (captured lazily, one per
-        padded batch size and key bucket). Called on CUDA at construction; tests pass a stand-in."""
+            graphs = self.use_decode_graphs(CompiledDecodeGraph, inference_mode=False)
+            raise_recompile_limit(graphs.num_shapes)
+            graphs.warm_up(1)
+
+    def use_decode_graphs(
+        self, make_graph: Callable[[], DecodeGraph], inference_mode: bool = True
+    ) -> DecodeGraphRunner:
+        """Run pure-decode steps through graphs made by ``make_graph`` (a new :class:`DecodeGraph`
+        per padded batch size and key bucket, captured lazily), their forward under
+        ``torch.inference_mode`` (else ``torch.no_grad``, which ``torch.compile`` needs). Called at
+        construction on CUDA and on the CPU with ``settings.compile_decode``; tests pass a stand-in."""
+        forward = self._forward if inference_mode else functools.partial(self._forward, inference_mode=False)
         self.decode_graphs = DecodeGraphRunner(
-            self._forward, self.kv_cache, make_graph, self.max_num_seqs, self.max_model_len,
+            forward, self.kv_cache, make_graph, self.max_num_seqs, self.max_model_len,
             self.num_groups, self.device,
         )
+        return self.decode_graphs
 
     # ------------------------------------------------------------------------------------------
 
@@ -242,9 +257,12 @@ class ModelRunner:
         position_ids: torch.Tensor,
         meta: PagedAttentionMetadata,
         keep: torch.Tensor | int = 0,
+        inference_mode: bool = True,
     ) -> torch.Tensor:
-        """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all)."""
-        with torch.inference_mode(), active_metadata(meta), active_row_plan(meta.row_plan):
+        """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all), under
+        ``torch.inference_mode`` (else ``torch.no_grad``)."""
+        grad_mode = torch.inference_mode() if inference_mode else torch.no_grad()
+        with grad_mode, active_metadata(meta), active_row_plan(meta.row_plan):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
