@@ -136,14 +136,22 @@ class DecodeGraphRunner:
         """Capture the shape of a ``num_rows``-row step over :data:`KEY_PAD` keys now (at load)
         rather than at its first step; a failure turns graphs off as :meth:`run` does."""
         shape = self.shape_for(num_rows, KEY_PAD)
-        if shape is None or shape in self.graphs:
-            return
-        try:
-            self.graphs[shape] = self._capture(*shape)
-        except Exception:
-            logger.warning("decode graph capture failed at batch %d, %d keys: running eager from now on",
-                           *shape, exc_info=True)
-            self.enabled = False
+        if shape is not None:
+            self._graph_for(shape)
+
+    def _graph_for(self, shape: tuple[int, int]) -> _Captured | None:
+        """The graph of ``shape``, captured now if new; None (and graphs off) when capture fails."""
+        captured = self.graphs.get(shape)
+        if captured is None:
+            try:
+                captured = self._capture(*shape)
+            except Exception:
+                logger.warning("decode graph capture failed at batch %d, %d keys: running eager from now on",
+                               *shape, exc_info=True)
+                self.enabled = False
+                return None
+            self.graphs[shape] = captured
+        return captured
 
     def shape_for(self, num_rows: int, key_len: int) -> tuple[int, int] | None:
         """``(padded batch size, key bucket)`` of a decode step, or None when it runs eager."""
@@ -170,16 +178,9 @@ class DecodeGraphRunner:
         shape = self.shape_for(rows, key_len)
         if shape is None:
             return None
-        captured = self.graphs.get(shape)
+        captured = self._graph_for(shape)
         if captured is None:
-            try:
-                captured = self._capture(*shape)
-            except Exception:
-                logger.warning("decode graph capture failed at batch %d, %d keys: running eager from now on",
-                               *shape, exc_info=True)
-                self.enabled = False
-                return None
-            self.graphs[shape] = captured
+            return None
         self._fill(captured, input_ids, position_ids, meta)
         captured.graph.replay()
         self.num_replays += 1
