@@ -49,11 +49,12 @@ class Settings:
         max_long_gap_fraction: the measured bound is lifted for a step while steps longer than the
             ratio made at most this share of recent inter-token gaps, so an occasional prompt is
             prefilled at once (0: never).
-        dense_prefill: prompt tokens run through dense bf16 copies of the packed (quantized)
-            linears, in fixed 64-row calls that keep the output batch invariant; output tokens keep
-            the packed kernel (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs
-            with AMX, for one bf16 copy of the weights in memory (+212 MB for the default model).
-            None: on for CPUs with ``amx_bf16``; no effect without packed linears.
+        dense_prefill: prompt tokens run through dense copies of the packed (quantized) linears,
+            in calls of fixed 64-row multiples; output tokens keep the packed kernel
+            (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs with AMX (bf16
+            copies, +212 MB for the default model) and 1.6x on AVX2-only CPUs (fp32 copies, +424
+            MB). None: on for CPUs with ``amx_bf16`` and for CPUs without BF16 instructions; no
+            effect without packed linears.
         enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
             (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.

@@ -45,7 +45,7 @@ from proxy.engine.attention import (
 from proxy.engine.decode_graphs import DecodeGraphRunner
 from proxy.engine.graph_kinds import DecodeGraph
 from proxy.engine.scheduler import SchedulerOutput
-from proxy.quant.dense_prefill import active_row_plan, has_dense_weights, plan_rows
+from proxy.quant.dense_prefill import active_row_plan, dense_weights_dtype, plan_rows
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -122,8 +122,10 @@ class ModelRunner:
         )
         self.max_num_seqs = settings.max_num_seqs
         self.max_model_len = max_model_len
-        #: prompt tokens take the packed linears' dense copies (``proxy.quant.dense_prefill``)
-        self.dense_prefill = has_dense_weights(model)
+        #: prompt tokens take the packed linears' dense copies (``proxy.quant.dense_prefill``); fp32
+        #: copies' rows do not depend on their place in the call (``plan_rows``' ``by_position``)
+        self.dense_prefill = (dense_dtype := dense_weights_dtype(model)) is not None
+        self.dense_rows_by_position = dense_dtype != torch.float32
         self.decode_graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and not settings.enforce_eager:
             from proxy.engine.graph_kinds import cuda_graph_factory
@@ -236,7 +238,7 @@ class ModelRunner:
                 meta.prefill_token_index = meta.prefill_query_index[meta.prefill_valid]
         if self.dense_prefill and any(r.num_computed_tokens < r.num_prompt_tokens for r in requests):
             prompt_lens = torch.tensor([r.num_prompt_tokens for r in requests], dtype=torch.long)
-            meta.row_plan = plan_rows(pos_t, pos_t < prompt_lens[row_of_token])
+            meta.row_plan = plan_rows(pos_t, pos_t < prompt_lens[row_of_token], self.dense_rows_by_position)
         input_ids = torch.tensor(token_ids, dtype=torch.long).view(1, num_tokens)
         position_ids = pos_t.view(1, num_tokens)
         return input_ids, position_ids, logits_index, meta

@@ -19,7 +19,8 @@ What runs (:func:`run_self_check`, a few seconds on a CPU for a small model):
 
 A difference is accepted only where the reference's top-2 logit gap is a near-tie (below
 ``tie_tolerance``: 1e-3 in fp32, 1.0 in 16-bit dtypes, where bf16 rounding of
-logits around 10-20 is already 0.06-0.125), and then only from that token on, as in the
+logits around 10-20 is already 0.06-0.125; an fp32 model whose packed linears run bf16 activations
+counts as 16-bit, :func:`compute_dtype`), and then only from that token on, as in the
 engine tests. Any other difference, or an exception in either run, raises :class:`SelfCheckError`
 naming the model type and the first differing step. ``Settings.self_check=False`` skips it
 (large models on a CPU); a pass is remembered for the same inputs (``proxy.engine.selfcheck_record``).
@@ -78,6 +79,19 @@ class SelfCheckReport:
 def tie_tolerance(dtype: torch.dtype) -> float:
     """Top-2 logit gap below which a differing greedy token counts as a near-tie."""
     return 1e-3 if dtype == torch.float32 else 1.0
+
+
+def compute_dtype(model: Any) -> torch.dtype:
+    """The narrowest dtype ``model``'s activations pass through: its parameters' dtype, or bf16 where
+    a packed linear's kernel runs bf16 activations (``kernel_dtype`` of
+    :class:`proxy.quant.linear.PackedLinear`; there the engine's prompt tokens may take dense fp32
+    copies while ``generate()``'s take the kernel, ``proxy.quant.dense_prefill``)."""
+    dtype: torch.dtype = next(model.parameters()).dtype
+    for module in model.modules():
+        kernel = getattr(module, "kernel_dtype", None)
+        if isinstance(kernel, torch.dtype) and kernel.itemsize < dtype.itemsize:
+            return kernel
+    return dtype
 
 
 def _model_type(model: Any) -> str:
@@ -224,7 +238,7 @@ def run_self_check(
         raise SelfCheckError(
             f"{fail}: transformers' generate() raised {type(exc).__name__}: {exc}; cannot verify the engine"
         ) from exc
-    tolerance = tie_tolerance(next(model.parameters()).dtype)
+    tolerance = tie_tolerance(compute_dtype(model))
     near_ties = 0
     for i, (prompt, got, (want, gaps)) in enumerate(zip(prompts, engine_ids, reference)):
         for step, (a, b) in enumerate(zip(got, want)):

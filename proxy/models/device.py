@@ -6,7 +6,9 @@ whose ``/proc/cpuinfo`` flags have ``avx512_bf16`` or ``amx_bf16`` (there bf16 p
 and batched decode 1.4x faster than fp32); on other CPUs bf16 when the linears are packed
 (``--quantization int4`` / ``int8``: the packed kernel runs bf16 activations there anyway, and on a
 2-core AVX2-only EPYC the default model's 8-request decode step took 140 ms with bf16 around it,
-149 ms with fp32), fp32 otherwise (dense bf16 matmuls were 2-5x slower there). Batch invariance is
+149 ms with fp32), fp32 otherwise (dense bf16 matmuls were 2-5x slower there; also the GGUF that
+``--quantization auto`` packs there, whose prompt tokens take dense fp32 copies,
+``proxy.quant.dense_prefill``). Batch invariance is
 promised for bf16 serving on CPUs with BF16 instructions only (README): on that EPYC, bf16 SDPA gave
 a row other bits when torch's flash kernel changed its row block (32 -> 64 from 192 rows).
 """

@@ -12,7 +12,7 @@ its tokenizer, context length and end-of-sequence ids.
 - Dense fp32 linears on the CPU compute calls of few rows (decode steps) as ``W @ x^T``
   (:mod:`proxy.quant.skinny`).
 - Packed sibling projections (q/k/v, gate/up) run as one matmul each (:mod:`proxy.quant.fuse`).
-- Packed linears get dense bf16 copies for prompt tokens where ``settings.dense_prefill`` says
+- Packed linears get dense (bf16 or fp32) copies for prompt tokens where ``settings.dense_prefill`` says
   (:mod:`proxy.quant.dense_prefill`).
 """
 
@@ -31,7 +31,7 @@ from proxy.models.packed_load import load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
 from proxy.quant.apply import add_dense_weights
-from proxy.quant.dense_prefill import dense_prefill_default
+from proxy.quant.dense_prefill import dense_prefill_default, dense_weight_dtype
 from proxy.quant.fuse import fuse_sibling_linears
 from proxy.quant.skinny import use_skinny_linears
 from proxy.settings import Settings
@@ -99,9 +99,11 @@ def load_model(
     if dense_prefill is None:
         dense_prefill = dense_prefill_default(device)
     if dense_prefill:
-        num_dense = add_dense_weights(model)
+        dense_dtype = dense_weight_dtype(device)
+        num_dense = add_dense_weights(model, dense_dtype)
         if num_dense:
-            logger.info("prompt tokens run through dense bf16 copies of %d packed linears", num_dense)
+            logger.info("prompt tokens run through dense %s copies of %d packed linears",
+                        str(dense_dtype).removeprefix("torch."), num_dense)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     max_len = settings.max_model_len or getattr(text, "max_position_embeddings", None)

@@ -2,10 +2,9 @@
 
 ``"auto"`` serves a GGUF's ``Q4_0``/``Q4_1``/``Q8_0`` linears at their own precision (packed int4 /
 int8 groups of 32, lossless codes) when the packed kernels are fast here (CUDA, or a CPU with BF16
-instructions: :func:`proxy.quant.kernels.is_fast`), else dense; an HF folder is served dense.
+instructions or AVX2: :func:`proxy.quant.kernels.is_fast`), else dense; an HF folder is served dense.
 ``"int4"`` / ``"int8"`` quantize every linear from its float weight (groups of
-``quantization_group_size``; on AVX2-only CPUs a choice for decode-heavy loads, see
-:func:`proxy.quant.kernels.is_fast`); ``"none"`` serves dense. ``LoadedModel.quantization`` says what.
+``quantization_group_size``); ``"none"`` serves dense. ``LoadedModel.quantization`` says what.
 When ``"auto"`` packs a GGUF, :func:`proxy.models.load.load_model` skips the dense model and takes
 the low-memory path of :mod:`proxy.models.packed_load` instead (:func:`gguf_packed`).
 """
@@ -48,10 +47,7 @@ def apply_quantization(model: Any, settings: Settings, gguf: Path | None, device
         if gguf is None:
             return "none"
         if not is_fast(device):
-            logger.info(
-                "quantization auto: dense (without bf16 instructions the packed kernel prefills slower "
-                "than dense fp32)"
-            )
+            logger.info("quantization auto: dense (the packed kernel runs fp32 activations here, slowly)")
             return "none"
         with one_thread():
             counts = load_gguf_linears(model, gguf, kdtype)
@@ -59,11 +55,8 @@ def apply_quantization(model: Any, settings: Settings, gguf: Path | None, device
     group = settings.quantization_group_size
     if group <= 0 or (device.type == "cuda" and group not in CUDA_GROUP_SIZES):
         raise ModelLoadError(f"quantization_group_size {group} is not supported on {device.type}")
-    if kdtype != torch.bfloat16:
+    if not is_fast(device):
         logger.warning("quantization %s on a CPU without AVX2: the packed kernel is slow here", method)
-    elif not is_fast(device):
-        logger.info("quantization %s on a CPU without bf16 instructions: faster decode, slower prefill "
-                    "than dense fp32", method)
     with one_thread():
         counts = quantize_linears(model, method, group, kdtype)
     return f"{method}: " + describe(counts)

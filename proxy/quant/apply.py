@@ -67,8 +67,9 @@ def output_layer(model: nn.Module) -> Any:
     return get_out() if callable(get_out) else None
 
 
-def add_dense_weights(model: nn.Module) -> int:
-    """Give every packed linear except the output layer a dense copy for prompt rows.
+def add_dense_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Give every packed linear except the output layer a dense copy for prompt rows, in ``dtype``
+    (``proxy.quant.dense_prefill.dense_weight_dtype``): the kernel's dequantized bf16 weight, cast.
 
     Returns:
         the number of layers given one (0 when the model has no packed linears).
@@ -77,7 +78,7 @@ def add_dense_weights(model: nn.Module) -> int:
     count = 0
     for module in model.modules():
         if type(module) is PackedLinear and module is not out and module.kernel_dtype == torch.bfloat16:
-            module.set_dense_weight(module.dequantize())
+            module.set_dense_weight(module.dequantize().to(dtype))
             count += 1
     return count
 

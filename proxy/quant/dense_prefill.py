@@ -1,4 +1,4 @@
-"""Prompt tokens through dense bf16 copies of the packed weights, in calls of a fixed shape.
+"""Prompt tokens through dense copies of the packed weights, in calls of a fixed shape.
 
 Why: on the CPU, torch's packed int4 kernel (``_weight_int4pack_mm_for_cpu``) is fast for decode
 (one row reads the 4-bit weights once) but computes many rows at ~0.15 TFLOP/s, while a dense bf16
@@ -6,7 +6,9 @@ Why: on the CPU, torch's packed int4 kernel (``_weight_int4pack_mm_for_cpu``) is
 AVX-512/AMX VM, SmolLM2-135M's ``[576 -> 3072]`` layer, 64 rows: int4 1.87 ms, dense 0.31 ms;
 128 rows: 3.08 against 0.45 ms; one row: int4 0.066 ms, dense 0.158 ms. A 128-token prefill spent
 82% of its time in the int4 kernel. So prompt tokens (prefill) take the dense weights and output
-tokens (decode) the packed ones, as llama.cpp picks other kernels for prompt batches.
+tokens (decode) the packed ones, as llama.cpp picks other kernels for prompt batches. On CPUs
+without BF16 instructions the copies are fp32 (:func:`dense_weight_dtype`): on a 2-core AVX2-only
+EPYC a 512-token prompt of the default model took 0.98 s against 1.61 s through the kernel.
 
 Batch invariance (a request's text must not depend on what else runs in its step, nor on how its
 prompt is chunked or cached): oneDNN's dense GEMM is not row-invariant -- a row's bits change with
@@ -16,17 +18,22 @@ depend on the other rows' contents (random or zero), nor on 1 or 2 threads. So e
 has exactly :data:`CALL_ROWS` rows, and the prompt token at position ``p`` always sits in row
 ``p % CALL_ROWS`` of its call (unused rows repeat a used one). Tokens of one step whose rows collide go to
 further calls: a token's call is its rank among the step's dense tokens with the same row
-(:func:`plan_rows`). Which tokens are dense is the caller's rule and must be a property of the token
+(:func:`plan_rows`). MKL's fp32 GEMM on that EPYC gave a row the same bits at any place in calls of
+4 to 512 rows and whatever the other rows held, so fp32 copies take the step's prompt tokens in
+order, one call padded to a multiple of :data:`CALL_ROWS` (``by_position=False``: no collisions, no
+half-empty calls; 16 prompts of 32 tokens took 0.87 s against 1.78 s by position). Which tokens
+are dense is the caller's rule and must be a property of the token
 alone: the engine makes a request's prompt tokens dense and its output tokens packed, also when they
 are recomputed after preemption, and keeps KV blocks that hold output tokens apart in the prefix
 cache (their keys came from the packed weights).
 
 Numerics: the dense weight is the packed kernel's own dequantized weight (``fma(code - 8, scale,
-zero)`` in fp32), rounded to bf16; a prompt token's activations therefore differ from the packed
-path by bf16 rounding of the weights, well inside the int4 quantization error itself.
+zero)`` in fp32), rounded to bf16 (and widened again for fp32 copies, which read fp32 activations
+unrounded); a prompt token's activations therefore differ from the packed path by bf16 rounding,
+well inside the int4 quantization error itself.
 
-Memory: one bf16 copy of every packed linear except the lm_head (which only ever sees the sampled
-rows): +212 MB for SmolLM2-135M.
+Memory: one copy of every packed linear except the lm_head (which only ever sees the sampled
+rows): +212 MB in bf16, +424 MB in fp32 for SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ class RowPlan:
             first), their count, so that they are a slice; else None.
         in_place: every row is dense and already at its call row (``T`` a multiple of
             :data:`CALL_ROWS`, positions aligned): the calls read the step's rows without a copy.
+        one_call: the rows are packed in step order (``by_position=False`` in :func:`plan_rows`) and
+            run as one call of ``num_calls * CALL_ROWS`` rows.
     """
 
     num_tokens: int
@@ -72,27 +81,37 @@ class RowPlan:
     packed_src: torch.Tensor | None
     num_leading_packed: int | None
     in_place: bool
+    one_call: bool = False
 
 
-def plan_rows(positions: torch.Tensor, dense: torch.Tensor) -> RowPlan | None:
+def plan_rows(positions: torch.Tensor, dense: torch.Tensor, by_position: bool = True) -> RowPlan | None:
     """The plan of a step (None when no row is dense: the packed kernel alone).
 
     Args:
         positions: long ``[T]``, each flat row's position in its sequence.
         dense: bool ``[T]``, rows that take the dense weights (prompt tokens).
+        by_position: the module docstring's rule (row ``p % CALL_ROWS``, one call per row rank), for
+            GEMMs whose row bits depend on the row's place in the call (oneDNN bf16). False: the
+            dense rows in step order, padded to a multiple of :data:`CALL_ROWS`, one call; for
+            GEMMs whose rows do not depend on their place nor on calls of 64 or more rows
+            (:func:`dense_weight_dtype`'s fp32).
     """
     dense_src = dense.nonzero().squeeze(1)
     num_dense = dense_src.numel()
     if num_dense == 0:
         return None
-    rows = positions[dense_src] % CALL_ROWS
-    counts = torch.bincount(rows, minlength=CALL_ROWS)
-    order = torch.argsort(rows, stable=True)
-    first_of_row = torch.cumsum(counts, 0) - counts
-    rank = torch.empty_like(rows)
-    rank[order] = torch.arange(num_dense) - first_of_row[rows[order]]
-    dense_dst = rank * CALL_ROWS + rows
-    num_calls = int(counts.max())
+    if by_position:
+        rows = positions[dense_src] % CALL_ROWS
+        counts = torch.bincount(rows, minlength=CALL_ROWS)
+        order = torch.argsort(rows, stable=True)
+        first_of_row = torch.cumsum(counts, 0) - counts
+        rank = torch.empty_like(rows)
+        rank[order] = torch.arange(num_dense) - first_of_row[rows[order]]
+        dense_dst = rank * CALL_ROWS + rows
+        num_calls = int(counts.max())
+    else:
+        dense_dst = torch.arange(num_dense)
+        num_calls = -(-num_dense // CALL_ROWS)
     gather = dense_src[:1].repeat(num_calls * CALL_ROWS)
     gather[dense_dst] = dense_src
     num_tokens = int(positions.numel())
@@ -108,6 +127,7 @@ def plan_rows(positions: torch.Tensor, dense: torch.Tensor) -> RowPlan | None:
         packed_src=packed_src if num_packed else None,
         num_leading_packed=leading,
         in_place=num_tokens == gather.numel() and bool((gather == torch.arange(num_tokens)).all()),
+        one_call=not by_position,
     )
 
 
@@ -141,6 +161,9 @@ def dense_rows_mm(x: torch.Tensor, weight: torch.Tensor, plan: RowPlan) -> torch
         ``[D, N]``, one row per ``plan.dense_src``.
     """
     stacked = x if plan.in_place else x.index_select(0, plan.gather)
+    if plan.one_call:
+        y = F.linear(stacked, weight)
+        return y if plan.in_place else y[:plan.dense_src.numel()]
     outs = [F.linear(stacked[i * CALL_ROWS:(i + 1) * CALL_ROWS], weight) for i in range(plan.num_calls)]
     y = outs[0] if plan.num_calls == 1 else torch.cat(outs)
     return y if plan.in_place else y.index_select(0, plan.dense_dst)
@@ -148,11 +171,35 @@ def dense_rows_mm(x: torch.Tensor, weight: torch.Tensor, plan: RowPlan) -> torch
 
 def dense_prefill_default(device: torch.device) -> bool:
     """Whether prompt tokens take dense weights when ``Settings.dense_prefill`` is None: on CPUs
-    with AMX BF16 (``amx_bf16`` in ``/proc/cpuinfo``), where it was measured 6-11x faster for
-    64-512 rows; not on CUDA (tinygemm), nor on CPUs without BF16 tiles (not measured)."""
-    return device.type == "cpu" and "amx_bf16" in kernels.cpu_flags()
+    with AMX BF16 (``amx_bf16`` in ``/proc/cpuinfo``), where bf16 copies were measured 6-11x faster
+    for 64-512 rows, and on CPUs with no BF16 instructions at all (AVX2), where fp32 copies are
+    (:func:`dense_weight_dtype`); not on CUDA (tinygemm), nor on AVX-512 BF16 without AMX (not
+    measured)."""
+    if device.type != "cpu":
+        return False
+    return "amx_bf16" in kernels.cpu_flags() or not kernels.cpu_bf16_flags()
+
+
+def dense_weight_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the dense copies: bf16 on CPUs with BF16 instructions (oneDNN's AMX / AVX-512
+    BF16 GEMMs), fp32 elsewhere. Measured on a 2-core AVX2-only EPYC, 64 rows: a dense bf16
+    ``F.linear`` took 6.2 / 18.9 / 6.0 ms for SmolLM2-135M's ``[576 -> 960]``, ``[576 -> 3072]``,
+    ``[1536 -> 576]`` layers against 0.83 / 2.7 / 1.2 ms in fp32 (bf16 there is emulated)."""
+    if device.type == "cpu" and not kernels.cpu_bf16_flags():
+        return torch.float32
+    return torch.bfloat16
+
+
+def dense_weights_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the dense copies ``model``'s packed linears hold
+    (``proxy.quant.apply.add_dense_weights``), or None when none holds one."""
+    for m in model.modules():
+        weight: torch.Tensor | None = getattr(m, "dense_weight", None)
+        if weight is not None:
+            return weight.dtype
+    return None
 
 
 def has_dense_weights(model: nn.Module) -> bool:
     """Whether any packed linear of ``model`` holds a dense copy (``proxy.quant.apply.add_dense_weights``)."""
-    return any(getattr(m, "dense_weight", None) is not None for m in model.modules())
+    return dense_weights_dtype(model) is not None

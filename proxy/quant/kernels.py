@@ -66,13 +66,13 @@ def kernel_dtype(device: torch.device) -> torch.dtype:
 
 def is_fast(device: torch.device) -> bool:
     """Whether the packed kernel serves faster than dense weights here, so that quantization
-    ``"auto"`` packs a GGUF: on CUDA and on CPUs with BF16 instructions. Not on AVX2-only CPUs:
-    measured on a 2-core AMD EPYC, SmolLM2-135M, the bf16 kernel's decode step took 54-62 / 125-140
-    / 222-231 ms for 1 / 8 / 16 requests against 95-99 / 228-276 / 247 ms dense fp32, but a
-    128-token prefill 985 against 536 ms, and served with 128-token prompts and 64 output tokens
-    (``bench/compare.py``) dense fp32 gave 23.4 / 38.8 output tok/s at 8 / 16 streams against 23.4 /
-    25.7 packed; there ``--quantization int4`` opts in (a decode-heavy load: long answers)."""
-    return device.type == "cuda" or bool(cpu_bf16_flags())
+    ``"auto"`` packs a GGUF: on CUDA and on every CPU where the kernel runs bf16 activations
+    (:func:`kernel_dtype`: BF16 instructions or AVX2). Without BF16 instructions prompt tokens take
+    dense fp32 copies (``proxy.quant.dense_prefill``), since the kernel computes many rows slowly
+    there. Measured on a 2-core AVX2-only AMD EPYC, SmolLM2-135M, packed + fp32 copies against
+    dense fp32: decode step 27-30 / 81-89 ms for 1 / 16 requests against 52 / 88 ms, a 512-token
+    prefill 0.98 against 1.55 s, 16 prompts of 32 tokens in one step 0.87 against 0.79 s."""
+    return kernel_dtype(device) == torch.bfloat16
 
 
 def supports_shape(out_features: int, in_features: int, group_size: int, device: torch.device) -> str | None:

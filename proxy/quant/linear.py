@@ -171,7 +171,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         # the kernel needs a contiguous A; a strided view (generate()'s last-position slice) is not
-        x2 = x.reshape(-1, self.in_features)
+        x2 = xin = x.reshape(-1, self.in_features)
         if x2.dtype != self.kernel_dtype:
             x2 = x2.to(self.kernel_dtype)
         if not x2.is_contiguous():
@@ -180,7 +180,7 @@ class PackedLinear(nn.Module):
             return x.new_empty(*lead, self.out_features)
         plan = current_row_plan() if self.dense_weight is not None else None
         if plan is not None and plan.num_tokens == x2.shape[0]:
-            y = self._mixed_rows(x2, plan, x.dtype)
+            y = self._mixed_rows(x2, xin, plan, x.dtype)
         else:
             y = self._finish(self._packed_mm(x2), x.dtype)
         return y.reshape(*lead, self.out_features)
@@ -200,11 +200,17 @@ class PackedLinear(nn.Module):
             y = y.float() + kernels.int4_mm(x2, self.packed1, self.group_size, self.scales_and_zeros1).float()
         return y
 
-    def _mixed_rows(self, x2: torch.Tensor, plan: RowPlan, dtype: torch.dtype) -> torch.Tensor:
+    def _mixed_rows(
+        self, x2: torch.Tensor, xin: torch.Tensor, plan: RowPlan, dtype: torch.dtype
+    ) -> torch.Tensor:
         """The plan's dense rows through :attr:`dense_weight`, the others through the kernel, each
-        finished (bias, rounding) as it would be alone, so a row's bits do not depend on the mix."""
+        finished (bias, rounding) as it would be alone, so a row's bits do not depend on the mix.
+        ``x2`` is the input ``[T, K]`` in the kernel dtype, ``xin`` as it came (the dense rows read
+        it when it is in the dense weight's dtype: fp32 activations are not rounded to bf16)."""
         assert self.dense_weight is not None
-        yd = self._finish(dense_rows_mm(x2, self.dense_weight, plan), dtype)
+        wdtype = self.dense_weight.dtype
+        xd = xin.contiguous() if xin.dtype == wdtype else x2 if x2.dtype == wdtype else x2.to(wdtype)
+        yd = self._finish(dense_rows_mm(xd, self.dense_weight, plan), dtype)
         if plan.packed_src is None:
             return yd
         lead = plan.num_leading_packed
@@ -217,7 +223,7 @@ class PackedLinear(nn.Module):
         return y
 
     def set_dense_weight(self, weight: torch.Tensor) -> None:
-        """Keep ``weight`` (``[out_features, in_features]``, the kernel dtype) for the rows an active
+        """Keep ``weight`` (``[out_features, in_features]``, bf16 or fp32) for the rows an active
         :class:`~proxy.quant.dense_prefill.RowPlan` marks dense."""
         self.dense_weight = weight.detach().contiguous()
 

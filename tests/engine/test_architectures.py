@@ -212,6 +212,19 @@ def test_self_check_refuses_an_attention_that_ignores_a_feature(name, sabotage, 
         run_self_check(model, Settings(block_size=4), 256)
 
 
+def test_self_check_tolerance_follows_the_packed_kernels_dtype() -> None:
+    """An fp32 model whose packed linears run bf16 activations (the default GGUF on an AVX2 CPU)
+    is checked at bf16's near-tie tolerance; a dense fp32 model at fp32's."""
+    from proxy.engine.selfcheck import compute_dtype, tie_tolerance
+    from proxy.quant import quantize_linears
+
+    model = build_model("llama").float()
+    assert compute_dtype(model) == torch.float32 and tie_tolerance(compute_dtype(model)) == 1e-3
+    quantize_linears(model, "int4", 32, torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.float32
+    assert compute_dtype(model) == torch.bfloat16 and tie_tolerance(compute_dtype(model)) == 1.0
+
+
 def test_self_check_refuses_when_the_engine_raises(monkeypatch) -> None:
     model = _engine_model(build_model("llama"))
 

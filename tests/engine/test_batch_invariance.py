@@ -106,7 +106,7 @@ _NO_AMX_ROWS = ("on an AVX-512 BF16 CPU without AMX (AMD EPYC, avx512_bf16, no a
                                         pytest.mark.skipif(
         not _AVX512, reason="bf16 SDPA on an AVX2-only CPU (AMD EPYC, no AVX-512) gives a row other bits "
         "when the kernel's row block changes from 32 to 64 (row 116 of 240 here, alone and among 33 or 34); "
-        "such CPUs serve the default model fp32 dense, which makes no batch-invariance promise (README)")]),
+        "AVX2-only CPUs make no batch-invariance promise (README)")]),
     pytest.param(torch.float32, marks=[pytest.mark.skipif(_AVX512 and not _AMX, reason=_NO_AMX_ROWS),
                                        pytest.mark.skipif(
         not _AVX512, reason="fp32 SDPA goes through MKL's sgemm, whose AVX2 kernels give rows 31-32 of "
@@ -195,8 +195,9 @@ def test_default_model_tokens_do_not_depend_on_the_batch() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _BF16_SERVING, reason="the default serving is fp32 dense on a CPU without BF16 "
-                    "instructions, whose matmuls are not row-invariant (README); C09 is a near-tie there")
+@pytest.mark.skipif(not _BF16_SERVING, reason="the default serving is fp32 (attention, dense prompt "
+                    "copies) on a CPU without BF16 instructions, not row-invariant (README); C09 is a "
+                    "near-tie there")
 @pytest.mark.skipif(_BF16_SERVING and not _AMX, reason="C09 prefilled in chunks of 35 tokens gave other "
                     "tokens from the 2nd on: " + _NO_AMX_ROWS)
 def test_default_model_tokens_do_not_depend_on_the_prefill_chunking() -> None:

@@ -18,6 +18,7 @@ from proxy.quant.dense_prefill import (
     CALL_ROWS,
     active_row_plan,
     dense_prefill_default,
+    dense_weight_dtype,
     has_dense_weights,
     plan_rows,
 )
@@ -51,6 +52,52 @@ def test_plan_rows_puts_each_prompt_token_at_its_position_mod_call_rows() -> Non
     assert plan_rows(*_step([(7, 1, False)])) is None  # decodes only: the packed kernel alone
     aligned = plan_rows(*_step([(64, 128, True)]))
     assert aligned is not None and aligned.in_place and aligned.num_calls == 2
+
+
+def test_plan_rows_in_step_order_is_one_call_padded_to_call_rows() -> None:
+    positions, dense = _step([(100, 1, False), (60, 10, True), (0, 70, True)])
+    plan = plan_rows(positions, dense, by_position=False)
+    assert plan is not None and plan.one_call and plan.num_calls == 2 and plan.num_leading_packed == 1
+    assert plan.dense_dst.tolist() == list(range(80)) and plan.dense_src.tolist() == list(range(1, 81))
+    assert plan.gather.tolist() == list(range(1, 81)) + [1] * 48  # padding repeats a dense row
+    assert not plan.in_place
+    aligned = plan_rows(*_step([(3, 64, True), (0, 64, True)]), by_position=False)
+    assert aligned is not None and aligned.in_place and aligned.num_calls == 2  # positions do not matter
+
+
+def _fp32_rows_are_invariant() -> bool:
+    """Whether this CPU's fp32 GEMM gives a row the same bits at any place in calls of 64 or more
+    rows, whatever the other rows hold (measured on AVX2 and AVX-512 CPUs' MKL sgemm)."""
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(96, 64, generator=gen), torch.randn(1, 64, generator=gen)
+    ref = F.linear(torch.cat([x, torch.zeros(63, 64)]), w)[0]
+    for rows, at in ((64, 37), (128, 100), (192, 5)):
+        call = torch.randn(rows, 64, generator=gen)
+        call[at] = x[0]
+        if not torch.equal(F.linear(call, w)[at], ref):
+            return False
+    return True
+
+
+def test_fp32_copies_take_fp32_activations_in_one_call() -> None:
+    """fp32 copies (CPUs without BF16 instructions) read the activations unrounded, all dense rows
+    in one call; a decode row keeps the packed kernel."""
+    torch.manual_seed(0)
+    layer = PackedLinear(quantize_int4(torch.randn(128, 64) * 0.1, 32), torch.randn(128) * 0.1, 32,
+                         torch.device("cpu"), kernel_dtype(torch.device("cpu")), "int4 g32")
+    layer.set_dense_weight(layer.dequantize().float())
+    x = torch.randn(71, 64)
+    plan = plan_rows(*_step([(9, 1, False), (0, 70, True)]), by_position=False)
+    with active_row_plan(plan):
+        y = layer(x)
+    assert y.dtype == torch.float32 and torch.equal(y[0], layer(x[:1])[0])
+    padded = torch.cat([x[1:], x[1:2].expand(58, 64)])  # the call: 70 rows + 58 repeats = 128
+    want = F.linear(padded, layer.dense_weight)[:70] + layer.bias  # type: ignore[arg-type,operator]
+    assert torch.equal(y[1:], want)
+    assert not torch.equal(y[1:], F.linear(x[1:].bfloat16().float(), layer.dense_weight) + layer.bias)  # type: ignore[arg-type,operator]
+    if _fp32_rows_are_invariant():
+        alone = F.linear(torch.cat([x[5:6], torch.zeros(63, 64)]), layer.dense_weight)[0] + layer.bias  # type: ignore[arg-type,operator]
+        assert torch.equal(y[5], alone)
 
 
 @needs_bf16
@@ -94,7 +141,7 @@ def test_a_rows_bits_do_not_depend_on_what_else_the_step_holds() -> None:
         assert torch.equal(layer(decode)[0], decode_alone)  # another row count: the plan is not ours
 
 
-def _tiny_bf16() -> torch.nn.Module:
+def _tiny_bf16(copies: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -109,14 +156,17 @@ def _tiny_bf16() -> torch.nn.Module:
                 p.normal_(0.0, 0.15)
     quantize_linears(model, "int4", 32, torch.bfloat16)
     model.to(torch.bfloat16)
-    assert add_dense_weights(model) == 14  # every linear but the lm_head
+    assert add_dense_weights(model, copies) == 14  # every linear but the lm_head
     model.set_attn_implementation("sdpa")
     return model.eval()
 
 
 @needs_bf16
-def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache() -> None:
-    model = _tiny_bf16()
+@pytest.mark.parametrize("copies", [torch.bfloat16, torch.float32])
+def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(copies: torch.dtype) -> None:
+    if copies == torch.float32 and not _fp32_rows_are_invariant():
+        pytest.skip("this CPU's fp32 GEMM gives a row other bits at another place in the call")
+    model = _tiny_bf16(copies)
     assert has_dense_weights(model)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(1)
@@ -127,6 +177,7 @@ def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache() 
                                           num_kv_blocks=256, block_size=16,
                                           enable_prefix_caching=prefix_caching), [2], 512)
         assert core.runner.dense_prefill and core.block_manager.output_blocks_apart
+        assert core.runner.dense_rows_by_position == (copies == torch.bfloat16)
         return run_staggered(core, prompts, params, arrivals)
 
     alone = {}
@@ -164,9 +215,12 @@ def test_blocks_holding_output_tokens_hash_apart() -> None:
     assert apart.block_hashes(odd)[:5] == b[:5] and apart.block_hashes(odd)[5] != b[5]  # block 5 mixed
 
 
-def test_dense_prefill_is_on_by_default_only_on_cpus_with_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dense_prefill_is_on_by_default_with_amx_or_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "amx_bf16"}))
-    assert dense_prefill_default(torch.device("cpu"))
+    assert dense_prefill_default(cpu) and dense_weight_dtype(cpu) == torch.bfloat16
     assert not dense_prefill_default(torch.device("cuda"))
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
-    assert not dense_prefill_default(torch.device("cpu"))
+    assert not dense_prefill_default(cpu)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert dense_prefill_default(cpu) and dense_weight_dtype(cpu) == torch.float32

@@ -98,7 +98,7 @@ def test_kernel_dtype_follows_the_cpu_flags(monkeypatch) -> None:
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert kernels.cpu_bf16_flags() == []
     assert kernels.kernel_dtype(CPU) == torch.bfloat16  # widened in registers: 20x the fp32 kernel
-    assert not kernels.is_fast(CPU)  # auto still serves dense: prefill is slower than dense fp32
+    assert kernels.is_fast(CPU)  # auto packs; prompt tokens take dense fp32 copies (dense_prefill)
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse4_2"}))
     assert kernels.kernel_dtype(CPU) == torch.float32 and not kernels.is_fast(CPU)
     assert kernels.kernel_dtype(torch.device("cuda")) == torch.bfloat16
