@@ -45,7 +45,7 @@ from proxy.engine.attention import (
 from proxy.engine.decode_graphs import DecodeGraphRunner
 from proxy.engine.graph_kinds import DecodeGraph
 from proxy.engine.scheduler import SchedulerOutput
-from proxy.quant.dense_prefill import active_row_plan, dense_weights_dtype, plan_rows
+from proxy.quant.dense_prefill import active_row_plan, dense_dtype_of, plan_rows
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         #: prompt tokens take the packed linears' dense copies (``proxy.quant.dense_prefill``); fp32
         #: copies' rows do not depend on their place in the call (``plan_rows``' ``by_position``)
-        self.dense_prefill = (dense_dtype := dense_weights_dtype(model)) is not None
+        self.dense_prefill = (dense_dtype := dense_dtype_of(model)) is not None
         self.dense_rows_by_position = dense_dtype != torch.float32
         self.decode_graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and not settings.enforce_eager:

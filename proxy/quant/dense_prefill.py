@@ -190,7 +190,7 @@ def dense_weight_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def dense_weights_dtype(model: nn.Module) -> torch.dtype | None:
+def dense_dtype_of(model: nn.Module) -> torch.dtype | None:
     """The dtype of the dense copies ``model``'s packed linears hold
     (``proxy.quant.apply.add_dense_weights``), or None when none holds one."""
     for m in model.modules():
@@ -202,4 +202,4 @@ def dense_weights_dtype(model: nn.Module) -> torch.dtype | None:
 
 def has_dense_weights(model: nn.Module) -> bool:
     """Whether any packed linear of ``model`` holds a dense copy (``proxy.quant.apply.add_dense_weights``)."""
-    return dense_weights_dtype(model) is not None
+    return dense_dtype_of(model) is not None
