@@ -52,9 +52,9 @@ class Settings:
         dense_prefill: prompt tokens run through dense copies of the packed (quantized) linears,
             in calls of fixed 64-row multiples; output tokens keep the packed kernel
             (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs with AMX (bf16
-            copies, +212 MB for the default model) and 1.6x on AVX2-only CPUs (fp32 copies, +424
-            MB). None: on for CPUs with ``amx_bf16`` and for CPUs without BF16 instructions; no
-            effect without packed linears.
+            copies, +212 MB for the default model) and 1.6x on AVX2-only CPUs (computed in fp32,
+            kept in bf16: +212 MB). None: on for CPUs with ``amx_bf16`` and for CPUs without BF16
+            instructions; no effect without packed linears.
         enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
             (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.

@@ -17,6 +17,9 @@ from proxy.engine.attention import ATTN_IMPLEMENTATION
 from proxy.engine.loading import load_engine_model
 from proxy.settings import Settings
 
+#: what --quantization auto serves of the default model's GGUF (Q4_1 linears, Q8_0 embedding)
+DEFAULT_GGUF_SERVED = "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1, token_embd Q8_0 -> int8 g32 x1"
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -160,16 +163,22 @@ def test_default_model_served_at_its_gguf_precision() -> None:
     """Auto: the shipped Q4_1 GGUF's linears packed as they are (the tied lm_head from the Q8_0
     embedding); none: dense. Needs a CPU whose packed kernel runs bf16 (BF16 instructions or AVX2)."""
     from proxy.quant import PackedLinear, is_fast
+    from proxy.quant.embedding import Int8Embedding
 
     loaded = load_engine_model(Settings())
     if not is_fast(loaded.device):
         assert loaded.quantization == "none"
         return
-    assert loaded.quantization == "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
+    assert loaded.quantization == DEFAULT_GGUF_SERVED
     assert isinstance(loaded.model.lm_head, PackedLinear) and loaded.model.lm_head.num_planes == 2
-    assert type(loaded.model.model.embed_tokens) is torch.nn.Embedding
+    assert type(loaded.model.model.embed_tokens) is Int8Embedding  # the Q8_0 token_embd's codes
     dense = load_engine_model(Settings(quantization="none"))
     assert dense.quantization == "none" and isinstance(dense.model.lm_head, torch.nn.Linear)
+    assert type(dense.model.model.embed_tokens) is torch.nn.Embedding
+    ids = torch.arange(0, 49152, 7)
+    with torch.inference_mode():  # the rows equal the dense table's, bit for bit
+        want = dense.model.model.embed_tokens(ids)
+        assert torch.equal(loaded.model.model.embed_tokens(ids), want)
 
 
 @pytest.mark.slow
@@ -199,7 +208,7 @@ def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPat
     loaded = load_engine_model(settings)
     monkeypatch.undo()
     assert len(replaced) == 211 and set(replaced.values()) == {"meta"}
-    assert loaded.quantization == "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
+    assert loaded.quantization == DEFAULT_GGUF_SERVED
     assert gguf is not None
 
     reference = AutoModelForCausalLM.from_pretrained(

@@ -63,6 +63,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     from proxy.engine.loading import load_engine_model
     from proxy.engine.selfcheck_record import check_at_load
     from proxy.engine.structured import GrammarCompiler, logits_width
+    from proxy.quant.apply import trim_heap
     from proxy.tokenizer import Tokenizer
 
     loaded = load_engine_model(settings)
@@ -74,6 +75,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
         loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler
     )
     check_at_load(loaded, settings, core.max_model_len)  # refuse a model served wrong text
+    trim_heap()  # the load's and the self-check's freed temporaries (1279 -> 1161 MiB measured)
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
     return AsyncEngineClient(

@@ -27,7 +27,7 @@ class LoadedModel:
         device: ``torch.device`` of the weights.
         dtype: ``torch.dtype`` of the weights.
         quantization: what the linears are served as (:func:`proxy.models.quantize.apply_quantization`'s
-            description, e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"``; ``"none"``: dense).
+            description, e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1, ..."``; ``"none"``: dense).
         gguf_path: the ``.gguf`` file the folder was converted from (its tensors may be the served
             weights), or None.
     """

@@ -32,7 +32,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 def apply_quantization(model: Any, settings: Settings, gguf: Path | None, device: torch.device) -> str:
     """Swap ``model``'s linears for packed ones as ``settings.quantization`` says (module docstring);
-    return what is served, e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"`` or ``"none"``.
+    return what is served, e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1, ..."`` or ``"none"``.
 
     Raises:
         ModelLoadError: an unknown method or group size.

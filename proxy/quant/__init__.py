@@ -8,6 +8,7 @@
 - :mod:`proxy.quant.skinny`: dense fp32 CPU linears compute calls of few rows as ``W @ x^T``.
 - :mod:`proxy.quant.gguf_file`: a GGUF file's tensor index (memory-mapped) and tensor names.
 - :mod:`proxy.quant.gguf_blocks`: a GGUF's own blocks -> packed layers (``--quantization auto``).
+- :mod:`proxy.quant.embedding`: a GGUF's ``Q8_0`` token embedding served from its int8 codes.
 """
 
 from proxy.quant.apply import describe, quantize_linears

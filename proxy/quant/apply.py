@@ -68,8 +68,9 @@ def output_layer(model: nn.Module) -> Any:
 
 
 def add_dense_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Give every packed linear except the output layer a dense copy for prompt rows, in ``dtype``
-    (``proxy.quant.dense_prefill.dense_weight_dtype``): the kernel's dequantized bf16 weight, cast.
+    """Give every packed linear except the output layer a dense copy for prompt rows, computed in
+    ``dtype`` (``proxy.quant.dense_prefill.dense_weight_dtype``): the kernel's dequantized bf16
+    weight, kept in bf16 (``PackedLinear.set_dense_weight`` widens it per call for fp32).
 
     Returns:
         the number of layers given one (0 when the model has no packed linears).
@@ -78,7 +79,7 @@ def add_dense_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> 
     count = 0
     for module in model.modules():
         if type(module) is PackedLinear and module is not out and module.kernel_dtype == torch.bfloat16:
-            module.set_dense_weight(module.dequantize().to(dtype))
+            module.set_dense_weight(module.dequantize(), dtype)
             count += 1
     return count
 

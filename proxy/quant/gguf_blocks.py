@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from proxy.quant.apply import named_linears, replace_linear, trim_heap, untie_lm_head
+from proxy.quant.embedding import pack_q8_embedding
 from proxy.quant.gguf_file import gguf_tensors, hf_to_gguf_names
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
 
@@ -192,10 +193,12 @@ def load_gguf_linears(
     dropped with the module). Per linear: ``Q4_0``/``Q4_1`` -> int4 g32 and
     ``Q8_0`` -> int8 g32, lossless; other quantized types -> int8 g32 re-quantized from the
     dequantized weight; float types, unknown names and shapes the kernel refuses stay dense.
-    A tied lm_head uses ``token_embd`` (the embedding itself stays dense).
+    A tied lm_head uses ``token_embd``; a ``Q8_0`` ``token_embd`` also serves the input embedding
+    from its codes (:func:`proxy.quant.embedding.pack_q8_embedding`), other types stay dense.
 
     Returns:
-        counts per outcome, e.g. ``{"Q4_1 -> int4 g32": 210, "Q8_0 -> int8 g32": 1}``.
+        counts per outcome, e.g. ``{"Q4_1 -> int4 g32": 210, "Q8_0 -> int8 g32": 1,
+        "token_embd Q8_0 -> int8 g32": 1}``.
     """
     config: Any = model.config
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -248,6 +251,10 @@ def load_gguf_linears(
         del planes
         trim_heap()
         counts[f"{type_name} -> {scheme}" if ok else f"{type_name} -> dense (shape)"] += 1
+    embd = tensors.get("token_embd.weight")
+    if embd is not None and pack_q8_embedding(model, embd.type_name, embd.data, source.full, device):
+        counts["token_embd Q8_0 -> int8 g32"] += 1
+        trim_heap()
     requantized = {k: v for k, v in counts.items() if "re-quantized" in k}
     if requantized:
         logger.info(

@@ -141,6 +141,7 @@ class PackedLinear(nn.Module):
             )
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(device), requires_grad=False)
         self.dense_weight: torch.Tensor | None = None
+        self.dense_dtype: torch.dtype | None = None
 
     @classmethod
     def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
@@ -165,7 +166,7 @@ class PackedLinear(nn.Module):
         biases = [p.bias for p in parts]
         layer.bias = None if first.bias is None else nn.Parameter(
             torch.cat([b for b in biases if b is not None]), requires_grad=False)
-        layer.dense_weight = None
+        layer.dense_weight = layer.dense_dtype = None
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -207,10 +208,12 @@ class PackedLinear(nn.Module):
         finished (bias, rounding) as it would be alone, so a row's bits do not depend on the mix.
         ``x2`` is the input ``[T, K]`` in the kernel dtype, ``xin`` as it came (the dense rows read
         it when it is in the dense weight's dtype: fp32 activations are not rounded to bf16)."""
-        assert self.dense_weight is not None
-        wdtype = self.dense_weight.dtype
+        assert self.dense_weight is not None and self.dense_dtype is not None
+        wdtype, weight = self.dense_dtype, self.dense_weight
+        if weight.dtype != wdtype:  # kept in bf16, widened per call (exact; ~1% of a prompt step)
+            weight = weight.to(wdtype)
         xd = xin.contiguous() if xin.dtype == wdtype else x2 if x2.dtype == wdtype else x2.to(wdtype)
-        yd = self._finish(dense_rows_mm(xd, self.dense_weight, plan), dtype)
+        yd = self._finish(dense_rows_mm(xd, weight, plan), dtype)
         if plan.packed_src is None:
             return yd
         lead = plan.num_leading_packed
@@ -222,10 +225,13 @@ class PackedLinear(nn.Module):
         y.index_copy_(0, plan.packed_src, yp)
         return y
 
-    def set_dense_weight(self, weight: torch.Tensor) -> None:
+    def set_dense_weight(self, weight: torch.Tensor, dtype: torch.dtype | None = None) -> None:
         """Keep ``weight`` (``[out_features, in_features]``, bf16 or fp32) for the rows an active
-        :class:`~proxy.quant.dense_prefill.RowPlan` marks dense."""
+        :class:`~proxy.quant.dense_prefill.RowPlan` marks dense, computed in ``dtype`` (default: the
+        weight's own). A bf16 weight computed in fp32 stays bf16 in memory and is widened at each
+        call: the same fp32 values (bf16 widens exactly) at half the memory of an fp32 copy."""
         self.dense_weight = weight.detach().contiguous()
+        self.dense_dtype = weight.dtype if dtype is None else dtype
 
     def dequantize(self) -> torch.Tensor:
         """The weight ``[out_features, in_features]`` as the kernel sees it (an identity matmul),

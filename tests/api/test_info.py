@@ -121,7 +121,7 @@ def test_model_card_and_ready_line_say_what_is_served():
     from proxy.api.app import ready_message
     from proxy.protocol.responses import model_card
 
-    served = "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"
+    served = "gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1, token_embd Q8_0 -> int8 g32 x1"
     card = model_card("m", 7, 128, dtype="bfloat16", quantization=served)
     assert card == {
         "id": "m",

@@ -30,7 +30,7 @@ class ModelInfo:
         created: Unix seconds, for ``/v1/models``.
         dtype: activation dtype served (``"bfloat16"``); None: not reported.
         quantization: what the weights are served as (``proxy.models.LoadedModel.quantization``,
-            e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1"`` or ``"none"``); None: not reported.
+            e.g. ``"gguf: Q4_1 -> int4 g32 x210, ..."`` or ``"none"``); None: not reported.
     """
 
     served_model_name: str
