@@ -178,3 +178,23 @@ def adaptive_threads_for(device: torch.device) -> AdaptiveThreads | None:
         logger.info("adaptive threads off: %s is not readable", SCHEDSTAT)
         return None
     return AdaptiveThreads(threads, clock.wait_ns)
+
+
+def builder_thread_count(device: torch.device) -> int | None:
+    """The calling thread's torch intra-op thread count on the CPU (None elsewhere): read on the thread
+    that loaded the model and built the engine (``--num-threads`` or torch's default), then applied on
+    the thread that steps it (:func:`apply_thread_count`).
+
+    Why: torch gives a thread its count at the thread's first parallel op, from a process-wide value
+    that every ``torch.set_num_threads`` call overwrites. The embedding worker sets 1 for its own
+    thread when it starts, about when the chat engine's thread starts, and the engine then stepped
+    on one thread: 7 threads in the server, the engine's the only one busy (``/proc/PID/task``).
+    """
+    return torch.get_num_threads() if device.type == "cpu" else None
+
+
+def apply_thread_count(count: int | None) -> None:
+    """Give the calling thread ``count`` torch intra-op threads (``torch.set_num_threads``, which sets
+    the calling thread's OpenMP and MKL counts); None: leave it as it is."""
+    if count is not None and count != torch.get_num_threads():
+        torch.set_num_threads(count)

@@ -19,7 +19,7 @@ from proxy.engine.core_proc.messages import (
     EngineCommand,
     Stop,
 )
-from proxy.engine.cpu_threads import adaptive_threads_for
+from proxy.engine.cpu_threads import adaptive_threads_for, apply_thread_count, builder_thread_count
 from proxy.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ class CoreDriver:
     Attributes:
         num_adds_taken: ``AddRequest`` commands taken so far, counted before the core queues each
             (``proxy.engine.admission.num_waiting``); written by the driver's thread only.
+        num_threads: torch intra-op threads of the thread that built the driver (the one that
+            loaded the model), applied on the thread that runs it
+            (``proxy.engine.cpu_threads.builder_thread_count``); None off the CPU.
     """
 
     def __init__(self, core: Any, compile_grammar: Callable[[CompileGrammar], None] | None = None,
@@ -48,6 +51,8 @@ class CoreDriver:
         self.compile_grammar = compile_grammar
         self.adaptive_threads = adaptive_threads
         self.num_adds_taken = 0
+        runner = getattr(core, "runner", None)
+        self.num_threads = builder_thread_count(runner.device) if runner is not None else None
 
     def run(self, receive: Receive, publish: Publish) -> list[RequestOutput]:
         """Serve until a :class:`Stop`: ``receive(block)``, apply, step, ``publish(outputs)`` (every
@@ -57,6 +62,7 @@ class CoreDriver:
             the outputs of the commands applied before the ``Stop`` (refused adds), unpublished.
         """
         core = self.core
+        apply_thread_count(self.num_threads)
         threads = adaptive_threads_for(core.runner.device) if self.adaptive_threads else None
         while True:
             outputs: list[RequestOutput] = []

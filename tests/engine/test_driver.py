@@ -87,6 +87,43 @@ def test_driver_applies_steps_and_publishes_each_turn_until_stop() -> None:
     assert driver.num_adds_taken == 4
 
 
+def test_driver_steps_with_the_thread_count_of_the_thread_that_built_it() -> None:
+    """torch gives a new thread its intra-op count from the last ``set_num_threads`` of any thread
+    (the embedding worker sets 1 for itself): the engine thread must not inherit that."""
+    import threading
+    import types
+
+    import torch
+
+    from proxy.threads import run_in_own_thread
+
+    class CountingCore(ScriptedCore):
+        runner = types.SimpleNamespace(device=torch.device("cpu"))
+        seen: list[int] = []
+
+        def step(self) -> list[RequestOutput]:
+            self.seen.append(torch.get_num_threads())
+            return super().step()
+
+    def build() -> CoreDriver:
+        torch.set_num_threads(3)
+        return CoreDriver(CountingCore())
+
+    before = torch.get_num_threads()
+    try:
+        driver = run_in_own_thread(build)
+        assert driver.num_threads == 3
+        run_in_own_thread(torch.set_num_threads, 1)  # as the embedding worker's thread does
+        receive, _ = scripted([[AddRequest("a", [1], SamplingParams())], [Stop()]])
+        stepper = threading.Thread(target=driver.run, args=(receive, lambda outputs: None))
+        stepper.start()
+        stepper.join()
+    finally:  # the process-wide value later threads start from
+        torch.set_num_threads(before)
+    assert CountingCore.seen == [3]
+    assert CoreDriver(ScriptedCore()).num_threads is None  # no runner (not on a device): untouched
+
+
 def test_driver_hands_grammar_compiles_to_its_compile_thread() -> None:
     got: list[CompileGrammar] = []
     driver = CoreDriver(ScriptedCore(), got.append)
