@@ -92,6 +92,7 @@ def test_driver_steps_with_the_thread_count_of_the_thread_that_built_it() -> Non
     (the embedding worker sets 1 for itself): the engine thread must not inherit that."""
     import threading
     import types
+    from typing import ClassVar
 
     import torch
 
@@ -99,7 +100,7 @@ def test_driver_steps_with_the_thread_count_of_the_thread_that_built_it() -> Non
 
     class CountingCore(ScriptedCore):
         runner = types.SimpleNamespace(device=torch.device("cpu"))
-        seen: list[int] = []
+        seen: ClassVar[list[int]] = []
 
         def step(self) -> list[RequestOutput]:
             self.seen.append(torch.get_num_threads())
