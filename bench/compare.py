@@ -487,9 +487,9 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
     folder = hf_folder(scratch)
     eos = ",".join(str(i) for i in eos_token_ids(folder))
     t = str(args.threads)
-    if name in ("streamproxy", "streamproxy-adaptive", "streamproxy-dense"):
-        # -adaptive: with --adaptive-threads; -dense: every linear dense (vLLM's precision)
-        adaptive = ["--adaptive-threads"] if name == "streamproxy-adaptive" else []
+    if name in ("streamproxy", "streamproxy-fixed", "streamproxy-dense"):
+        # -fixed: --no-adaptive-threads; -dense: every linear dense (vLLM's precision)
+        adaptive = ["--no-adaptive-threads"] if name == "streamproxy-fixed" else []
         adaptive += ["--quantization", "none"] if name == "streamproxy-dense" else []
         cmd = [sys.executable, "-m", "proxy", "serve", *host, "--num-threads", t, *adaptive,
                "--device", "cuda" if cuda else "cpu", *(["--dtype", "bfloat16"] if cuda else []),

@@ -65,7 +65,7 @@ class Settings:
         max_waiting: most requests waiting to be scheduled; past it, 429.
         num_threads: torch intra-op threads on CPU; None: torch's default.
         adaptive_threads: on the CPU, run fewer intra-op threads while other processes hold the
-            cores (``proxy.engine.cpu_threads``; off by default, measured in ``docs/threads.md``).
+            cores (``proxy.engine.cpu_threads``; measured in ``docs/threads.md``).
         api_keys: accepted bearer keys; empty: no auth.
         allowed_origins: CORS origins; empty: CORS off.
         keepalive_interval_s: seconds between SSE comment lines while a stream has no output.
@@ -142,7 +142,7 @@ class Settings:
     gpu_memory_utilization: float = 0.85
     max_waiting: int = 256
     num_threads: int | None = None
-    adaptive_threads: bool = False
+    adaptive_threads: bool = True
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     keepalive_interval_s: float = 15.0

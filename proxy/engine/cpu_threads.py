@@ -14,15 +14,22 @@ applied by :meth:`AdaptiveThreads.step_done` after each engine step:
 - measure windows of at least :attr:`AdaptiveThreads.window_s` seconds of step time (and
   :attr:`AdaptiveThreads.min_steps` steps); when a window's wait fraction ``f`` is above
   :attr:`AdaptiveThreads.drop_at`, use ``max(1, round(threads * (1 - f)))`` threads (at least one fewer);
-- while below the full count, a thread that finds a free core never waits, so the only way to learn
-  that the cores are free again is to try: after :attr:`AdaptiveThreads.probe_after_s` seconds the full
-  count runs one step; if it waits again the reduced count returns and the next probe comes twice as
-  late (up to :attr:`AdaptiveThreads.max_probe_after_s`), otherwise the full count stays.
+- while below the full count, a thread that finds a free core never waits, so the wait cannot say
+  when the cores are free again. Where ``/proc/stat`` is readable, the mean count of other runnable
+  tasks at step ends over :attr:`AdaptiveThreads.free_for_s` seconds says it (at most
+  ``cores - threads + FREE_SLACK``: back to the full count). Elsewhere, after
+  :attr:`AdaptiveThreads.probe_after_s` seconds the full count runs one step; if it waits again the
+  reduced count returns and the next probe comes twice as late (up to
+  :attr:`AdaptiveThreads.max_probe_after_s`), otherwise the full count stays.
 
 Changing the thread count does not change a row's bits on the machines measured (``docs/threads.md``);
 the engine's batch-invariance rules are about which rows share a step, not about threads.
-Opt-in with ``--adaptive-threads`` (``Settings.adaptive_threads``; why it is not the default:
-``docs/threads.md``); never on CUDA, with one thread, or where the kernel has no schedstat file.
+On by default (``Settings.adaptive_threads``; ``--no-adaptive-threads`` keeps the full count;
+measured in ``docs/threads.md``); never on CUDA, with one thread, or where the kernel has no
+schedstat file. Where ``/proc/stat`` is readable the return to the full count needs no probe step:
+the machine-wide runnable count at step ends says whether the other cores are free
+(:class:`AdaptiveThreads`' ``runnable``); a probe at the full count beside a busy process was one
+step of several seconds at 16 streams.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
+#: other runnable tasks a free machine may show on average at step ends (the server's own event
+#: loop, a client); one busy process shows 1 at every read
+FREE_SLACK = 0.5
 
 
 class RunQueueClock:
@@ -73,6 +83,11 @@ class AdaptiveThreads:
         set_threads: applies a count on the engine thread (``torch.set_num_threads``).
         clock: monotonic seconds.
         window_s, min_steps, drop_at, probe_after_s, max_probe_after_s: the rule's constants.
+        runnable: tasks runnable machine-wide now (:func:`procs_running`); with it a reduced count
+            returns to the full one when, over ``free_for_s`` seconds of step ends, the mean of
+            ``runnable() - threads`` plus ``max_threads`` is at most ``cores + FREE_SLACK``; no
+            probe step runs. None: probes.
+        cores: the CPUs this process may use (``os.sched_getaffinity``).
 
     Attributes:
         threads: the count in use now.
@@ -91,6 +106,9 @@ class AdaptiveThreads:
         drop_at: float = 0.10,
         probe_after_s: float = 5.0,
         max_probe_after_s: float = 80.0,
+        runnable: Callable[[], int] | None = None,
+        cores: int = 0,
+        free_for_s: float = 2.0,
     ) -> None:
         self.max_threads = max_threads
         self.threads = max_threads
@@ -103,6 +121,11 @@ class AdaptiveThreads:
         self.probe_after_s = probe_after_s
         self.max_probe_after_s = max_probe_after_s
         self._probe_gap = probe_after_s
+        self._runnable = runnable
+        self.cores = cores
+        self.free_for_s = free_for_s
+        self._free_since: float | None = None
+        self._others = self._reads = 0
         self._next_probe = 0.0
         self._probing = False
         self._step_start: tuple[float, int] | None = None
@@ -125,6 +148,21 @@ class AdaptiveThreads:
         self._busy_s += now - started
         self._waited_ns += self._wait_ns() - waited
         self._steps += 1
+        if self.threads < self.max_threads and self._runnable is not None:
+            self._reset_window()
+            # runnable tasks machine-wide, less ours (this thread and the team it leads); our own
+            # event loop and clients show up now and then, a busy process at every read
+            self._others += self._runnable() - self.threads
+            self._reads += 1
+            if self._free_since is None:
+                self._free_since = now
+            elif now - self._free_since >= self.free_for_s:
+                mean = self._others / self._reads
+                self._free_since, self._others, self._reads = None, 0, 0
+                if mean + self.max_threads <= self.cores + FREE_SLACK:
+                    self._apply(self.max_threads, f"{mean:.2f} other runnable tasks on average "
+                                f"over {self.free_for_s:g} s")
+            return
         if self.threads < self.max_threads:
             if now >= self._next_probe:  # try the full count for one step
                 self._probing = True
@@ -162,6 +200,19 @@ class AdaptiveThreads:
         self.changes += 1
 
 
+def procs_running(path: str = "/proc/stat") -> int:
+    """Tasks runnable machine-wide now (``procs_running`` of ``/proc/stat``; the reader included).
+
+    Raises:
+        OSError, ValueError: the file cannot be read or has no such line.
+    """
+    with open(path, "rb") as f:
+        for line in f:
+            if line.startswith(b"procs_running"):
+                return int(line.split()[1])
+    raise ValueError(f"no procs_running in {path}")
+
+
 def adaptive_threads_for(device: torch.device) -> AdaptiveThreads | None:
     """The engine thread's :class:`AdaptiveThreads`, or None where the rule does not apply (not a
     CPU, one thread, no schedstat file). Call on the engine thread (it reads that thread's torch
@@ -177,7 +228,12 @@ def adaptive_threads_for(device: torch.device) -> AdaptiveThreads | None:
     except (OSError, IndexError, ValueError):
         logger.info("adaptive threads off: %s is not readable", SCHEDSTAT)
         return None
-    return AdaptiveThreads(threads, clock.wait_ns)
+    try:
+        procs_running()
+        runnable: Callable[[], int] | None = procs_running
+    except (OSError, ValueError):
+        runnable = None  # the rule probes instead
+    return AdaptiveThreads(threads, clock.wait_ns, runnable=runnable, cores=len(os.sched_getaffinity(0)))
 
 
 def builder_thread_count(device: torch.device) -> int | None:

@@ -46,13 +46,14 @@ class CoreDriver:
     """
 
     def __init__(self, core: Any, compile_grammar: Callable[[CompileGrammar], None] | None = None,
-                 adaptive_threads: bool = False) -> None:
+                 adaptive_threads: bool = True) -> None:
         self.core = core
         self.compile_grammar = compile_grammar
         self.adaptive_threads = adaptive_threads
         self.num_adds_taken = 0
-        runner = getattr(core, "runner", None)
-        self.num_threads = builder_thread_count(runner.device) if runner is not None else None
+        runner = getattr(core, "runner", None)  # None: a core on no device (tests' scripted cores)
+        self.device = runner.device if runner is not None else None
+        self.num_threads = builder_thread_count(self.device) if self.device is not None else None
 
     def run(self, receive: Receive, publish: Publish) -> list[RequestOutput]:
         """Serve until a :class:`Stop`: ``receive(block)``, apply, step, ``publish(outputs)`` (every
@@ -63,7 +64,9 @@ class CoreDriver:
         """
         core = self.core
         apply_thread_count(self.num_threads)
-        threads = adaptive_threads_for(core.runner.device) if self.adaptive_threads else None
+        threads = None
+        if self.adaptive_threads and self.device is not None:
+            threads = adaptive_threads_for(self.device)
         while True:
             outputs: list[RequestOutput] = []
             if self.apply(receive(not core.has_unfinished()), outputs):

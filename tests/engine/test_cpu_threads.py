@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from proxy.engine.cpu_threads import AdaptiveThreads, RunQueueClock, adaptive_threads_for
+from proxy.engine.cpu_threads import AdaptiveThreads, RunQueueClock, adaptive_threads_for, procs_running
 
 
 class FakeMachine:
@@ -91,6 +91,36 @@ def test_probe_returns_when_the_cores_are_free_and_backs_off_while_they_are_not(
     assert m.applied == [1, 2, 1, 2]
     m.steps(rule, 300)  # the cores are free: the full count stays
     assert m.applied == [1, 2, 1, 2] and rule.threads == 2
+
+
+def test_runnable_count_returns_without_a_probe_step() -> None:
+    """With /proc/stat's runnable count, a reduced count returns once the other runnable tasks
+    average at most cores - full + FREE_SLACK over free_for_s; a busy process (1 at every read)
+    keeps it reduced and no step at the full count ever runs beside it."""
+    m = FakeMachine()
+    others = [1]
+    rule = AdaptiveThreads(2, m.wait_ns, m.applied.append, m.clock, window_s=1.0, min_steps=4,
+                           drop_at=0.10, probe_after_s=5.0, runnable=lambda: rule.threads + others[0],
+                           cores=2, free_for_s=2.0)
+    m.wait_fraction = 0.34
+    m.steps(rule, 8)
+    assert m.applied == [1]
+    m.wait_fraction = 0.0
+    m.steps(rule, 400)  # 50 s beside the busy process: no probe
+    assert m.applied == [1]
+    reads = iter([0, 1, 0, 0] * 100)  # the cores are free; our event loop shows up now and then
+    rule._runnable = lambda: rule.threads + next(reads)
+    m.steps(rule, 16)  # the window that began while busy ends with a mean above the slack
+    assert m.applied == [1]
+    m.steps(rule, 17)
+    assert m.applied == [1, 2] and rule.threads == 2
+    m.wait_fraction = 0.34  # busy again: the wait rule drops as before
+    m.steps(rule, 8)
+    assert m.applied == [1, 2, 1]
+
+
+def test_real_procs_running_counts_this_thread() -> None:
+    assert procs_running() >= 1
 
 
 def test_back_off_is_capped() -> None:
