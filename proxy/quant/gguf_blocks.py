@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from proxy.quant.apply import named_linears, replace_linear, trim_heap, untie_lm_head
-from proxy.quant.embedding import pack_q8_embedding
+from proxy.quant.embedding import pack_q8_embedding, q8_0_codes
 from proxy.quant.gguf_file import gguf_tensors, hf_to_gguf_names
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
 
@@ -59,13 +59,11 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> li
     head = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}.get(type_name)
     if head is None:
         raise ValueError(f"{type_name} blocks are not decoded losslessly")
-    body = 16 if type_name != "Q8_0" else 32
-    blocks = np.ascontiguousarray(raw).reshape(n, g, head + body)
+    if type_name == "Q8_0":
+        return int8_planes(*q8_0_codes(raw, shape))
+    blocks = np.ascontiguousarray(raw).reshape(n, g, head + 16)
     d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
     qs = blocks[..., head:]
-    if type_name == "Q8_0":
-        q = torch.from_numpy(qs.copy().view(np.int8).reshape(n, k))
-        return int8_planes(q, d)
     codes = torch.from_numpy(np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k))
     if type_name == "Q4_0":
         return [Int4Plane(codes, d, torch.zeros_like(d))]
