@@ -380,5 +380,11 @@ def test_c22_disconnect_frees_the_engine(server: Server):
         while not idle():
             assert time.monotonic() - t0 < 1.0, server.health()
             time.sleep(0.02)
-    after = min(ttft() for _ in range(5))  # min of 5: robust to CPU noise from other processes
-    assert after <= baseline * 1.2 + 0.05, (baseline, after)
+    # min of 5, up to three rounds: robust to CPU noise from other processes, while a zombie decode
+    # (4096 tokens: minutes) would slow every round
+    afters = []
+    for _ in range(3):
+        afters.append(min(ttft() for _ in range(5)))
+        if afters[-1] <= baseline * 1.2 + 0.05:
+            break
+    assert afters[-1] <= baseline * 1.2 + 0.05, (baseline, afters)

@@ -20,7 +20,12 @@ applied by :meth:`AdaptiveThreads.step_done` after each engine step:
   ``cores - threads + FREE_SLACK``: back to the full count). Elsewhere, after
   :attr:`AdaptiveThreads.probe_after_s` seconds the full count runs one step; if it waits again the
   reduced count returns and the next probe comes twice as late (up to
-  :attr:`AdaptiveThreads.max_probe_after_s`), otherwise the full count stays.
+  :attr:`AdaptiveThreads.max_probe_after_s`), otherwise the full count stays;
+- a reduced count also returns at the first step after the engine sat idle for at least
+  :attr:`AdaptiveThreads.idle_gap_s` seconds when, over that gap, the machine's busy CPU time
+  (``/proc/stat``'s ``cpu`` line; the idle engine adds almost none) averaged at most
+  ``cores - threads + FREE_SLACK`` cores: a busy process that ended while no request ran no longer
+  costs the next request's prefill its second thread.
 
 Changing the thread count does not change a row's bits on the machines measured (``docs/threads.md``);
 the engine's batch-invariance rules are about which rows share a step, not about threads.
@@ -88,6 +93,10 @@ class AdaptiveThreads:
             ``runnable() - threads`` plus ``max_threads`` is at most ``cores + FREE_SLACK``; no
             probe step runs. None: probes.
         cores: the CPUs this process may use (``os.sched_getaffinity``).
+        busy_ticks: the machine's busy CPU time in clock ticks (:func:`cpu_busy_ticks`); None: a
+            reduced count does not return over an idle gap.
+        ticks_per_s: clock ticks per second (``SC_CLK_TCK``).
+        idle_gap_s: the shortest gap between steps that is judged by ``busy_ticks``.
 
     Attributes:
         threads: the count in use now.
@@ -101,7 +110,7 @@ class AdaptiveThreads:
         set_threads: Callable[[int], None] = torch.set_num_threads,
         clock: Callable[[], float] = time.monotonic,
         *,
-        window_s: float = 0.25,
+        window_s: float = 1.0,
         min_steps: int = 2,
         drop_at: float = 0.10,
         probe_after_s: float = 5.0,
@@ -109,6 +118,9 @@ class AdaptiveThreads:
         runnable: Callable[[], int] | None = None,
         cores: int = 0,
         free_for_s: float = 2.0,
+        busy_ticks: Callable[[], int] | None = None,
+        ticks_per_s: float = 100.0,
+        idle_gap_s: float = 1.0,
     ) -> None:
         self.max_threads = max_threads
         self.threads = max_threads
@@ -125,6 +137,10 @@ class AdaptiveThreads:
         self.cores = cores
         self.free_for_s = free_for_s
         self._free_since: float | None = None
+        self._busy_ticks = busy_ticks
+        self.ticks_per_s = ticks_per_s
+        self.idle_gap_s = idle_gap_s
+        self._last_done: tuple[float, int] | None = None  # (clock, busy ticks) at a reduced step's end
         self._others = self._reads = 0
         self._next_probe = 0.0
         self._probing = False
@@ -135,7 +151,18 @@ class AdaptiveThreads:
         self.changes = 0
 
     def step_started(self) -> None:
-        """Mark the start of an engine step (the time between steps is not measured)."""
+        """Mark the start of an engine step (the time between steps is not measured, except by the
+        idle-gap rule of the module docstring)."""
+        if self._last_done is not None and self._busy_ticks is not None and self.threads < self.max_threads:
+            done_at, done_ticks = self._last_done
+            gap = self._clock() - done_at
+            if gap >= self.idle_gap_s:
+                self._last_done = None
+                others = (self._busy_ticks() - done_ticks) / self.ticks_per_s / gap
+                if others + self.max_threads <= self.cores + FREE_SLACK:
+                    self._free_since, self._others, self._reads = None, 0, 0
+                    self._apply(self.max_threads, f"the other work used {others:.2f} cores on average "
+                                f"over {gap:.1f} s with the engine idle")
         self._step_start = (self._clock(), self._wait_ns())
 
     def step_done(self) -> None:
@@ -148,6 +175,8 @@ class AdaptiveThreads:
         self._busy_s += now - started
         self._waited_ns += self._wait_ns() - waited
         self._steps += 1
+        if self.threads < self.max_threads and self._busy_ticks is not None:
+            self._last_done = (now, self._busy_ticks())
         if self.threads < self.max_threads and self._runnable is not None:
             self._reset_window()
             # runnable tasks machine-wide, less ours (this thread and the team it leads); our own
@@ -213,6 +242,23 @@ def procs_running(path: str = "/proc/stat") -> int:
     raise ValueError(f"no procs_running in {path}")
 
 
+def cpu_busy_ticks(path: str = "/proc/stat") -> int:
+    """The machine's busy CPU time since boot in clock ticks (``SC_CLK_TCK`` per second): the
+    ``user nice system irq softirq steal`` fields of ``/proc/stat``'s aggregate ``cpu`` line (guest
+    time is inside user).
+
+    Raises:
+        OSError, ValueError: the file cannot be read or has no such line.
+    """
+    with open(path, "rb") as f:
+        for line in f:
+            if line.startswith(b"cpu "):
+                fields = [int(x) for x in line.split()[1:9]]
+                user, nice, system, _idle, _iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
+                return user + nice + system + irq + softirq + steal
+    raise ValueError(f"no cpu line in {path}")
+
+
 def adaptive_threads_for(device: torch.device) -> AdaptiveThreads | None:
     """The engine thread's :class:`AdaptiveThreads`, or None where the rule does not apply (not a
     CPU, one thread, no schedstat file). Call on the engine thread (it reads that thread's torch
@@ -233,7 +279,13 @@ def adaptive_threads_for(device: torch.device) -> AdaptiveThreads | None:
         runnable: Callable[[], int] | None = procs_running
     except (OSError, ValueError):
         runnable = None  # the rule probes instead
-    return AdaptiveThreads(threads, clock.wait_ns, runnable=runnable, cores=len(os.sched_getaffinity(0)))
+    try:
+        cpu_busy_ticks()
+        busy_ticks: Callable[[], int] | None = cpu_busy_ticks
+    except (OSError, ValueError):
+        busy_ticks = None
+    return AdaptiveThreads(threads, clock.wait_ns, runnable=runnable, cores=len(os.sched_getaffinity(0)),
+                           busy_ticks=busy_ticks, ticks_per_s=float(os.sysconf("SC_CLK_TCK")))
 
 
 def builder_thread_count(device: torch.device) -> int | None:

@@ -4,11 +4,18 @@ run-queue wait, and once on the real schedstat file of this thread."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
-from proxy.engine.cpu_threads import AdaptiveThreads, RunQueueClock, adaptive_threads_for, procs_running
+from proxy.engine.cpu_threads import (
+    AdaptiveThreads,
+    RunQueueClock,
+    adaptive_threads_for,
+    cpu_busy_ticks,
+    procs_running,
+)
 
 
 class FakeMachine:
@@ -117,6 +124,57 @@ def test_runnable_count_returns_without_a_probe_step() -> None:
     m.wait_fraction = 0.34  # busy again: the wait rule drops as before
     m.steps(rule, 8)
     assert m.applied == [1, 2, 1]
+
+
+def test_a_short_burst_of_waiting_keeps_every_thread() -> None:
+    """The default window is a second of step time: a client's 0.25 s of work beside the engine
+    (C22's test: a new httpx client and a request being parsed, 11-19% of a 0.25 s window) does not
+    drop a thread; a busy process beside it (0.34 all along) does."""
+    m = FakeMachine()
+    rule = AdaptiveThreads(2, m.wait_ns, m.applied.append, m.clock)
+    m.steps(rule, 4)
+    m.wait_fraction = 0.19
+    m.steps(rule, 2)
+    m.wait_fraction = 0.0
+    m.steps(rule, 40)
+    assert m.applied == [] and rule.threads == 2
+    m.wait_fraction = 0.34
+    m.steps(rule, 16)  # within two windows
+    assert m.applied == [1]
+
+
+def test_idle_gap_on_a_free_machine_returns_the_full_count() -> None:
+    """A reduced count returns at the first step after an idle gap of at least idle_gap_s when the
+    machine's busy CPU time over the gap averaged at most cores - full + FREE_SLACK cores; a busy
+    process over the gap (1 core) or a short gap keeps it."""
+    m = FakeMachine()
+    ticks = [0]
+    rule = AdaptiveThreads(2, m.wait_ns, m.applied.append, m.clock, window_s=1.0, min_steps=4,
+                           runnable=lambda: rule.threads + 1, cores=2, busy_ticks=lambda: ticks[0],
+                           ticks_per_s=100.0, idle_gap_s=1.0)
+    m.wait_fraction = 0.34
+    m.steps(rule, 8)
+    assert m.applied == [1]
+    m.wait_fraction = 0.0
+    m.now += 3.0  # idle 3 s beside the busy process: 300 ticks of its core
+    ticks[0] += 300
+    m.steps(rule, 1)
+    assert m.applied == [1]
+    m.now += 0.5  # too short a gap to judge, though nothing ran
+    m.steps(rule, 1)
+    assert m.applied == [1]
+    m.now += 2.0  # the busy process ended: 0.2 cores of other work over 2 s
+    ticks[0] += 40
+    m.steps(rule, 1)
+    assert m.applied == [1, 2] and rule.threads == 2
+
+
+def test_real_cpu_busy_ticks_grow_with_work() -> None:
+    before = cpu_busy_ticks()
+    deadline = time.process_time() + 0.1
+    while time.process_time() < deadline:
+        pass
+    assert cpu_busy_ticks() >= before + 5  # 0.1 s of this process's CPU at 100 ticks/s, at least half counted
 
 
 def test_real_procs_running_counts_this_thread() -> None:
