@@ -81,9 +81,13 @@ def load_model(
     device, dtype = resolve_device_dtype(settings)
     attn = attn_implementation
     logger.info("loading %s (%s, %s)", folder, device, dtype)
+    dense_prefill = settings.dense_prefill
+    if dense_prefill is None:
+        dense_prefill = dense_prefill_default(device)
+    dense_dtype = dense_weight_dtype(device) if dense_prefill else None
     if gguf_packed(settings, gguf, device):
         assert gguf is not None
-        model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn)
+        model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn, dense_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation=attn)
         model.to(device)  # type: ignore[arg-type]
@@ -95,11 +99,7 @@ def load_model(
     fused = fuse_sibling_linears(model)
     if fused:
         logger.info("fused %d groups of packed sibling projections (q/k/v, gate/up), one matmul each", fused)
-    dense_prefill = settings.dense_prefill
-    if dense_prefill is None:
-        dense_prefill = dense_prefill_default(device)
-    if dense_prefill:
-        dense_dtype = dense_weight_dtype(device)
+    if dense_dtype is not None:
         num_dense = add_dense_weights(model, dense_dtype)
         if num_dense:
             logger.info("prompt tokens run through dense %s copies of %d packed linears",

@@ -80,7 +80,8 @@ class FolderWeights:
 
 
 def load_gguf_packed(
-    folder: Path, config: Any, gguf: Path, device: torch.device, dtype: torch.dtype, attn: str
+    folder: Path, config: Any, gguf: Path, device: torch.device, dtype: torch.dtype, attn: str,
+    dense_dtype: torch.dtype | None = None,
 ) -> tuple[Any, str]:
     """Build the model with its linears packed from the GGUF's own blocks, never holding a dense
     copy of a packed linear (issue 14: the dense-then-pack path peaked at 1.2 GB RSS for the default
@@ -92,7 +93,8 @@ def load_gguf_packed(
     rows of the folder's dense weight (:func:`proxy.quant.load_gguf_linears`); every parameter still
     on ``meta`` afterwards (embedding, norms, linears kept dense) is then read from the folder, one
     tensor at a time, cast to ``dtype`` as ``from_pretrained`` casts it. The served weights equal
-    the dense-then-pack path's bit for bit (tests/test_models.py).
+    the dense-then-pack path's bit for bit (tests/test_models.py). ``dense_dtype``: the packed
+    linears' dense prefill copies are made while packing (``proxy.quant.load_gguf_linears``).
 
     Returns:
         ``(model in eval mode, quantization description)``.
@@ -119,7 +121,7 @@ def load_gguf_packed(
         aliases[f"{names[id(out)]}.weight"] = f"{names[id(inp)]}.weight"
     weights = FolderWeights(folder, dtype, device, aliases)
     with one_thread():
-        counts = load_gguf_linears(model, gguf, quant_kernel_dtype(device), weights, device)
+        counts = load_gguf_linears(model, gguf, quant_kernel_dtype(device), weights, device, dense_dtype)
     for name, param in list(model.named_parameters()):
         if param.is_meta:
             module_name, _, attr = name.rpartition(".")

@@ -79,7 +79,8 @@ def add_dense_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> 
     count = 0
     for module in model.modules():
         if type(module) is PackedLinear and module is not out and module.kernel_dtype == torch.bfloat16:
-            module.set_dense_weight(module.dequantize(), dtype)
+            if module.dense_weight is None or module.dense_dtype != dtype:  # none from its planes
+                module.set_dense_weight(module.dequantize(), dtype)
             count += 1
     return count
 
@@ -104,9 +105,11 @@ def replace_linear(
     scheme: str,
     device: torch.device | None = None,
     bias: torch.Tensor | None = None,
+    dense_dtype: torch.dtype | None = None,
 ) -> bool:
     """Replace linear ``name`` by a :class:`PackedLinear` of ``planes``; False (kept dense, logged at
-    debug level) where the kernel cannot take the shape.
+    debug level) where the kernel cannot take the shape. ``dense_dtype``: also give it the dense copy
+    :func:`add_dense_weights` would (computed from the planes, :func:`proxy.quant.linear.kernel_view`).
 
     ``device`` / ``bias``: where to pack and the bias to keep, by default the old module's weight
     device and bias (given explicitly when the old module sits on the ``meta`` device)."""
@@ -115,7 +118,8 @@ def replace_linear(
     assert isinstance(weight, torch.Tensor) and (old_bias is None or isinstance(old_bias, torch.Tensor))
     bias = old_bias if bias is None else bias
     try:
-        new = PackedLinear(planes, bias, group_size, device or weight.device, kernel_dtype, scheme)
+        new = PackedLinear(planes, bias, group_size, device or weight.device, kernel_dtype, scheme,
+                           dense_dtype)
     except ValueError as exc:
         logger.debug("%s stays dense: %s", name, exc)
         return False

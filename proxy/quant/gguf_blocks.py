@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from proxy.quant.apply import named_linears, replace_linear, trim_heap, untie_lm_head
+from proxy.quant.apply import named_linears, output_layer, replace_linear, trim_heap, untie_lm_head
 from proxy.quant.embedding import pack_q8_embedding, q8_0_codes
 from proxy.quant.gguf_file import gguf_tensors, hf_to_gguf_names
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
@@ -72,10 +72,18 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> li
 
 
 def planes_value(planes: list[Int4Plane], rows: slice) -> torch.Tensor:
-    """fp32 values of ``planes`` (summed) for a slice of rows, as the fp32 kernel computes them."""
+    """fp32 values of ``planes`` (summed) for a slice of rows, as the fp32 kernel computes them.
+
+    Computed in fp32, not through :meth:`Int4Plane.dequantize`'s float64: a GGUF block's scale is
+    an fp16 value (``Q8_0``'s high plane: 16 times one), so ``(code - 8) * scale`` is exact in fp32
+    and ``fl32(product + zero)`` is the one rounding the kernel makes (the float64 path was a fifth
+    of the default model's load)."""
     out = None
     for p in planes:
-        v = Int4Plane(p.codes[rows], p.scale[rows], p.zero[rows]).dequantize(GROUP_SIZE)
+        codes = p.codes[rows]
+        n, k = codes.shape
+        v = codes.reshape(n, k // GROUP_SIZE, GROUP_SIZE).float().sub_(8.0)
+        v = v.mul_(p.scale[rows][..., None]).add_(p.zero[rows][..., None]).reshape(n, k)
         out = v if out is None else out + v
     assert out is not None
     return out
@@ -180,6 +188,7 @@ def load_gguf_linears(
     kernel_dtype: torch.dtype,
     weights: WeightSource | None = None,
     device: torch.device | None = None,
+    dense_dtype: torch.dtype | None = None,
 ) -> Counter[str]:
     """Replace ``model``'s linears by packed layers built from the GGUF file's own blocks.
 
@@ -193,6 +202,8 @@ def load_gguf_linears(
     dequantized weight; float types, unknown names and shapes the kernel refuses stay dense.
     A tied lm_head uses ``token_embd``; a ``Q8_0`` ``token_embd`` also serves the input embedding
     from its codes (:func:`proxy.quant.embedding.pack_q8_embedding`), other types stay dense.
+    ``dense_dtype``: every packed linear but the output layer also gets the dense copy of
+    :func:`proxy.quant.apply.add_dense_weights`, made from its planes while they exist.
 
     Returns:
         counts per outcome, e.g. ``{"Q4_1 -> int4 g32": 210, "Q8_0 -> int8 g32": 1,
@@ -206,6 +217,7 @@ def load_gguf_linears(
         h for h in (getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", 0)) if h
     ]
     untie_lm_head(model)
+    out = output_layer(model)
     source: WeightSource = ModuleWeights(model) if weights is None else weights
     device = device or next(model.parameters()).device
     counts: Counter[str] = Counter()
@@ -245,7 +257,7 @@ def load_gguf_linears(
         if bias is not None and bias.is_meta:
             bias = source.full(f"{name}.bias")
         ok = replace_linear(model, name, planes, GROUP_SIZE, kernel_dtype, f"{type_name} as {scheme}",
-                            device, bias)
+                            device, bias, dense_dtype if linear is not out else None)
         del planes
         trim_heap()
         counts[f"{type_name} -> {scheme}" if ok else f"{type_name} -> dense (shape)"] += 1

@@ -60,6 +60,36 @@ class Int4Plane:
         return Int4Plane(self.codes[index], self.scale[index], self.zero[index])
 
 
+def kernel_view(planes: list[Int4Plane], group_size: int, kernel_dtype: torch.dtype) -> torch.Tensor:
+    """The weight ``[N, K]`` in ``kernel_dtype`` that :class:`PackedLinear` of ``planes`` computes
+    with: what its :meth:`PackedLinear.dequantize` (an identity matmul through the kernel) returns,
+    computed from the planes in milliseconds instead of an ``[K, K]`` matmul per plane.
+
+    In bf16 the kernel reads ``scale`` and ``zero`` rounded to bf16; ``(code - 8) * scale`` is then
+    exact in fp32 (8 + 4 significant bits), so ``fl32(product + zero)`` is what a fused or unfused
+    kernel computes, and the output rounds once to bf16; two planes (int8) add in fp32 and round
+    once (``PackedLinear._packed_mm``). In fp32 the product is not exact: :meth:`Int4Plane.dequantize`
+    (one rounding from float64, as the fp32 kernel computes). Equality with the identity matmul:
+    ``tests/quant/test_linear.py``.
+    """
+    if kernel_dtype != torch.bfloat16:
+        total = None
+        for p in planes:
+            v = p.dequantize(group_size)
+            total = v if total is None else total + v
+        assert total is not None
+        return total.to(kernel_dtype)
+    out: torch.Tensor | None = None
+    for p in planes:
+        n, k = p.codes.shape
+        v = p.codes.reshape(n, k // group_size, group_size).float().sub_(8.0)
+        v.mul_(p.scale.to(kernel_dtype).float()[..., None]).add_(p.zero.to(kernel_dtype).float()[..., None])
+        v = v.reshape(n, k).to(kernel_dtype)
+        out = v if out is None else out.float().add_(v.float())
+    assert out is not None
+    return out.to(kernel_dtype)
+
+
 def int8_planes(q: torch.Tensor, d: torch.Tensor) -> list[Int4Plane]:
     """Two planes whose sum is ``d * q`` exactly.
 
@@ -121,6 +151,7 @@ class PackedLinear(nn.Module):
         device: torch.device,
         kernel_dtype: torch.dtype,
         scheme: str,
+        dense_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         n, k = planes[0].codes.shape
@@ -142,6 +173,8 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(device), requires_grad=False)
         self.dense_weight: torch.Tensor | None = None
         self.dense_dtype: torch.dtype | None = None
+        if dense_dtype is not None and kernel_dtype == torch.bfloat16:  # a dense copy from the planes
+            self.set_dense_weight(kernel_view(planes, group_size, kernel_dtype).to(device), dense_dtype)
 
     @classmethod
     def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
@@ -167,6 +200,9 @@ class PackedLinear(nn.Module):
         layer.bias = None if first.bias is None else nn.Parameter(
             torch.cat([b for b in biases if b is not None]), requires_grad=False)
         layer.dense_weight = layer.dense_dtype = None
+        weights = [p.dense_weight for p in parts]
+        if all(w is not None for w in weights) and len({p.dense_dtype for p in parts}) == 1:
+            layer.set_dense_weight(torch.cat(weights), first.dense_dtype)  # type: ignore[arg-type]
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,14 @@ from torch import nn
 
 from proxy.quant import kernels
 from proxy.quant.apply import describe, quantize_linears
-from proxy.quant.linear import Int4Plane, PackedLinear, int8_planes, quantize_int4, quantize_int8
+from proxy.quant.linear import (
+    Int4Plane,
+    PackedLinear,
+    int8_planes,
+    kernel_view,
+    quantize_int4,
+    quantize_int8,
+)
 
 CPU = torch.device("cpu")
 
@@ -42,6 +49,41 @@ def test_int8_planes_sum_to_d_times_q_exactly() -> None:
     assert torch.equal(total, q.float() * d)
     layer = PackedLinear(planes, None, 32, CPU, torch.float32, "t")
     assert torch.equal(layer.dequantize(), q.float() * d)
+
+
+def _gguf_like_planes(n: int, k: int, seed: int, int8: bool) -> list[Int4Plane]:
+    """Planes as GGUF blocks decode: fp16 scales (Q4_1's zero m + 8 d; Q8_0 as two nibble planes)."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // 32, generator=g) * 0.02).half().float()
+    if int8:
+        return int8_planes(torch.randint(-128, 128, (n, k), generator=g).to(torch.int8), d)
+    m = (torch.randn(n, k // 32, generator=g) * 0.05).half().float()
+    return [Int4Plane(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8), d, m + 8.0 * d)]
+
+
+@pytest.mark.parametrize("kernel_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("int8", [False, True])
+def test_kernel_view_equals_the_identity_matmul(kernel_dtype, int8) -> None:
+    """The dense copy made from the planes (milliseconds) is the kernel's own view of the weight
+    (a [K, K] identity matmul through it), bit for bit; a layer built with a dense dtype holds it,
+    and concatenated siblings hold theirs side by side."""
+    parts = []
+    for seed, n in enumerate((192, 576)):
+        planes = _gguf_like_planes(n, 576, seed, int8)
+        layer = PackedLinear(planes, None, 32, CPU, kernel_dtype, "t", dense_dtype=torch.float32)
+        view = kernel_view(planes, 32, kernel_dtype)
+        assert view.dtype == kernel_dtype and torch.equal(view, layer.dequantize())
+        if kernel_dtype == torch.bfloat16:
+            assert layer.dense_weight is not None and torch.equal(layer.dense_weight, view)
+            assert layer.dense_dtype == torch.float32
+        else:
+            assert layer.dense_weight is None  # dense copies are for bf16 kernels only
+        parts.append(layer)
+    fused = PackedLinear.concat(parts)
+    if kernel_dtype == torch.bfloat16:
+        assert fused.dense_weight is not None and torch.equal(fused.dense_weight, fused.dequantize())
+    else:
+        assert fused.dense_weight is None
 
 
 @pytest.mark.parametrize(("quantize", "bound"), [(quantize_int4, 0.5 / 15), (quantize_int8, 0.5 / 127)])
