@@ -250,3 +250,31 @@ def test_gguf_conversion_is_cached_and_fast_to_reload(tmp_path: Path) -> None:
     assert loaded.max_model_len == 8192 and loaded.eos_token_ids == frozenset({2})
     assert loaded.hf_tokenizer.eos_token == "<|im_end|>"
     assert elapsed < 20, elapsed  # < 2 s on an idle machine; generous for a shared CI box
+
+
+@pytest.mark.parametrize(("device", "kept_out"), [("cpu", True), ("cuda", False)])
+def test_a_cpu_server_never_imports_triton(device: str, kept_out: bool) -> None:
+    """``keep_triton_out`` before transformers and xgrammar load: on the CPU ``torch._dynamo`` (which
+    both import) no longer imports the triton package, torch and transformers see none; not where
+    CUDA will be used. In a fresh interpreter: the entry must precede the first import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.util\n"
+        "from proxy.models.device import keep_triton_out\n"
+        "from proxy.settings import Settings\n"
+        f"print(keep_triton_out(Settings(device={device!r})))\n"
+        "import torch._dynamo, transformers.modeling_utils, xgrammar\n"
+        "from torch.utils._triton import has_triton_package\n"
+        "from transformers.utils.import_utils import is_triton_available\n"
+        "print(sys.modules.get('triton', 'absent') is None, has_triton_package(), is_triton_available())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         check=True)
+    lines = out.stdout.split()
+    assert lines[0] == str(kept_out)
+    if kept_out:
+        assert lines[1:] == ["True", "False", "False"]
+    else:
+        assert lines[1] == "False"  # untouched: triton imports as installed

@@ -62,3 +62,29 @@ def auto_dtype(device: torch.device, packed: bool = False) -> tuple[torch.dtype,
     if packed and kernel_dtype(device) == torch.bfloat16:
         return torch.bfloat16, "packed linears, whose kernel runs bf16 activations on this CPU"
     return torch.float32, "CPU has neither avx512_bf16 nor amx_bf16; dense bf16 would be slower than fp32"
+
+
+def keep_triton_out(settings: Settings) -> bool:
+    """On a server that will run on the CPU, mark the ``triton`` package absent
+    (``sys.modules["triton"] = None``) before anything imports ``torch._dynamo``; True when done.
+    Call it first thing in a server process (``proxy.cli.serve``, the engine process's entry).
+
+    Why: ``torch._dynamo.utils`` imports triton whenever it is installed (xgrammar requires it on
+    Linux), and transformers and xgrammar import ``torch._dynamo``: on the 2-core EPYC that was 71 MB
+    of the default server's RSS and ~0.4 s of its start for a GPU kernel compiler the CPU path never
+    runs (inductor's CPU backend emits C++, xgrammar's CPU token mask is C++). With the entry None,
+    ``import triton`` raises ImportError and ``importlib.util.find_spec`` returns None, which is how
+    torch (``torch.utils._triton.has_triton_package``) and transformers (``is_triton_available``)
+    ask. Not done where CUDA will be used, nor when triton is imported already.
+    """
+    import sys
+
+    if "triton" in sys.modules:
+        return False
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cpu"):
+        return False
+    sys.modules["triton"] = None  # type: ignore[assignment]
+    return True

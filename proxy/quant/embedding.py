@@ -64,11 +64,12 @@ def q8_0_codes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, t
 
 
 def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
-                      full: Callable[[str], torch.Tensor], device: torch.device) -> bool:
+                      rows: Callable[[str, torch.Tensor], torch.Tensor], device: torch.device) -> bool:
     """Swap ``model``'s input embedding for an :class:`Int8Embedding` of the GGUF's ``Q8_0`` blocks
     when it is a plain ``nn.Embedding`` (not a subclass that scales its rows), the shape divides into
-    groups, and every row equals the dense reference table ``full(parameter name)`` (``[N, K]`` in
-    the model's dtype).
+    groups, and every row equals the dense reference table: ``rows(parameter name, ids)`` returns
+    rows ``ids`` (long ``[R]``, consecutive) ``[R, K]`` in the model's dtype, read 4096 at a time
+    (the whole fp32 table of the default model is 113 MB; read at once it was the load's RSS peak).
     Returns whether it was swapped; a mismatch is logged and the embedding stays dense."""
     get_in = getattr(model, "get_input_embeddings", None)
     inp = get_in() if callable(get_in) else None
@@ -79,12 +80,17 @@ def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
     shape = (inp.num_embeddings, inp.embedding_dim)
     codes, scales = q8_0_codes(raw, shape)
     name = next(n for n, m in model.named_modules() if m is inp)
-    weight = full(f"{name}.weight" if name else "weight")
-    layer = Int8Embedding(codes.to(device), scales.to(device), weight.dtype)
-    for start in range(0, shape[0], 4096):  # chunks: no second dense table in fp32
-        ids = torch.arange(start, min(start + 4096, shape[0]), device=device)
-        if not torch.equal(layer(ids), weight[start:start + 4096].to(device)):
+    pname = f"{name}.weight" if name else "weight"
+    layer: Int8Embedding | None = None
+    for start in range(0, shape[0], 4096):  # chunks: no dense table in memory at all
+        ids = torch.arange(start, min(start + 4096, shape[0]))
+        want = rows(pname, ids).to(device)
+        if layer is None:
+            layer = Int8Embedding(codes.to(device), scales.to(device), want.dtype)
+        if not torch.equal(layer(ids.to(device)), want):
             logger.warning("the Q8_0 token embedding does not match the dense table; it stays dense")
             return False
+    if layer is None:
+        return False
     model.set_input_embeddings(layer)  # type: ignore[operator]
     return True

@@ -238,6 +238,7 @@ def load_gguf_linears(
             continue
         if type_name in LOSSLESS_TYPES and k % GROUP_SIZE == 0:
             planes = decode_blocks(type_name, tensor.data, (n, k))
+            tensor.release()  # the planes are copies
             order = match_row_order(planes, functools.partial(source.rows, pname), heads)
             if order is False:
                 logger.warning("%s: %s blocks do not match the dense weight, stays dense", name, type_name)
@@ -262,9 +263,11 @@ def load_gguf_linears(
         trim_heap()
         counts[f"{type_name} -> {scheme}" if ok else f"{type_name} -> dense (shape)"] += 1
     embd = tensors.get("token_embd.weight")
-    if embd is not None and pack_q8_embedding(model, embd.type_name, embd.data, source.full, device):
+    if embd is not None and pack_q8_embedding(model, embd.type_name, embd.data, source.rows, device):
         counts["token_embd Q8_0 -> int8 g32"] += 1
         trim_heap()
+    if embd is not None:
+        embd.release()
     requantized = {k: v for k, v in counts.items() if "re-quantized" in k}
     if requantized:
         logger.info(

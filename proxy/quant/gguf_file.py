@@ -9,6 +9,7 @@ type names and block sizes come from gguf-py's tables. :func:`hf_to_gguf_names` 
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +24,24 @@ _STRING, _ARRAY = 8, 9
 @dataclass
 class GGUFTensor:
     """One tensor of a GGUF file: ``type_name`` (GGML type), ``shape`` ``(rows, cols)`` as
-    PyTorch orders it (GGUF lists dims innermost first), ``data`` its bytes (memory-mapped)."""
+    PyTorch orders it (GGUF lists dims innermost first), ``data`` its bytes (memory-mapped;
+    ``mapping`` and ``offset``: the file's mapping and where ``data`` starts in it)."""
 
     type_name: str
     shape: tuple[int, ...]
     data: np.ndarray
+    mapping: mmap.mmap | None = None
+    offset: int = 0
+
+    def release(self) -> None:
+        """Drop the pages of ``data`` this process has read (``madvise(MADV_DONTNEED)``; a later read
+        faults them in again from the page cache). A mapping's pages read count in the RSS until it
+        is unmapped: the default model's whole 94 MiB file at the end of its load, else."""
+        if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = self.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(self.offset + self.data.nbytes, len(self.mapping))
+        self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def gguf_tensors(path: Path) -> tuple[str, dict[str, GGUFTensor]]:
@@ -102,7 +116,7 @@ def gguf_tensors(path: Path) -> tuple[str, dict[str, GGUFTensor]]:
         row_bytes = shape[-1] // block * block_bytes
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         data = mm[base + offset: base + offset + rows * row_bytes].reshape(rows, row_bytes)
-        tensors[name] = GGUFTensor(qtype.name, shape, data)
+        tensors[name] = GGUFTensor(qtype.name, shape, data, getattr(mm, "_mmap", None), base + offset)
     return arch, tensors
 
 

@@ -75,13 +75,13 @@ def test_an_embedding_that_does_not_match_or_is_not_q8_0_stays_dense(tmp_path: P
     with torch.no_grad():
         model.model.embed_tokens.weight[100, 3] += 1e-3  # the folder's table differs from the blocks
 
-    def full(name: str) -> torch.Tensor:
-        return model.get_parameter(name).detach()
+    def rows(name: str, ids: torch.Tensor) -> torch.Tensor:
+        return model.get_parameter(name).detach()[ids]
 
-    assert not pack_q8_embedding(model, "Q8_0", raw, full, CPU)
+    assert not pack_q8_embedding(model, "Q8_0", raw, rows, CPU)
     assert type(model.model.embed_tokens) is nn.Embedding
     assert "does not match the dense table" in caplog.text
-    assert not pack_q8_embedding(dense, "Q4_0", raw, full, CPU)  # only Q8_0 blocks are read here
+    assert not pack_q8_embedding(dense, "Q4_0", raw, rows, CPU)  # only Q8_0 blocks are read here
 
     (tmp_path / "q4").mkdir()
     other, path4 = _model_and_gguf(tmp_path / "q4", T.Q4_0)
@@ -102,8 +102,8 @@ def test_a_scaled_embedding_subclass_stays_dense(tmp_path: Path) -> None:
     dense.model.embed_tokens = new
     _, tensors = gguf_tensors(path)
 
-    def full(name: str) -> torch.Tensor:
-        return dense.get_parameter(name).detach()
+    def rows(name: str, ids: torch.Tensor) -> torch.Tensor:
+        return dense.get_parameter(name).detach()[ids]
 
-    assert not pack_q8_embedding(dense, "Q8_0", tensors["token_embd.weight"].data, full, CPU)
+    assert not pack_q8_embedding(dense, "Q8_0", tensors["token_embd.weight"].data, rows, CPU)
     assert type(dense.model.embed_tokens) is Scaled

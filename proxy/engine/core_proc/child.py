@@ -62,6 +62,9 @@ def child_main(settings: Settings, conn: Connection) -> None:
                         format="%(asctime)s %(levelname)s %(name)s [engine process]: %(message)s")
     start = time.monotonic()
     try:
+        from proxy.models.device import keep_triton_out
+
+        keep_triton_out(settings)  # before the imports below reach transformers and xgrammar
         from proxy.engine.core import EngineCore
         from proxy.engine.loading import load_engine_model
         from proxy.engine.structured import GrammarCompiler, logits_width
