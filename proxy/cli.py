@@ -177,9 +177,6 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
     # proxy.engine.core_proc.child and proxy.api.app.in_own_thread).
     import uvicorn
 
-    from proxy.models.device import keep_triton_out
-
-    keep_triton_out(settings)  # before the app imports transformers and xgrammar
     from proxy.api.app import create_app
 
     logging.basicConfig(

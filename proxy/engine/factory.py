@@ -56,6 +56,9 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
             refused (``proxy.engine.architectures``).
         proxy.engine.selfcheck.SelfCheckError: the self-check found a difference.
     """
+    from proxy.models.device import keep_triton_out
+
+    keep_triton_out(settings)  # before the loaders import transformers and xgrammar
     if use_engine_process(settings):
         return _build_process_client(settings)
     from proxy.engine.async_engine import AsyncEngine

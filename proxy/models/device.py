@@ -67,7 +67,8 @@ def auto_dtype(device: torch.device, packed: bool = False) -> tuple[torch.dtype,
 def keep_triton_out(settings: Settings) -> bool:
     """On a server that will run on the CPU, mark the ``triton`` package absent
     (``sys.modules["triton"] = None``) before anything imports ``torch._dynamo``; True when done.
-    Call it first thing in a server process (``proxy.cli.serve``, the engine process's entry).
+    Call it before the engine loads (``proxy.engine.factory.build_engine_client``, the engine
+    process's entry), not at ``serve``: the app binds before torch is imported.
 
     Why: ``torch._dynamo.utils`` imports triton whenever it is installed (xgrammar requires it on
     Linux), and transformers and xgrammar import ``torch._dynamo``: on the 2-core EPYC that was 71 MB

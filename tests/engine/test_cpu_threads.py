@@ -9,13 +9,8 @@ import time
 import pytest
 import torch
 
-from proxy.engine.cpu_threads import (
-    AdaptiveThreads,
-    RunQueueClock,
-    adaptive_threads_for,
-    cpu_busy_ticks,
-    procs_running,
-)
+from proxy.engine.cpu_threads import AdaptiveThreads, adaptive_threads_for
+from proxy.engine.sched_stats import RunQueueClock, cpu_busy_ticks, procs_running
 
 
 class FakeMachine:
