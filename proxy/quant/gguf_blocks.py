@@ -74,16 +74,12 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> li
 def planes_value(planes: list[Int4Plane], rows: slice) -> torch.Tensor:
     """fp32 values of ``planes`` (summed) for a slice of rows, as the fp32 kernel computes them.
 
-    Computed in fp32, not through :meth:`Int4Plane.dequantize`'s float64: a GGUF block's scale is
-    an fp16 value (``Q8_0``'s high plane: 16 times one), so ``(code - 8) * scale`` is exact in fp32
-    and ``fl32(product + zero)`` is the one rounding the kernel makes (the float64 path was a fifth
-    of the default model's load)."""
+    A GGUF block's scale is an fp16 value (``Q8_0``'s high plane: 16 times one), so
+    :meth:`Int4Plane.dequantize_exact_products` applies (the float64 path was a fifth of the
+    default model's load)."""
     out = None
     for p in planes:
-        codes = p.codes[rows]
-        n, k = codes.shape
-        v = codes.reshape(n, k // GROUP_SIZE, GROUP_SIZE).float().sub_(8.0)
-        v = v.mul_(p.scale[rows][..., None]).add_(p.zero[rows][..., None]).reshape(n, k)
+        v = Int4Plane(p.codes[rows], p.scale[rows], p.zero[rows]).dequantize_exact_products(GROUP_SIZE)
         out = v if out is None else out + v
     assert out is not None
     return out

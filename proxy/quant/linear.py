@@ -55,6 +55,15 @@ class Int4Plane:
             .reshape(n, k)
         )
 
+    def dequantize_exact_products(self, group_size: int) -> torch.Tensor:
+        """fp32 ``[N, K]``: ``(code - 8) * scale + zero`` in fp32 ops, for scales whose products with
+        a 4-bit code are exact in fp32 (fp16 or bf16 values: GGUF blocks, a bf16 kernel's view).
+        Then ``fl32(product + zero)`` is the one rounding, equal to :meth:`dequantize` in a fifth of
+        its time."""
+        n, k = self.codes.shape
+        v = self.codes.reshape(n, k // group_size, group_size).float().sub_(8.0)
+        return v.mul_(self.scale[..., None]).add_(self.zero[..., None]).reshape(n, k)
+
     def select_rows(self, index: torch.Tensor) -> Int4Plane:
         """The same plane with output rows reordered (``index``: long ``[N]``)."""
         return Int4Plane(self.codes[index], self.scale[index], self.zero[index])
@@ -81,10 +90,8 @@ def kernel_view(planes: list[Int4Plane], group_size: int, kernel_dtype: torch.dt
         return total.to(kernel_dtype)
     out: torch.Tensor | None = None
     for p in planes:
-        n, k = p.codes.shape
-        v = p.codes.reshape(n, k // group_size, group_size).float().sub_(8.0)
-        v.mul_(p.scale.to(kernel_dtype).float()[..., None]).add_(p.zero.to(kernel_dtype).float()[..., None])
-        v = v.reshape(n, k).to(kernel_dtype)
+        rounded = Int4Plane(p.codes, p.scale.to(kernel_dtype).float(), p.zero.to(kernel_dtype).float())
+        v = rounded.dequantize_exact_products(group_size).to(kernel_dtype)
         out = v if out is None else out.float().add_(v.float())
     assert out is not None
     return out.to(kernel_dtype)

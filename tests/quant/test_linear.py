@@ -61,6 +61,12 @@ def _gguf_like_planes(n: int, k: int, seed: int, int8: bool) -> list[Int4Plane]:
     return [Int4Plane(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8), d, m + 8.0 * d)]
 
 
+@pytest.mark.parametrize("int8", [False, True])
+def test_fp32_ops_equal_the_float64_path_for_fp16_scales(int8) -> None:
+    for p in _gguf_like_planes(576, 576, 3, int8):
+        assert torch.equal(p.dequantize_exact_products(32), p.dequantize(32))
+
+
 @pytest.mark.parametrize("kernel_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("int8", [False, True])
 def test_kernel_view_equals_the_identity_matmul(kernel_dtype, int8) -> None:
