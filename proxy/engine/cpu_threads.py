@@ -203,6 +203,7 @@ class AdaptiveThreads:
         self._set_threads(threads)
         self.threads = threads
         self.changes += 1
+        self._last_done = None  # an idle gap is measured from a step end at this count
 
 
 def adaptive_threads_for(device: torch.device) -> AdaptiveThreads | None:

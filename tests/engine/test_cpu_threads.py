@@ -164,6 +164,28 @@ def test_idle_gap_on_a_free_machine_returns_the_full_count() -> None:
     assert m.applied == [1, 2] and rule.threads == 2
 
 
+def test_an_idle_gap_is_measured_from_a_step_at_the_reduced_count() -> None:
+    """After the runnable count brought the full count back, a later drop is not undone at once by
+    the idle time before it (the gap's reading is from a step end at the count in use)."""
+    m = FakeMachine()
+    ticks, others = [0], [1]
+    rule = AdaptiveThreads(2, m.wait_ns, m.applied.append, m.clock, window_s=1.0, min_steps=4,
+                           runnable=lambda: rule.threads + others[0], cores=2, free_for_s=2.0,
+                           busy_ticks=lambda: ticks[0], ticks_per_s=100.0, idle_gap_s=1.0)
+    m.wait_fraction = 0.34
+    m.steps(rule, 8)
+    assert m.applied == [1]
+    m.wait_fraction, others[0] = 0.0, 0
+    m.steps(rule, 17)  # 2 s of step ends with the cores free: back through the runnable count
+    assert m.applied == [1, 2]
+    m.now += 30.0  # idle, nothing else running
+    m.wait_fraction = 0.34  # then contention: a drop after a window
+    m.steps(rule, 8)
+    assert m.applied == [1, 2, 1]
+    m.steps(rule, 1)  # no idle gap since the drop
+    assert m.applied == [1, 2, 1]
+
+
 def test_real_cpu_busy_ticks_grow_with_work() -> None:
     before = cpu_busy_ticks()
     deadline = time.process_time() + 0.1
