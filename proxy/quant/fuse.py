@@ -37,19 +37,20 @@ class _SharedResult:
 
     def __init__(self, fused: PackedLinear, num_siblings: int) -> None:
         self.fused = fused
-        self.num_siblings = num_siblings
+        self.all_pending = (1 << num_siblings) - 1
         self.x: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
-        self.pending: set[int] = set()
+        self.pending = 0  # bit i: sibling i has not taken its columns of ``y``
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """The fused output for ``x``, computed unless sibling ``index`` may take the cached one."""
-        if self.x is not x or index not in self.pending:
-            self.x, self.y = x, self.fused(x)
-            self.pending = set(range(self.num_siblings))
-        self.pending.discard(index)
+        bit = 1 << index
         y = self.y
-        assert y is not None
+        if self.x is not x or not self.pending & bit or y is None:
+            y = self.fused(x)
+            self.x, self.y = x, y
+            self.pending = self.all_pending
+        self.pending &= ~bit
         if not self.pending:  # every sibling served: drop the references
             self.x = self.y = None
         return y

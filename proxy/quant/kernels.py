@@ -27,6 +27,7 @@ and round once to the activation dtype.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -143,12 +144,20 @@ def int4_mm(
     Returns:
         ``[M, N]`` in ``x``'s dtype.
     """
-    y: torch.Tensor
-    if x.device.type == "cuda":
-        y = torch.ops.aten._weight_int4pack_mm.default(x, packed, group_size, scales_and_zeros)
-    else:  # the overload itself: the packet's __call__ costs ~1 us of a ~40 us call, 212 calls a step
-        y = _CPU_INT4_MM(x, packed, group_size, scales_and_zeros)
+    y: torch.Tensor = int4_mm_for(x.device)(x, packed, group_size, scales_and_zeros)
     return y
 
 
+Int4MM = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
+"""The signature of :func:`int4_mm`."""
+
+
+def int4_mm_for(device: torch.device) -> Int4MM:
+    """The op :func:`int4_mm` calls on ``device``, for callers that call it often (a packed
+    linear looks it up once a call): the overload itself, since the packet's ``__call__`` costs
+    ~1 us of a ~40 us call, ~120 calls a decode step."""
+    return _CUDA_INT4_MM if device.type == "cuda" else _CPU_INT4_MM
+
+
 _CPU_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+_CUDA_INT4_MM = torch.ops.aten._weight_int4pack_mm.default

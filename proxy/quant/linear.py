@@ -213,35 +213,41 @@ class PackedLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        # the kernel needs a contiguous A; a strided view (generate()'s last-position slice) is not
+        # ~120 calls a decode step: Module.__getattr__ reads (buffers) are avoided on this path
+        # (_packed_mm reads ``_buffers`` once; docs/benchmarks.md, "Per-call overhead").
         x2 = xin = x.reshape(-1, self.in_features)
-        if x2.dtype != self.kernel_dtype:
-            x2 = x2.to(self.kernel_dtype)
-        if not x2.is_contiguous():
+        kernel_dtype = self.kernel_dtype
+        if x2.dtype is not kernel_dtype:
+            x2 = x2.to(kernel_dtype)
+        if not x2.is_contiguous():  # the kernel needs a contiguous A (generate()'s last-position slice)
             x2 = x2.contiguous()
         if x2.shape[0] == 0:
-            return x.new_empty(*lead, self.out_features)
+            return x.new_empty(*x.shape[:-1], self.out_features)
         plan = current_row_plan() if self.dense_weight is not None else None
         if plan is not None and plan.num_tokens == x2.shape[0]:
             y = self._mixed_rows(x2, xin, plan, x.dtype)
         else:
             y = self._finish(self._packed_mm(x2), x.dtype)
-        return y.reshape(*lead, self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def _finish(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Add the bias in ``y``'s dtype, then round once to ``dtype``."""
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        if y.dtype != dtype:
+        bias = self.bias
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        if y.dtype is not dtype:
             y = y.to(dtype)
         return y
 
     def _packed_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """``x2 [M, K] @ W.T`` through the packed kernel, no bias."""
-        y = kernels.int4_mm(x2, self.packed0, self.group_size, self.scales_and_zeros0)
+        buffers = self._buffers
+        packed0 = buffers["packed0"]
+        assert packed0 is not None
+        mm = kernels.int4_mm_for(packed0.device)
+        y = mm(x2, packed0, self.group_size, buffers["scales_and_zeros0"])
         if self.num_planes == 2:  # int8 as two nibble planes; add in fp32, round once
-            y = y.float() + kernels.int4_mm(x2, self.packed1, self.group_size, self.scales_and_zeros1).float()
+            y = y.float() + mm(x2, buffers["packed1"], self.group_size, buffers["scales_and_zeros1"]).float()
         return y
 
     def _mixed_rows(

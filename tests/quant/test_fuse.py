@@ -68,7 +68,7 @@ def test_a_sibling_called_with_another_input_or_twice_recomputes() -> None:
         assert torch.equal(fv(x1), v(x1))
         assert torch.equal(fq(x1), q(x1))
     shared = fq._shared
-    assert shared.x is x1 and shared.pending == {1}  # k has yet to take x1's columns
+    assert shared.x is x1 and shared.pending == 1 << 1  # k (bit 1) has yet to take x1's columns
     fk(x1)
     assert shared.x is None and shared.y is None  # every sibling served: references dropped
 
