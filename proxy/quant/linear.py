@@ -241,9 +241,8 @@ class PackedLinear(nn.Module):
 
     def _packed_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """``x2 [M, K] @ W.T`` through the packed kernel, no bias."""
-        buffers = self._buffers
+        buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered, none None
         packed0 = buffers["packed0"]
-        assert packed0 is not None
         mm = kernels.int4_mm_for(packed0.device)
         y = mm(x2, packed0, self.group_size, buffers["scales_and_zeros0"])
         if self.num_planes == 2:  # int8 as two nibble planes; add in fp32, round once
