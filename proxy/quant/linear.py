@@ -213,8 +213,7 @@ class PackedLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # ~120 calls a decode step: Module.__getattr__ reads (buffers) are avoided on this path
-        # (_packed_mm reads ``_buffers`` once; docs/benchmarks.md, "Per-call overhead").
+        lead = x.shape[:-1]
         x2 = xin = x.reshape(-1, self.in_features)
         kernel_dtype = self.kernel_dtype
         if x2.dtype is not kernel_dtype:
@@ -222,13 +221,13 @@ class PackedLinear(nn.Module):
         if not x2.is_contiguous():  # the kernel needs a contiguous A (generate()'s last-position slice)
             x2 = x2.contiguous()
         if x2.shape[0] == 0:
-            return x.new_empty(*x.shape[:-1], self.out_features)
+            return x.new_empty(*lead, self.out_features)
         plan = current_row_plan() if self.dense_weight is not None else None
         if plan is not None and plan.num_tokens == x2.shape[0]:
             y = self._mixed_rows(x2, xin, plan, x.dtype)
         else:
             y = self._finish(self._packed_mm(x2), x.dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y.reshape(*lead, self.out_features)
 
     def _finish(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Add the bias in ``y``'s dtype, then round once to ``dtype``."""
@@ -241,6 +240,8 @@ class PackedLinear(nn.Module):
 
     def _packed_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """``x2 [M, K] @ W.T`` through the packed kernel, no bias."""
+        # ~120 calls a decode step: the buffers are read from ``_buffers`` once, not through
+        # Module.__getattr__ (docs/benchmarks.md, "Per-call overhead")
         buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered, none None
         packed0 = buffers["packed0"]
         mm = kernels.int4_mm_for(packed0.device)
