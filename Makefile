@@ -2,7 +2,7 @@
 #
 # Everything is installed into a project virtual environment (.venv), never into the system
 # interpreter: Debian and Ubuntu refuse `pip install` there (PEP 668). The venv is reused; setup
-# reruns only when pyproject.toml, setup.py or the Cython sources (ext/*.pyx, ext/*.pxd) change (a
+# reruns only when pyproject.toml, setup.py or the Cython sources (ext/*.pyx, ext/*.pxd, ext/kernels/) change (a
 # stamp file).
 PYTHON ?= python3
 VENV ?= .venv
@@ -40,7 +40,7 @@ $(PY):
 			$(PYTHON) -m venv $(VENV); \
 		else echo "error: $(PYTHON) -m venv failed; install $$pkg (Debian/Ubuntu) and rerun make"; exit 1; fi; }
 
-$(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx) $(wildcard ext/*.pxd)
+$(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx) $(wildcard ext/*.pxd) $(wildcard ext/kernels/*)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,bench,dev,router]'

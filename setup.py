@@ -1,7 +1,10 @@
-"""Build the Cython hot path (``ext/*.pyx``) into the ``proxy.hotpath`` package.
+"""Build the Cython hot path (``ext/*.pyx``) into the ``proxy.hotpath`` package, and the CPU
+matmul kernels (``ext/kernels/*.pyx``) into ``proxy.quant``.
 
 Each ``ext/NAME.pyx`` becomes the extension module ``proxy.hotpath._NAME``; the pure-Python
 twins in ``proxy/hotpath/`` select it at import time (see ``proxy/hotpath/__init__.py``).
+Each ``ext/kernels/NAME.pyx`` becomes ``proxy.quant._NAME``, built with OpenMP; it is optional (a
+compiler without OpenMP skips it with a warning) and its Python module falls back to torch ops.
 """
 
 from pathlib import Path
@@ -16,6 +19,17 @@ except ImportError as exc:  # pragma: no cover - build-system requires Cython
 sources = sorted(Path("ext").glob("*.pyx"))
 extensions = [
     Extension(f"proxy.hotpath._{src.stem}", [str(src)], extra_compile_args=["-O3"]) for src in sources
+]
+extensions += [
+    Extension(
+        f"proxy.quant._{src.stem}",
+        [str(src)],
+        include_dirs=["ext/kernels"],
+        extra_compile_args=["-O3", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
+        optional=True,
+    )
+    for src in sorted(Path("ext/kernels").glob("*.pyx"))
 ]
 
 setup(

@@ -164,14 +164,20 @@ def test_default_model_served_at_its_gguf_precision() -> None:
     embedding); none: dense. Needs a CPU whose packed kernel runs bf16 (BF16 instructions or AVX2)."""
     from proxy.quant import PackedLinear, is_fast
     from proxy.quant.embedding import Int8Embedding
+    from proxy.quant.int8_linear import Int8Linear, kernel_available
 
     loaded = load_engine_model(Settings())
     if not is_fast(loaded.device):
         assert loaded.quantization == "none"
         return
     assert loaded.quantization == DEFAULT_GGUF_SERVED
-    assert isinstance(loaded.model.lm_head, PackedLinear) and loaded.model.lm_head.num_planes == 2
-    assert type(loaded.model.model.embed_tokens) is Int8Embedding  # the Q8_0 token_embd's codes
+    head, embed = loaded.model.lm_head, loaded.model.model.embed_tokens
+    assert type(embed) is Int8Embedding  # the Q8_0 token_embd's codes
+    if kernel_available():  # the Q8_0 kernel, sharing the embedding's codes and scales
+        assert type(head) is Int8Linear and head.tied_embedding
+        assert head.codes is embed.codes and head.scales is embed.scales
+    else:
+        assert isinstance(head, PackedLinear) and head.num_planes == 2
     dense = load_engine_model(Settings(quantization="none"))
     assert dense.quantization == "none" and isinstance(dense.model.lm_head, torch.nn.Linear)
     assert type(dense.model.model.embed_tokens) is torch.nn.Embedding
@@ -207,7 +213,10 @@ def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(gguf_blocks, "replace_linear", spy)
     loaded = load_engine_model(settings)
     monkeypatch.undo()
-    assert len(replaced) == 211 and set(replaced.values()) == {"meta"}
+    from proxy.quant.int8_linear import kernel_available
+
+    # 210 layer linears, and the lm_head unless it became an Int8Linear (set without replace_linear)
+    assert len(replaced) == (210 if kernel_available() else 211) and set(replaced.values()) == {"meta"}
     assert loaded.quantization == DEFAULT_GGUF_SERVED
     assert gguf is not None
 

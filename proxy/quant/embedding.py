@@ -64,12 +64,16 @@ def q8_0_codes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, t
 
 
 def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
-                      rows: Callable[[str, torch.Tensor], torch.Tensor], device: torch.device) -> bool:
+                      rows: Callable[[str, torch.Tensor], torch.Tensor], device: torch.device,
+                      decoded: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
     """Swap ``model``'s input embedding for an :class:`Int8Embedding` of the GGUF's ``Q8_0`` blocks
     when it is a plain ``nn.Embedding`` (not a subclass that scales its rows), the shape divides into
     groups, and every row equals the dense reference table: ``rows(parameter name, ids)`` returns
     rows ``ids`` (long ``[R]``, consecutive) ``[R, K]`` in the model's dtype, read 4096 at a time
     (the whole fp32 table of the default model is 113 MB; read at once it was the load's RSS peak).
+    ``decoded``: the ``(codes, scales)`` of :func:`q8_0_codes` already on ``device``, when a tied
+    lm_head holds them (:class:`proxy.quant.int8_linear.Int8Linear`): the embedding then shares
+    those tensors instead of decoding a second copy.
     Returns whether it was swapped; a mismatch is logged and the embedding stays dense."""
     get_in = getattr(model, "get_input_embeddings", None)
     inp = get_in() if callable(get_in) else None
@@ -78,7 +82,7 @@ def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
     if inp.max_norm is not None:  # renormalizes rows in place at lookup
         return False
     shape = (inp.num_embeddings, inp.embedding_dim)
-    codes, scales = q8_0_codes(raw, shape)
+    codes, scales = q8_0_codes(raw, shape) if decoded is None else decoded
     name = next(n for n, m in model.named_modules() if m is inp)
     pname = f"{name}.weight" if name else "weight"
     layer: Int8Embedding | None = None

@@ -32,9 +32,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from proxy.quant.apply import named_linears, output_layer, replace_linear, trim_heap, untie_lm_head
+from proxy.quant.apply import (
+    named_linears,
+    output_layer,
+    replace_linear,
+    set_module,
+    trim_heap,
+    untie_lm_head,
+)
 from proxy.quant.embedding import pack_q8_embedding, q8_0_codes
-from proxy.quant.gguf_file import gguf_tensors, hf_to_gguf_names
+from proxy.quant.gguf_file import GGUFTensor, gguf_tensors, hf_to_gguf_names
+from proxy.quant.int8_linear import Int8Linear, kernel_available
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -178,6 +186,36 @@ def match_row_order(
     return False
 
 
+def _q8_output_layer(
+    model: nn.Module, name: str, tensor: GGUFTensor, tied: bool, source: WeightSource, pname: str,
+    device: torch.device,
+) -> bool:
+    """Replace the output layer ``name`` by an :class:`~proxy.quant.int8_linear.Int8Linear` of its
+    ``Q8_0`` blocks where the CPU kernel runs here and the blocks equal the dense weight on
+    :func:`check_rows` (exactly; no row reorder); False otherwise (the caller packs it as planes).
+    A tied lm_head (``tied``: ``tensor`` is ``token_embd``) marks the layer ``tied_embedding``: the input
+    embedding then takes the same codes (:func:`proxy.quant.embedding.pack_q8_embedding`)."""
+    old = model.get_submodule(name)
+    assert isinstance(old, nn.Linear)
+    n, k = old.out_features, old.in_features
+    if device.type != "cpu" or not kernel_available() or k % GROUP_SIZE:
+        return False
+    codes, scales = q8_0_codes(tensor.data, (n, k))
+    rows = check_rows(n)
+    want = source.rows(pname, rows)
+    got = (codes[rows].view(len(rows), -1, GROUP_SIZE).float() * scales[rows, :, None]).view(len(rows), k)
+    if not torch.equal(got.to(want.dtype), want):
+        logger.warning("%s: Q8_0 blocks do not match the dense weight; packed as planes instead", name)
+        return False
+    bias: torch.Tensor | None = old.bias
+    if bias is not None and bias.is_meta:
+        bias = source.full(f"{name}.bias")
+    layer = Int8Linear(codes.to(device), scales.to(device), bias)
+    layer.tied_embedding = tied
+    set_module(model, name, layer)
+    return True
+
+
 def load_gguf_linears(
     model: nn.Module,
     path: Path,
@@ -232,6 +270,11 @@ def load_gguf_linears(
         if type_name in DENSE_TYPES:
             counts[f"{type_name} -> dense"] += 1
             continue
+        if linear is out and type_name == "Q8_0" and _q8_output_layer(
+            model, name, tensor, tensor is tensors.get("token_embd.weight"), source, pname, device
+        ):
+            counts["Q8_0 -> int8 g32"] += 1  # the same precision as two planes: the GGUF's values
+            continue
         if type_name in LOSSLESS_TYPES and k % GROUP_SIZE == 0:
             planes = decode_blocks(type_name, tensor.data, (n, k))
             tensor.release()  # the planes are copies
@@ -259,7 +302,10 @@ def load_gguf_linears(
         trim_heap()
         counts[f"{type_name} -> {scheme}" if ok else f"{type_name} -> dense (shape)"] += 1
     embd = tensors.get("token_embd.weight")
-    if embd is not None and pack_q8_embedding(model, embd.type_name, embd.data, source.rows, device):
+    shared = output_layer(model)
+    tied_q8 = isinstance(shared, Int8Linear) and shared.tied_embedding
+    decoded = (shared.codes, shared.scales) if tied_q8 else None
+    if embd is not None and pack_q8_embedding(model, embd.type_name, embd.data, source.rows, device, decoded):
         counts["token_embd Q8_0 -> int8 g32"] += 1
         trim_heap()
     if embd is not None:

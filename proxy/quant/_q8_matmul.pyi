@@ -1,0 +1,9 @@
+"""Type stub of the compiled ``proxy.quant._q8_matmul`` (``ext/kernels/q8_matmul.pyx``; torch twin:
+``proxy.quant.int8_linear.q8_matmul_reference``)."""
+
+GROUP_SIZE: int
+
+def available() -> bool: ...
+def q8_matmul(
+    x: int, m: int, k: int, codes: int, scales: int, n: int, out: int, num_threads: int
+) -> None: ...

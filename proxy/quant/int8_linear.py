@@ -1,0 +1,167 @@
+"""``Int8Linear``: a GGUF ``Q8_0`` linear served from its int8 codes by this project's CPU kernel.
+
+Why: the default model's lm_head is its ``Q8_0`` token embedding (tied, 49152 x 576). As a
+:class:`~proxy.quant.linear.PackedLinear` it ran as two int4 planes through torch's int4 kernel
+(``_weight_int4pack_mm_for_cpu``), whose cost grows with every row of a batched decode step and
+whose activations are rounded to bf16. ``ext/kernels/q8_matmul.h`` (built into
+``proxy.quant._q8_matmul``, AVX2 + FMA, OpenMP over output features) reads the codes and scales as
+the GGUF stores them and computes in fp32: each weight ``codes[n, k] * scales[n, k / 32]`` is exact
+in fp32, so the layer computes the GGUF's own values with fp32 activations. Measurements:
+``docs/benchmarks.md`` ("A Q8_0 kernel for the lm_head"). The codes and scales are the same tensors
+as the :class:`~proxy.quant.embedding.Int8Embedding` of a tied model, held once.
+
+A row's output does not depend on the other rows of the call nor on the thread count (the kernel's
+header says why), so the lm_head is batch-invariant on every CPU that runs the kernel. Where the
+extension is not built or the CPU lacks AVX2/FMA (:func:`kernel_available` is False), the loader keeps
+the two-plane :class:`~proxy.quant.linear.PackedLinear`; :func:`q8_matmul_reference` is the torch
+twin (the tests' reference, and the forward of an ``Int8Linear`` built anyway).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from proxy.quant.embedding import GROUP_SIZE
+
+_q8_matmul: ModuleType | None
+KERNEL_IMPORT_ERROR: str | None = None
+try:  # after torch: the extension's libgomp.so.1 is then torch's own (one OpenMP runtime)
+    from proxy.quant import _q8_matmul
+except ImportError as _exc:  # not built (a compiler without OpenMP): the torch twin
+    _q8_matmul = None
+    KERNEL_IMPORT_ERROR = f"{type(_exc).__name__}: {_exc}"
+
+#: output rows dequantized at a time by :func:`q8_matmul_reference` (bounds its fp32 copy)
+REFERENCE_ROWS = 4096
+
+
+def kernel_available() -> bool:
+    """Whether the compiled kernel is built and this CPU runs it (x86-64 with AVX2 and FMA)."""
+    return _q8_matmul is not None and bool(_q8_matmul.available())
+
+
+def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    if x.dim() != 2 or codes.dim() != 2 or scales.dim() != 2:
+        raise ValueError("q8_matmul takes x [M, K], codes [N, K], scales [N, K / 32]")
+    n, k = codes.shape
+    if x.shape[1] != k or k % GROUP_SIZE or tuple(scales.shape) != (n, k // GROUP_SIZE):
+        raise ValueError(
+            f"q8_matmul shapes do not fit: x {tuple(x.shape)}, codes {tuple(codes.shape)}, "
+            f"scales {tuple(scales.shape)} (K a multiple of {GROUP_SIZE})"
+        )
+    if x.dtype != torch.float32 or codes.dtype != torch.int8 or scales.dtype != torch.float32:
+        raise ValueError(f"q8_matmul takes fp32 x and scales and int8 codes, not {x.dtype}, "
+                         f"{codes.dtype}, {scales.dtype}")
+    if any(t.device.type != "cpu" for t in (x, codes, scales)):
+        raise ValueError("q8_matmul runs on the CPU")
+
+
+def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x @ W.T`` with ``W[n, k] = codes[n, k] * scales[n, k // 32]``, in fp32, through the kernel.
+
+    Args:
+        x: fp32 ``[M, K]`` (made contiguous here).
+        codes: int8 ``[N, K]``, contiguous.
+        scales: fp32 ``[N, K / 32]``, contiguous.
+    Returns:
+        fp32 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
+    Raises:
+        ValueError: dtypes, shapes or devices that do not fit, or non-contiguous weights.
+        RuntimeError: the kernel is not available (:func:`kernel_available`).
+    """
+    _check(x, codes, scales)
+    if not (codes.is_contiguous() and scales.is_contiguous()):
+        raise ValueError("q8_matmul takes contiguous codes and scales")
+    if _q8_matmul is None or not _q8_matmul.available():
+        raise RuntimeError(f"the Q8_0 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AVX2/FMA'})")
+    out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales)
+    return out
+
+
+@torch.library.custom_op("streamproxy::q8_matmul", mutates_args=())
+def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The kernel as a torch op, so that ``torch.compile`` (``--compile-decode``) keeps it as one
+    opaque node (``data_ptr`` cannot be traced). Arguments as :func:`q8_matmul`, checked there."""
+    assert _q8_matmul is not None
+    m, k = x.shape
+    n = codes.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m and n:
+        _q8_matmul.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), n, out.data_ptr(),
+                             torch.get_num_threads())
+    return out
+
+
+@_q8_matmul_op.register_fake
+def _(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], codes.shape[0])
+
+
+def q8_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """What :func:`q8_matmul` computes, with torch ops (the weight dequantized :data:`REFERENCE_ROWS`
+    output rows at a time): the same values up to the order of the fp32 sums."""
+    _check(x, codes, scales)
+    n, k = codes.shape
+    parts = []
+    for start in range(0, n, REFERENCE_ROWS):
+        q = codes[start:start + REFERENCE_ROWS]
+        w = (q.view(q.shape[0], -1, GROUP_SIZE).float() * scales[start:start + REFERENCE_ROWS, :, None])
+        parts.append(x @ w.view(q.shape[0], k).t())
+    return torch.cat(parts, dim=1) if parts else x.new_empty(x.shape[0], 0)
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` over ``Q8_0`` codes: ``y = x @ (codes * scales).T + bias`` in fp32.
+
+    Args:
+        codes: int8 ``[out_features, in_features]``.
+        scales: fp32 ``[out_features, in_features / 32]`` (GGUF's fp16 ``d``, widened exactly).
+        bias: ``[out_features]`` or None (kept in fp32, added in fp32).
+        scheme: how the weight was stored, for ``extra_repr`` and the load summary.
+
+    ``forward(x)``: ``[..., in_features]`` of any float dtype on the CPU -> ``[..., out_features]``
+    in ``x``'s dtype (computed in fp32, rounded once). Through the kernel where
+    :func:`kernel_available`, else :func:`q8_matmul_reference`.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                 scheme: str = "Q8_0 as int8 g32") -> None:
+        super().__init__()
+        _check(codes.new_empty(0, codes.shape[1], dtype=torch.float32), codes, scales)
+        self.out_features, self.in_features = codes.shape
+        self.scheme = scheme
+        self.register_buffer("codes", codes.contiguous(), persistent=False)
+        self.register_buffer("scales", scales.contiguous(), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(
+            bias.detach().to(torch.float32), requires_grad=False)
+        self._mm = q8_matmul if kernel_available() else q8_matmul_reference
+        #: the codes are also the model's input embedding (a tied lm_head; set by the GGUF loader)
+        self.tied_embedding = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32:
+            x2 = x2.float()
+        buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # both registered
+        y = self._mm(x2, buffers["codes"], buffers["scales"])
+        bias = self.bias
+        if bias is not None:
+            y += bias
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y.view(*lead, self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight ``[out_features, in_features]`` (exact: ``codes * scales``)."""
+        w = self.codes.view(self.out_features, -1, GROUP_SIZE).float() * self.scales[..., None]
+        return w.view(self.out_features, self.in_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"

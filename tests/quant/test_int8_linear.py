@@ -1,0 +1,122 @@
+"""The Q8_0 kernel (``ext/kernels/q8_matmul.h``) and :class:`proxy.quant.int8_linear.Int8Linear`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from proxy.quant import int8_linear
+from proxy.quant.int8_linear import Int8Linear, kernel_available, q8_matmul, q8_matmul_reference
+from proxy.quant.kernels import cpu_flags
+
+needs_kernel = pytest.mark.skipif(
+    not kernel_available(), reason="the Q8_0 kernel needs x86-64 with AVX2 and FMA"
+)
+
+
+def _weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    scales = (torch.rand(n, k // 32, generator=g) * 0.02).half().float()  # GGUF's fp16 d, widened
+    return codes, scales
+
+
+def test_the_kernel_is_built_where_ci_requires_it() -> None:
+    if os.environ.get("STREAMPROXY_REQUIRE_COMPILED") != "1":
+        pytest.skip("STREAMPROXY_REQUIRE_COMPILED is not set")
+    assert int8_linear.KERNEL_IMPORT_ERROR is None
+    assert kernel_available() == ({"avx2", "fma"} <= cpu_flags())
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(1, 5, 32), (7, 100, 96), (8, 33, 576), (9, 64, 64), (33, 17, 160)]
+)
+def test_kernel_equals_the_torch_reference(m: int, n: int, k: int) -> None:
+    codes, scales = _weights(n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
+    got = q8_matmul(x, codes, scales)
+    want = x.double() @ (codes.double().view(n, -1, 32) * scales.double()[..., None]).view(n, k).t()
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    bound = 1e-6 * (x.double().abs() @ codes.double().abs().t() * scales.double().max()).max().item()
+    assert (got.double() - want).abs().max().item() <= bound
+    assert (q8_matmul_reference(x, codes, scales).double() - want).abs().max().item() <= bound
+
+
+@needs_kernel
+def test_unit_rows_give_the_gguf_values_exactly() -> None:
+    """``e_k @ W.T`` is column ``k`` of ``codes * scales``, each product exact in fp32."""
+    codes, scales = _weights(48, 64)
+    got = q8_matmul(torch.eye(64), codes, scales)
+    assert torch.equal(got.t(), Int8Linear(codes, scales, None).dequantize())
+
+
+@needs_kernel
+def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads() -> None:
+    codes, scales = _weights(200, 576)
+    x = torch.randn(19, 576, generator=torch.Generator().manual_seed(2))
+    whole = q8_matmul(x, codes, scales)
+    for i in (0, 7, 8, 18):  # in the first tile, its last row, the next tile, the tail
+        assert torch.equal(q8_matmul(x[i:i + 1], codes, scales), whole[i:i + 1])
+    assert torch.equal(q8_matmul(x[3:12], codes, scales), whole[3:12])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(q8_matmul(x, codes, scales), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_empty_and_non_contiguous_inputs() -> None:
+    codes, scales = _weights(16, 64)
+    assert q8_matmul(torch.empty(0, 64), codes, scales).shape == (0, 16)
+    x = torch.randn(64, 6)[:, ::2].t()  # [3, 64], not contiguous
+    assert not x.is_contiguous()
+    assert torch.equal(q8_matmul(x, codes, scales), q8_matmul(x.contiguous(), codes, scales))
+
+
+def test_arguments_that_do_not_fit_are_refused() -> None:
+    codes, scales = _weights(16, 64)
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="fp32 x"):
+        q8_matmul(x.double(), codes, scales)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        q8_matmul(torch.randn(2, 32), codes, scales)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        q8_matmul(torch.randn(2, 48), torch.zeros(16, 48, dtype=torch.int8), torch.zeros(16, 1))
+    with pytest.raises(ValueError, match="contiguous"):
+        q8_matmul(x, torch.zeros(64, 16, dtype=torch.int8).t(), scales)
+    with pytest.raises(ValueError, match="fp32 x"):
+        Int8Linear(codes, scales.half(), None)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_int8_linear_forward(kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if kernel and not kernel_available():
+        pytest.skip("the Q8_0 kernel needs x86-64 with AVX2 and FMA")
+    if not kernel:
+        monkeypatch.setattr(int8_linear, "kernel_available", lambda: False)
+    codes, scales = _weights(40, 96)
+    bias = torch.randn(40)
+    layer = Int8Linear(codes, scales, bias)
+    assert layer._mm is (q8_matmul if kernel else q8_matmul_reference)
+    x = torch.randn(2, 3, 96)
+    want = x @ layer.dequantize().t() + bias
+    y = layer(x)
+    assert y.shape == (2, 3, 40) and y.dtype == torch.float32
+    assert torch.allclose(y, want, rtol=1e-5, atol=1e-5)
+    yb = layer(x.bfloat16())  # computed in fp32, rounded once to the input's dtype
+    assert yb.dtype == torch.bfloat16
+    assert torch.equal(yb, (layer._mm(x.bfloat16().float().view(6, 96), codes, scales) + bias)
+                       .bfloat16().view(2, 3, 40))
+    assert "Q8_0 as int8 g32" in repr(layer)
+
+
+@needs_kernel
+def test_the_op_is_registered_for_torch_compile() -> None:
+    codes, scales = _weights(16, 64)
+    torch.library.opcheck(torch.ops.streamproxy.q8_matmul.default, (torch.randn(3, 64), codes, scales),
+                          test_utils=("test_schema", "test_faketensor"))
