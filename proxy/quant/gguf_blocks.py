@@ -235,7 +235,10 @@ def load_gguf_linears(
     ``Q8_0`` -> int8 g32, lossless; other quantized types -> int8 g32 re-quantized from the
     dequantized weight; float types, unknown names and shapes the kernel refuses stay dense.
     A tied lm_head uses ``token_embd``; a ``Q8_0`` ``token_embd`` also serves the input embedding
-    from its codes (:func:`proxy.quant.embedding.pack_q8_embedding`), other types stay dense.
+    from its codes (:func:`proxy.quant.embedding.pack_q8_embedding`), other types stay dense. A
+    ``Q8_0`` output layer on a CPU that runs the ``Q8_0`` kernel is an
+    :class:`~proxy.quant.int8_linear.Int8Linear` (:func:`_q8_output_layer`; the tied embedding then
+    shares its codes), counted as ``Q8_0 -> int8 g32`` as the two-plane layer it replaces.
     ``dense_dtype``: every packed linear but the output layer also gets the dense copy of
     :func:`proxy.quant.apply.add_dense_weights`, made from its planes while they exist.
 
