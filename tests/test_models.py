@@ -130,17 +130,26 @@ def test_auto_dtype_reads_the_cpu_bf16_flags(monkeypatch, caplog) -> None:
 def test_hf_folder_quantized_at_load(tmp_path: Path, method: str) -> None:
     from proxy.quant import PackedLinear
     from proxy.quant.fuse import FusedSlice
+    from proxy.quant.int8_linear import Int8Linear, kernel_available
 
     folder = _tiny_folder(tmp_path)
     dense = load_engine_model(Settings(model=str(folder), dtype="float32", quantization="none"))
     loaded = load_engine_model(Settings(model=str(folder), dtype="float32", quantization=method))
-    # q/k/v/o/gate/up/down are packable; the lm_head (8 rows) is not (the CPU kernel needs N % 16 == 0)
-    assert loaded.quantization == f"{method}: {method} g32 x7, dense x1"
     layer = loaded.model.model.layers[0]
-    assert isinstance(layer.mlp.down_proj, PackedLinear) and isinstance(layer.self_attn.q_proj, PackedLinear)
-    # gate/up (64 rows each) run as one matmul; q/k/v (32 rows) stay apart (proxy.quant.fuse)
-    assert isinstance(layer.mlp.gate_proj, FusedSlice)
-    assert isinstance(layer.mlp.fused_gate_proj_up_proj, PackedLinear)
+    if method == "int8" and kernel_available():  # the Q8_0 kernel: any row count, q/k/v fused too
+        assert loaded.quantization == "int8: int8 g32 x8"
+        assert type(layer.mlp.down_proj) is Int8Linear and type(loaded.model.lm_head) is Int8Linear
+        assert isinstance(layer.self_attn.q_proj, FusedSlice)
+        assert type(layer.self_attn.fused_q_proj_k_proj_v_proj) is Int8Linear
+        assert type(layer.mlp.fused_gate_proj_up_proj) is Int8Linear
+    else:
+        # q/k/v/o/gate/up/down are packable; the lm_head (8 rows) is not (the CPU kernel needs N % 16 == 0)
+        assert loaded.quantization == f"{method}: {method} g32 x7, dense x1"
+        assert isinstance(layer.mlp.down_proj, PackedLinear)
+        assert isinstance(layer.self_attn.q_proj, PackedLinear)
+        # gate/up (64 rows each) run as one matmul; q/k/v (32 rows) stay apart (proxy.quant.fuse)
+        assert isinstance(layer.mlp.gate_proj, FusedSlice)
+        assert isinstance(layer.mlp.fused_gate_proj_up_proj, PackedLinear)
     assert type(loaded.model.model.embed_tokens) is torch.nn.Embedding
     ids = torch.tensor([[1, 4, 5, 6]])
     loaded.model.set_attn_implementation("sdpa")

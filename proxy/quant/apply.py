@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from proxy.quant.linear import Int4Plane, PackedLinear, quantize_int4, quantize_int8
+from proxy.quant.embedding import GROUP_SIZE
+from proxy.quant.int8_linear import Int8Linear, kernel_available
+from proxy.quant.linear import Int4Plane, PackedLinear, quantize_int4, quantize_int8, quantize_int8_codes
 from proxy.quant.skinny import SkinnyLinear
 
 logger = logging.getLogger(__name__)
@@ -133,7 +135,9 @@ def quantize_linears(
     """Quantize every ``nn.Linear`` of ``model`` in place from its float weight.
 
     Args:
-        method: ``"int4"`` (asymmetric groups) or ``"int8"`` (symmetric groups, two int4 planes).
+        method: ``"int4"`` (asymmetric groups) or ``"int8"`` (symmetric groups, two int4 planes;
+            an :class:`~proxy.quant.int8_linear.Int8Linear` on a CPU that runs the ``Q8_0`` kernel
+            when ``group_size`` is its 32).
         group_size: input features per scale (32 by default).
     Returns:
         counts: ``{"int4 g32": n, "dense": m}`` (modules kept dense: shapes the kernel refuses).
@@ -144,7 +148,13 @@ def quantize_linears(
         raise ValueError(f"unknown quantization {method!r}")
     untie_lm_head(model)
     counts: Counter[str] = Counter()
+    q8_kernel = method == "int8" and group_size == GROUP_SIZE and kernel_available()
     for name, linear in named_linears(model):
+        if q8_kernel and linear.weight.device.type == "cpu" and linear.in_features % group_size == 0:
+            codes, scales = quantize_int8_codes(linear.weight, group_size)  # through the Q8_0 kernel
+            set_module(model, name, Int8Linear(codes, scales, linear.bias, f"int8 g{group_size}"))
+            counts[f"int8 g{group_size}"] += 1
+            continue
         planes = (
             FLOAT_METHODS[method](linear.weight, group_size) if linear.in_features % group_size == 0 else None
         )

@@ -15,6 +15,8 @@ concatenated output rows, registered on the parent (``q_proj+k_proj+v_proj`` ->
   column equals the separate layer's column bit for bit (tests/quant/test_fuse.py).
 - Measured (2-core AVX-512 VM, one row, bf16, SmolLM2-135M's shapes): q, k, v, gate, up separately
   157 us, fused 105 us a layer: 1.6 ms of a 23 ms decode step, from 212 to 122 kernel calls.
+- :class:`~proxy.quant.int8_linear.Int8Linear` siblings (a ``Q8_0`` GGUF's layers on a CPU that
+  runs the ``Q8_0`` kernel) fuse the same way, by concatenating their codes and scales.
 - CPU only: the CPU packed layout (``[N, K / 2]``) holds rows in blocks of 64, so layers whose
   output rows are multiples of 64 concatenate (other sizes are packed blocks with a ragged tail:
   measured, they do not); the CUDA tinygemm tiles were never run here, so CUDA models stay unfused.
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from proxy.quant.apply import trim_heap
+from proxy.quant.int8_linear import Int8Linear
 from proxy.quant.linear import PackedLinear
 
 #: sibling names that read one input, in the order their rows are concatenated.
@@ -35,7 +38,7 @@ SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), (
 class _SharedResult:
     """The last fused output and the siblings that have not yet taken their columns of it."""
 
-    def __init__(self, fused: PackedLinear, num_siblings: int) -> None:
+    def __init__(self, fused: nn.Module, num_siblings: int) -> None:
         self.fused = fused
         self.all_pending = (1 << num_siblings) - 1
         self.x: torch.Tensor | None = None
@@ -84,8 +87,14 @@ class FusedSlice(nn.Module):
 CPU_ROW_BLOCK = 64
 
 
-def _fusable(parts: list[object]) -> list[PackedLinear] | None:
+def _fusable(parts: list[object]) -> list[PackedLinear] | list[Int8Linear] | None:
     """``parts`` as packed layers when they can be fused (the rules of :func:`fuse_sibling_linears`)."""
+    int8 = [p for p in parts if type(p) is Int8Linear]
+    if len(int8) == len(parts):
+        first8 = int8[0]
+        if all((p.in_features, p.bias is None) == (first8.in_features, first8.bias is None) for p in int8):
+            return int8
+        return None
     packed = [p for p in parts if type(p) is PackedLinear]
     if len(packed) < len(parts):
         return None
@@ -100,9 +109,17 @@ def _fusable(parts: list[object]) -> list[PackedLinear] | None:
     return packed if same else None
 
 
-def _same_bits(fused: PackedLinear, parts: list[PackedLinear]) -> bool:
+def _concat(parts: list[PackedLinear] | list[Int8Linear]) -> PackedLinear | Int8Linear:
+    int8 = [p for p in parts if isinstance(p, Int8Linear)]
+    if int8:
+        return Int8Linear.concat(int8)
+    return PackedLinear.concat([p for p in parts if isinstance(p, PackedLinear)])
+
+
+def _same_bits(fused: PackedLinear | Int8Linear, parts: list[PackedLinear] | list[Int8Linear]) -> bool:
     """One random row through both: the layout rule holds for this torch build."""
-    x = torch.randn(1, fused.in_features, generator=torch.Generator().manual_seed(0)).to(fused.kernel_dtype)
+    dtype = fused.kernel_dtype if isinstance(fused, PackedLinear) else torch.float32
+    x = torch.randn(1, fused.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
     with torch.inference_mode():
         return torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
 
@@ -126,17 +143,17 @@ def fuse_sibling_linears(model: nn.Module) -> int:
             packed = _fusable([getattr(parent, n, None) for n in names])
             if packed is None:
                 continue
-            fused = PackedLinear.concat(packed)
+            fused = _concat(packed)
             if not _same_bits(fused, packed):
                 continue
             parent.add_module("fused_" + "_".join(names), fused)
             shared = _SharedResult(fused, len(names))
             start = 0
-            for i, (name, part) in enumerate(zip(names, packed, strict=True)):
-                stop = start + part.out_features
-                setattr(parent, name, FusedSlice(shared, i, start, stop, part.in_features))
-                start = stop
+            sizes: list[tuple[int, int]] = [(p.out_features, p.in_features) for p in packed]
+            for i, (name, (rows, cols)) in enumerate(zip(names, sizes, strict=True)):
+                setattr(parent, name, FusedSlice(shared, i, start, start + rows, cols))
+                start += rows
             fused_count += 1
-            del packed, part
+            del packed
             trim_heap()  # the parts' heap chunks, before the next group's larger ones (load RSS peak)
     return fused_count

@@ -43,7 +43,7 @@ from proxy.quant.apply import (
 from proxy.quant.embedding import pack_q8_embedding, q8_0_codes
 from proxy.quant.gguf_file import GGUFTensor, gguf_tensors, hf_to_gguf_names
 from proxy.quant.int8_linear import Int8Linear, kernel_available
-from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8
+from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8, quantize_int8_codes
 
 logger = logging.getLogger(__name__)
 
@@ -155,65 +155,87 @@ class ModuleWeights:
 FIRST_ROWS = 16
 
 
-def _equal(
-    planes: list[Int4Plane], sample: torch.Tensor, rows: torch.Tensor, order: torch.Tensor | None
-) -> bool:
+RowValues = Callable[[torch.Tensor], torch.Tensor]
+"""``stored rows (long [R]) -> their fp32 values [R, K]``, as the packed layer will compute them."""
+
+
+def planes_rows(planes: list[Int4Plane]) -> RowValues:
+    """:data:`RowValues` of ``planes`` (summed)."""
+    return lambda idx: planes_value([p.select_rows(idx) for p in planes], slice(None))
+
+
+def q8_rows(codes: torch.Tensor, scales: torch.Tensor) -> RowValues:
+    """:data:`RowValues` of int8 ``codes [N, K]`` with fp32 ``scales [N, K / 32]`` (exact products)."""
+    def values(idx: torch.Tensor) -> torch.Tensor:
+        q = codes[idx]
+        return (q.view(len(idx), -1, GROUP_SIZE).float() * scales[idx, :, None]).view(q.shape)
+    return values
+
+
+def _equal(values: RowValues, sample: torch.Tensor, rows: torch.Tensor, order: torch.Tensor | None) -> bool:
     src = rows if order is None else order[rows]
     for part in (slice(None, FIRST_ROWS), slice(FIRST_ROWS, None)):
-        v = planes_value([p.select_rows(src[part]) for p in planes], slice(None))
-        if not torch.equal(v.to(sample.dtype), sample[part]):
+        if not torch.equal(values(src[part]).to(sample.dtype), sample[part]):
             return False
     return True
 
 
 def match_row_order(
-    planes: list[Int4Plane], weight: torch.Tensor | WeightRows, head_counts: list[int]
+    values: RowValues, num_rows: int, weight: torch.Tensor | WeightRows, head_counts: list[int]
 ) -> torch.Tensor | None | bool:
-    """The row order under which ``planes`` equal ``weight`` exactly (on :func:`check_rows`):
-    None (as stored), an index tensor, or False (no match).
+    """The row order under which the stored rows (``values``, :func:`planes_rows` or
+    :func:`q8_rows`; ``num_rows`` of them) equal ``weight`` exactly (on :func:`check_rows`): None
+    (as stored), an index tensor, or False (no match).
 
     ``weight``: the dense weight ``[N, K]``, or a function returning its rows (so that a loader
     that never materializes the dense weight reads only the sampled rows)."""
-    num_rows = planes[0].codes.shape[0]
     rows = check_rows(num_rows)
     sample = weight.detach()[rows] if isinstance(weight, torch.Tensor) else weight(rows)
-    if _equal(planes, sample, rows, None):
+    if _equal(values, sample, rows, None):
         return None
     for heads in head_counts:
         order = llama_row_order(num_rows, heads)
-        if order is not None and _equal(planes, sample, rows, order):
+        if order is not None and _equal(values, sample, rows, order):
             return order
     return False
 
 
-def _q8_output_layer(
-    model: nn.Module, name: str, tensor: GGUFTensor, tied: bool, source: WeightSource, pname: str,
-    device: torch.device,
-) -> bool:
-    """Replace the output layer ``name`` by an :class:`~proxy.quant.int8_linear.Int8Linear` of its
-    ``Q8_0`` blocks where the CPU kernel runs here and the blocks equal the dense weight on
-    :func:`check_rows` (exactly; no row reorder); False otherwise (the caller packs it as planes).
-    A tied lm_head (``tied``: ``tensor`` is ``token_embd``) marks the layer ``tied_embedding``: the input
-    embedding then takes the same codes (:func:`proxy.quant.embedding.pack_q8_embedding`)."""
-    old = model.get_submodule(name)
-    assert isinstance(old, nn.Linear)
-    n, k = old.out_features, old.in_features
-    if device.type != "cpu" or not kernel_available() or k % GROUP_SIZE:
-        return False
-    codes, scales = q8_0_codes(tensor.data, (n, k))
-    rows = check_rows(n)
-    want = source.rows(pname, rows)
-    got = (codes[rows].view(len(rows), -1, GROUP_SIZE).float() * scales[rows, :, None]).view(len(rows), k)
-    if not torch.equal(got.to(want.dtype), want):
-        logger.warning("%s: Q8_0 blocks do not match the dense weight; packed as planes instead", name)
-        return False
-    bias: torch.Tensor | None = old.bias
-    if bias is not None and bias.is_meta:
-        bias = source.full(f"{name}.bias")
-    layer = Int8Linear(codes.to(device), scales.to(device), bias)
+def _set_int8_linear(
+    model: nn.Module, name: str, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+    scheme: str, device: torch.device, tied: bool,
+) -> None:
+    """Replace linear ``name`` by an :class:`~proxy.quant.int8_linear.Int8Linear` (the ``Q8_0`` CPU
+    kernel); ``tied``: it is the output layer over ``token_embd``, whose input embedding then takes
+    the same codes (:func:`proxy.quant.embedding.pack_q8_embedding`)."""
+    layer = Int8Linear(codes.to(device), scales.to(device), bias, scheme)
     layer.tied_embedding = tied
     set_module(model, name, layer)
-    return True
+
+
+def _int8_layer(
+    model: nn.Module, name: str, tensor: GGUFTensor, type_name: str, source: WeightSource, pname: str,
+    shape: tuple[int, int], heads: list[int], bias: torch.Tensor | None, device: torch.device, tied: bool,
+) -> str:
+    """Linear ``name`` as an :class:`~proxy.quant.int8_linear.Int8Linear`: a ``Q8_0`` tensor's own
+    codes (rows matched to the dense weight as :func:`match_row_order` does), any other quantized
+    type re-quantized to int8 g32 from the dense weight. Returns the outcome to count."""
+    if type_name == "Q8_0":
+        codes, scales = q8_0_codes(tensor.data, shape)
+        tensor.release()  # the codes are copies
+        order = match_row_order(q8_rows(codes, scales), codes.shape[0], functools.partial(source.rows, pname),
+                                heads)
+        if order is False:
+            logger.warning("%s: %s blocks do not match the dense weight, stays dense", name, type_name)
+            return f"{type_name} -> dense (no match)"
+        if order is not None:
+            assert isinstance(order, torch.Tensor)
+            codes, scales = codes[order], scales[order]
+        _set_int8_linear(model, name, codes, scales, bias, "Q8_0 as int8 g32", device, tied)
+        return "Q8_0 -> int8 g32"
+    codes, scales = quantize_int8_codes(source.full(pname), GROUP_SIZE)
+    scheme = f"{type_name} as int8 g32 (re-quantized)"
+    _set_int8_linear(model, name, codes, scales, bias, scheme, device, False)
+    return f"{type_name} -> int8 g32 (re-quantized)"
 
 
 def load_gguf_linears(
@@ -235,10 +257,11 @@ def load_gguf_linears(
     ``Q8_0`` -> int8 g32, lossless; other quantized types -> int8 g32 re-quantized from the
     dequantized weight; float types, unknown names and shapes the kernel refuses stay dense.
     A tied lm_head uses ``token_embd``; a ``Q8_0`` ``token_embd`` also serves the input embedding
-    from its codes (:func:`proxy.quant.embedding.pack_q8_embedding`), other types stay dense. A
-    ``Q8_0`` output layer on a CPU that runs the ``Q8_0`` kernel is an
-    :class:`~proxy.quant.int8_linear.Int8Linear` (:func:`_q8_output_layer`; the tied embedding then
-    shares its codes), counted as ``Q8_0 -> int8 g32`` as the two-plane layer it replaces.
+    from its codes (:func:`proxy.quant.embedding.pack_q8_embedding`), other types stay dense. On
+    a CPU that runs the ``Q8_0`` kernel (:func:`proxy.quant.int8_linear.kernel_available`) every
+    int8 g32 linear (``Q8_0``, re-quantized types) is an :class:`~proxy.quant.int8_linear.Int8Linear`
+    instead of two int4 planes (the same weights, fp32 activations, no dense copy: its prompt rows
+    take the kernel too), counted under the same names; a tied one shares the embedding's codes.
     ``dense_dtype``: every packed linear but the output layer also gets the dense copy of
     :func:`proxy.quant.apply.add_dense_weights`, made from its planes while they exist.
 
@@ -258,6 +281,7 @@ def load_gguf_linears(
     source: WeightSource = ModuleWeights(model) if weights is None else weights
     device = device or next(model.parameters()).device
     counts: Counter[str] = Counter()
+    q8_kernel = device.type == "cpu" and kernel_available()
     for name, linear in named_linears(model):
         pname = f"{name}.weight"
         gname = names.get_name(name) if names is not None else None
@@ -273,15 +297,19 @@ def load_gguf_linears(
         if type_name in DENSE_TYPES:
             counts[f"{type_name} -> dense"] += 1
             continue
-        if linear is out and type_name == "Q8_0" and _q8_output_layer(
-            model, name, tensor, tensor is tensors.get("token_embd.weight"), source, pname, device
-        ):
-            counts["Q8_0 -> int8 g32"] += 1  # the same precision as two planes: the GGUF's values
+        bias: torch.Tensor | None = linear.bias
+        if bias is not None and bias.is_meta:
+            bias = source.full(f"{name}.bias")
+        if q8_kernel and type_name not in ("Q4_0", "Q4_1") and k % GROUP_SIZE == 0:
+            outcome = _int8_layer(model, name, tensor, type_name, source, pname, (n, k), heads, bias, device,
+                                  linear is out and tensor is tensors.get("token_embd.weight"))
+            counts[outcome] += 1
+            trim_heap()
             continue
         if type_name in LOSSLESS_TYPES and k % GROUP_SIZE == 0:
             planes = decode_blocks(type_name, tensor.data, (n, k))
             tensor.release()  # the planes are copies
-            order = match_row_order(planes, functools.partial(source.rows, pname), heads)
+            order = match_row_order(planes_rows(planes), n, functools.partial(source.rows, pname), heads)
             if order is False:
                 logger.warning("%s: %s blocks do not match the dense weight, stays dense", name, type_name)
                 counts[f"{type_name} -> dense (no match)"] += 1
@@ -296,9 +324,6 @@ def load_gguf_linears(
         else:
             counts[f"{type_name} -> dense"] += 1
             continue
-        bias: torch.Tensor | None = linear.bias
-        if bias is not None and bias.is_meta:
-            bias = source.full(f"{name}.bias")
         ok = replace_linear(model, name, planes, GROUP_SIZE, kernel_dtype, f"{type_name} as {scheme}",
                             device, bias, dense_dtype if linear is not out else None)
         del planes

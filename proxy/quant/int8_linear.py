@@ -1,4 +1,5 @@
-"""``Int8Linear``: a GGUF ``Q8_0`` linear served from its int8 codes by this project's CPU kernel.
+"""``Int8Linear``: an int8 g32 linear (a GGUF's ``Q8_0`` codes, or weights re-quantized to int8 g32)
+served by this project's CPU kernel; every int8 g32 linear on a CPU where :func:`kernel_available`.
 
 Why: the default model's lm_head is its ``Q8_0`` token embedding (tied, 49152 x 576). As a
 :class:`~proxy.quant.linear.PackedLinear` it ran as two int4 planes through torch's int4 kernel
@@ -10,8 +11,10 @@ in fp32, so the layer computes the GGUF's own values with fp32 activations. Meas
 ``docs/benchmarks.md`` ("A Q8_0 kernel for the lm_head"). The codes and scales are the same tensors
 as the :class:`~proxy.quant.embedding.Int8Embedding` of a tied model, held once.
 
-A row's output does not depend on the other rows of the call nor on the thread count (the kernel's
-header says why), so the lm_head is batch-invariant on every CPU that runs the kernel. Where the
+In the kernel a row's output does not depend on the other rows of the call nor on the thread count
+(the kernel's header says why). There is no dense copy: calls of :data:`GEMM_ROWS` rows or more (a
+prompt's chunk) dequantize the weight for the call and take torch's fp32 GEMM, whose bits may differ
+from the kernel's in the last place; a decode step's calls (fewer rows) take the kernel. Where the
 extension is not built or the CPU lacks AVX2/FMA (:func:`kernel_available` is False), the loader keeps
 the two-plane :class:`~proxy.quant.linear.PackedLinear`; :func:`q8_matmul_reference` is the torch
 twin (the tests' reference, and the forward of an ``Int8Linear`` built anyway).
@@ -36,6 +39,11 @@ except ImportError as _exc:  # not built (a compiler without OpenMP): the torch 
 
 #: output rows dequantized at a time by :func:`q8_matmul_reference` (bounds its fp32 copy)
 REFERENCE_ROWS = 4096
+#: calls with at least this many rows (a prompt's chunk) dequantize and take torch's fp32 GEMM.
+#: Measured (2-core AVX2 EPYC, 2 threads, kernel / dequantize + GEMM): [4608 x 1536] 128 rows 32.3 /
+#: 43.3 ms, 192 rows 48.5 / 35.8, 512 rows 142.6 / 91.3; [3072 x 576] 128 rows 8.0 / 7.2, 192 rows
+#: 12.0 / 10.3, 512 rows 36.0 / 20.4; [576 x 1536] 128 rows 4.5 / 2.4, 512 rows 17.5 / 8.2.
+GEMM_ROWS = 192
 
 
 def kernel_available() -> bool:
@@ -124,17 +132,20 @@ class Int8Linear(nn.Module):
 
     ``forward(x)``: ``[..., in_features]`` of any float dtype on the CPU -> ``[..., out_features]``
     in ``x``'s dtype (computed in fp32, rounded once). Through the kernel where
-    :func:`kernel_available`, else :func:`q8_matmul_reference`.
+    :func:`kernel_available` and the call has fewer than :data:`GEMM_ROWS` rows, else
+    :func:`q8_matmul_reference`.
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
+    in_features: int
+    out_features: int
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
                  scheme: str = "Q8_0 as int8 g32") -> None:
         super().__init__()
         _check(codes.new_empty(0, codes.shape[1], dtype=torch.float32), codes, scales)
-        self.out_features, self.in_features = codes.shape
+        self.out_features, self.in_features = int(codes.shape[0]), int(codes.shape[1])
         self.scheme = scheme
         self.register_buffer("codes", codes.contiguous(), persistent=False)
         self.register_buffer("scales", scales.contiguous(), persistent=False)
@@ -144,13 +155,24 @@ class Int8Linear(nn.Module):
         #: the codes are also the model's input embedding (a tied lm_head; set by the GGUF loader)
         self.tied_embedding = False
 
+    @classmethod
+    def concat(cls, parts: list[Int8Linear]) -> Int8Linear:
+        """One layer whose output rows are ``parts``' rows in order (their outputs side by side;
+        each output column is computed alone, so a fused column equals the part's bit for bit).
+        All parts must share ``in_features`` and whether they have a bias."""
+        biases = [p.bias for p in parts]
+        bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), bias,
+                   parts[0].scheme)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32:
             x2 = x2.float()
         buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # both registered
-        y = self._mm(x2, buffers["codes"], buffers["scales"])
+        mm = self._mm if x2.shape[0] < GEMM_ROWS else q8_matmul_reference
+        y = mm(x2, buffers["codes"], buffers["scales"])
         bias = self.bias
         if bias is not None:
             y += bias

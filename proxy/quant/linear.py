@@ -127,13 +127,19 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> list[Int4Plane]:
     return [Int4Plane(codes.reshape(n, k), scale, lo + 8.0 * scale)]
 
 
-def quantize_int8(weight: torch.Tensor, group_size: int) -> list[Int4Plane]:
-    """Symmetric int8 in groups of ``group_size`` (``Q8_0``'s scheme: ``d = max|w| / 127``)."""
+def quantize_int8_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 in groups of ``group_size`` (``Q8_0``'s scheme: ``d = max|w| / 127``):
+    ``(codes int8 [N, K], d fp32 [N, K / group_size])`` of ``weight [N, K]`` (K divisible)."""
     n, k = weight.shape
     w = weight.detach().float().reshape(n, k // group_size, group_size)
     d = (w.abs().amax(dim=2) / 127.0).clamp_min(1e-12)
     q = torch.round(w / d[..., None]).clamp(-128, 127).to(torch.int8).reshape(n, k)
-    return int8_planes(q, d)
+    return q, d
+
+
+def quantize_int8(weight: torch.Tensor, group_size: int) -> list[Int4Plane]:
+    """:func:`quantize_int8_codes` as two int4 planes."""
+    return int8_planes(*quantize_int8_codes(weight, group_size))
 
 
 class PackedLinear(nn.Module):

@@ -10,6 +10,7 @@ from torch import nn
 
 from proxy.quant import PackedLinear, kernel_dtype, quantize_linears
 from proxy.quant.fuse import FusedSlice, fuse_sibling_linears
+from proxy.quant.int8_linear import Int8Linear, kernel_available
 
 CPU = torch.device("cpu")
 
@@ -40,11 +41,12 @@ def test_fused_model_equals_the_separate_layers_bit_for_bit(arch: str, method: s
     attn = fused.model.layers[0].self_attn
     mlp = fused.model.layers[0].mlp
     assert isinstance(attn.q_proj, FusedSlice) and isinstance(mlp.up_proj, FusedSlice)
-    assert isinstance(attn.fused_q_proj_k_proj_v_proj, PackedLinear)
+    layer_type = Int8Linear if method == "int8" and kernel_available() else PackedLinear  # the Q8_0 kernel
+    assert type(attn.fused_q_proj_k_proj_v_proj) is layer_type
     assert attn.fused_q_proj_k_proj_v_proj.out_features == 128 + 64 + 64
     assert (attn.k_proj.start, attn.k_proj.stop, attn.v_proj.out_features) == (128, 192, 64)
     assert (attn.fused_q_proj_k_proj_v_proj.bias is None) == (arch == "llama")
-    assert isinstance(mlp.fused_gate_proj_up_proj, PackedLinear) and type(mlp.down_proj) is PackedLinear
+    assert type(mlp.fused_gate_proj_up_proj) is layer_type and type(mlp.down_proj) is layer_type
     ids = torch.randint(0, 112, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, fused(ids).logits)

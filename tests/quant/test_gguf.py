@@ -14,8 +14,10 @@ import torch
 from gguf.quants import dequantize, quantize
 from torch import nn
 
+from proxy.quant.fuse import fuse_sibling_linears
 from proxy.quant.gguf_blocks import decode_blocks, load_gguf_linears
 from proxy.quant.gguf_file import gguf_tensors
+from proxy.quant.int8_linear import Int8Linear, kernel_available
 from proxy.quant.linear import PackedLinear
 
 CPU = torch.device("cpu")
@@ -54,15 +56,14 @@ LAYOUT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory) -> tuple[Path, nn.Module, dict[str, np.ndarray]]:
-    """A GGUF of a tiny llama's linears and the dense model transformers would load from it
-    (weights = the GGUF's dequantized values, q/k rows back in HF order)."""
+def _write_gguf(
+    path: Path, layout: list[tuple[str, str, int, int]]
+) -> tuple[nn.Module, dict[str, np.ndarray]]:
+    """Write ``layout``'s tensors of a tiny llama to ``path``; the dense model with the GGUF's values."""
     model = _tiny_llama()
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     values = {}
-    for hf_name, name, qtype, heads in LAYOUT:
+    for hf_name, name, qtype, heads in layout:
         w = model.get_submodule(hf_name).weight.detach().numpy() * 3
         stored = _llama_cpp_permute(w, heads) if heads else w
         data = stored.astype(np.float32) if qtype == T.F32 else quantize(stored, qtype)
@@ -77,6 +78,15 @@ def tiny_gguf(tmp_path_factory) -> tuple[Path, nn.Module, dict[str, np.ndarray]]
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return model, values
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> tuple[Path, nn.Module, dict[str, np.ndarray]]:
+    """A GGUF of a tiny llama's linears and the dense model transformers would load from it
+    (weights = the GGUF's dequantized values, q/k rows back in HF order)."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    model, values = _write_gguf(path, LAYOUT)
     return path, model, values
 
 
@@ -130,8 +140,11 @@ def test_load_gguf_linears_each_type_and_rope_order(tiny_gguf, caplog) -> None:
     assert counts == Counter({"Q4_1 -> int4 g32": 2, "Q8_0 -> int8 g32": 3, "Q4_0 -> int4 g32": 1,
                               "F32 -> dense": 1, "Q5_0 -> int8 g32 (re-quantized)": 1})
     assert "re-quantized to int8 g32" in caplog.text
+    int8_type = Int8Linear if kernel_available() else PackedLinear  # the Q8_0 kernel where it runs
     for hf_name, _, qtype, _ in LAYOUT:
         layer = model.get_submodule(hf_name)
+        if qtype in (T.Q8_0, T.Q5_0):
+            assert type(layer) is int8_type, hf_name
         ref = dense.get_submodule(hf_name).weight.detach()
         if qtype == T.F32:
             assert type(layer) is nn.Linear
@@ -164,3 +177,36 @@ def test_release_drops_the_read_pages_and_the_bytes_stay_readable() -> None:
     t.release()
     assert _rss_file_kib() - before < 1024
     assert int(np.asarray(t.data, dtype=np.uint8).sum(dtype=np.uint64)) == digest
+
+
+#: every linear Q8_0 (q/k as llama.cpp permutes them) but down_proj, Q5_0 (re-quantized)
+Q8_LAYOUT = [(hf, name, T.Q5_0 if "down" in hf else T.Q8_0, heads) for hf, name, _, heads in LAYOUT]
+
+
+@pytest.mark.skipif(not kernel_available(), reason="the Q8_0 kernel needs x86-64 with AVX2 and FMA")
+def test_a_q8_0_gguf_serves_every_layer_through_the_q8_kernel(tmp_path: Path) -> None:
+    """A Q8_0 GGUF (the common 8-bit download): every layer an Int8Linear with the GGUF's values in
+    HF row order (the permuted q/k found as for planes), the siblings fused bit for bit, and
+    logits within fp32 summation order of the dense model's."""
+    path = tmp_path / "q8.gguf"
+    dense, _ = _write_gguf(path, Q8_LAYOUT)
+    import copy
+
+    model = copy.deepcopy(dense)
+    counts = load_gguf_linears(model, path, torch.bfloat16)
+    assert counts == Counter({"Q8_0 -> int8 g32": 7, "Q5_0 -> int8 g32 (re-quantized)": 1})
+    for hf_name, _, qtype, _ in Q8_LAYOUT:
+        layer = model.get_submodule(hf_name)
+        ref = dense.get_submodule(hf_name).weight.detach()
+        assert type(layer) is Int8Linear, hf_name
+        if qtype == T.Q8_0:
+            assert torch.equal(layer.dequantize(), ref), hf_name
+    ids = torch.tensor([[1, 5, 9, 20, 7]])
+    with torch.inference_mode():
+        separate = model(ids).logits
+        assert fuse_sibling_linears(model) == 2  # q/k/v and gate/up
+        attn = model.model.layers[0].self_attn
+        assert type(attn.fused_q_proj_k_proj_v_proj) is Int8Linear
+        assert torch.equal(model(ids).logits, separate)
+        want = dense(ids).logits
+    assert (separate - want).abs().max() < 5e-2  # down_proj re-quantized; the rest exact weights

@@ -120,3 +120,23 @@ def test_the_op_is_registered_for_torch_compile() -> None:
     codes, scales = _weights(16, 64)
     torch.library.opcheck(torch.ops.streamproxy.q8_matmul.default, (torch.randn(3, 64), codes, scales),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+@needs_kernel
+def test_calls_of_many_rows_take_the_dequantized_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    codes, scales = _weights(32, 64)
+    layer = Int8Linear(codes, scales, None)
+    calls: list[int] = []
+    real = int8_linear.q8_matmul_reference
+
+    def spy(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(x, c, s)
+
+    monkeypatch.setattr(int8_linear, "q8_matmul_reference", spy)
+    x = torch.randn(int8_linear.GEMM_ROWS, 64)
+    y = layer(x)
+    assert calls == [int8_linear.GEMM_ROWS]
+    assert torch.equal(y, real(x, codes, scales))
+    layer(x[:-1])  # one row fewer: the kernel
+    assert calls == [int8_linear.GEMM_ROWS]

@@ -13,6 +13,7 @@ from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
 from proxy.quant import PackedLinear, kernel_dtype, quantize_linears
 from proxy.quant.fuse import fuse_sibling_linears
+from proxy.quant.int8_linear import Int8Linear, kernel_available
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -62,7 +63,8 @@ def test_quantized_engine_greedy_matches_generate(method: str, fused: bool) -> N
     if fused:
         assert fuse_sibling_linears(engine_model) == 4
     engine_model.set_attn_implementation(register())
-    assert isinstance(engine_model.lm_head, PackedLinear)
+    q8_kernel = method == "int8" and kernel_available()  # int8 g32 through the Q8_0 kernel
+    assert type(engine_model.lm_head) is (Int8Linear if q8_kernel else PackedLinear)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, 112, (n,), generator=g).tolist() for n in LENGTHS]
     settings = Settings(num_kv_blocks=20, block_size=4, max_num_batched_tokens=16)  # chunked + preemption

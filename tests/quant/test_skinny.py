@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from proxy.quant import PackedLinear, quantize_linears, skinny
+from proxy.quant.int8_linear import Int8Linear
 from proxy.quant.skinny import MAX_SWAPPED_ROWS, SkinnyLinear, use_skinny_linears
 
 
@@ -108,16 +109,20 @@ def test_swaps_every_fp32_cpu_linear_keeps_ties_and_the_logits(tie: bool) -> Non
     assert use_skinny_linears(model) == 0  # idempotent
 
 
+#: the packed layer types (int8 g32 is an Int8Linear where the Q8_0 kernel runs)
+PACKED = (PackedLinear, Int8Linear)
+
+
 def test_leaves_other_dtypes_and_packed_linears_alone() -> None:
     model = _tiny_llama(False).to(torch.bfloat16)
     assert use_skinny_linears(model) == 0
     packed = _tiny_llama(False)
     quantize_linears(packed, "int8", 32, torch.float32)
-    num_packed = sum(type(m) is PackedLinear for m in packed.modules())
+    num_packed = sum(type(m) in PACKED for m in packed.modules())
     num_plain = sum(type(m) is nn.Linear for m in packed.modules())
     assert num_packed > 0 and num_packed + num_plain == 15
     assert use_skinny_linears(packed) == num_plain
-    assert sum(type(m) is PackedLinear for m in packed.modules()) == num_packed
+    assert sum(type(m) in PACKED for m in packed.modules()) == num_packed
 
 
 def test_quantization_after_the_swap_still_packs_every_linear() -> None:
@@ -126,5 +131,5 @@ def test_quantization_after_the_swap_still_packs_every_linear() -> None:
     use_skinny_linears(model)
     counts = quantize_linears(reference, "int8", 32, torch.float32)
     assert quantize_linears(model, "int8", 32, torch.float32) == counts
-    assert sum(type(m) is PackedLinear for m in model.modules()) == sum(
-        type(m) is PackedLinear for m in reference.modules()) > 0
+    assert sum(type(m) in PACKED for m in model.modules()) == sum(
+        type(m) in PACKED for m in reference.modules()) > 0
