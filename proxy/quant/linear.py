@@ -13,9 +13,8 @@ A weight is one or two *int4 planes* in groups of ``group_size`` consecutive inp
   ``hi + 8``, ``scale = 16 d``, ``zero = 0``; plane 2 has codes ``lo``, ``scale = d``,
   ``zero = 8 d``. Their sum is ``d * q`` exactly. torch's own int8 kernel
   (``_weight_int8pack_mm``) has one scale per output channel only, so it cannot hold ``Q8_0``'s
-  per-group scales; two int4 passes read the same 1 byte a weight. Where this project's ``Q8_0``
-  CPU kernel runs, a GGUF's ``Q8_0`` output layer is an :class:`~proxy.quant.int8_linear.Int8Linear`
-  instead (fp32 activations, the codes read once).
+  per-group scales; two int4 passes read the same 1 byte a weight. Where the ``Q8_0`` CPU kernel
+  runs, int8 g32 is an :class:`~proxy.quant.int8_linear.Int8Linear` instead (codes read once).
 
 Planes are built in fp32 (:class:`Int4Plane`), then packed once for the device. With fp32 kernel
 dtype the layer's weights equal the planes' values bit for bit (the kernel computes
