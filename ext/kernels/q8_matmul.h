@@ -1,12 +1,13 @@
 /* y[M, N] = x[M, K] @ (codes[N, K] * scales[N, K / 32])^T in fp32, for GGUF Q8_0 weights on x86-64 CPUs
- * with AVX2 and FMA (proxy/quant/int8_linear.py says why and what was measured).
+ * with AVX2 and FMA, or AVX-512 F (proxy/quant/int8_linear.py says why and what was measured).
  *
- * Per output feature n and row m the sum runs over K in one fixed order: eight fp32 lanes, each
- * accumulating with fused multiply-adds the products x[m, k] * w[n, k] of the k in its lane,
- * group by group, where w[n, k] = codes[n, k] * scales[n, k / 32] (exact in fp32: an 8-bit code
- * times an fp16-valued scale); the lanes are then added pairwise (4+4, 2+2, 1+1). That order does
- * not depend on M, on which rows share a call or on the thread count (threads split N), so a row's
- * result is the same bits in any batch.
+ * Per output feature n and row m the sum runs over K in one fixed order: L fp32 lanes (8 with AVX2,
+ * 16 with AVX-512), each accumulating with fused multiply-adds the products x[m, k] * w[n, k] of the
+ * k in its lane, group by group, where w[n, k] = codes[n, k] * scales[n, k / 32] (exact in fp32: an
+ * 8-bit code times an fp16-valued scale); the lanes are then added pairwise (AVX2: 4+4, 2+2, 1+1;
+ * AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share a call or on
+ * the thread count (threads split N), so a row's result is the same bits in any batch. The two
+ * instruction sets sum in other orders: a process uses one (sp_q8_best_isa, unless told otherwise).
  */
 #ifndef STREAMPROXY_Q8_MATMUL_H
 #define STREAMPROXY_Q8_MATMUL_H
@@ -18,12 +19,19 @@
 #include <immintrin.h>
 #define SP_Q8_X86 1
 #define SP_AVX2 __attribute__((target("avx2,fma")))
+#define SP_AVX512 __attribute__((target("avx512f")))
 #else
 #define SP_Q8_X86 0
 #endif
 
 #define SP_Q8_GROUP 32
 #define SP_Q8_ROW_TILE 8
+#define SP_Q8_ROW_TILE_512 16
+
+/* instruction sets of the kernel */
+#define SP_Q8_NONE 0
+#define SP_Q8_AVX2 1
+#define SP_Q8_AVX512 2
 
 /* 1 when this CPU runs the kernel (AVX2 and FMA), else 0. */
 static int sp_q8_available(void) {
@@ -32,6 +40,16 @@ static int sp_q8_available(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
     return 0;
+#endif
+}
+
+/* the best instruction set this CPU runs the kernel with: SP_Q8_AVX512, SP_Q8_AVX2 or SP_Q8_NONE */
+static int sp_q8_best_isa(void) {
+#if SP_Q8_X86
+    if (!sp_q8_available()) return SP_Q8_NONE;
+    return __builtin_cpu_supports("avx512f") ? SP_Q8_AVX512 : SP_Q8_AVX2;
+#else
+    return SP_Q8_NONE;
 #endif
 }
 
@@ -73,10 +91,9 @@ static inline SP_AVX2 __attribute__((always_inline)) void sp_q8_tile(
     for (int r = 0; r < MB; r++) y[r * ldy] = sp_hsum8(acc[r]);
 }
 
-/* The whole product; K % 32 == 0, all arrays contiguous, x and y fp32, scales fp32 [N, K / 32].
- * Threads (OpenMP, num_threads) take contiguous ranges of N. */
-static SP_AVX2 void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                                 const float *scales, int64_t N, float *y, int num_threads) {
+/* The whole product with AVX2 (arguments as sp_q8_matmul). */
+static SP_AVX2 void sp_q8_matmul_avx2(const float *x, int64_t M, int64_t K, const int8_t *codes,
+                                      const float *scales, int64_t N, float *y, int num_threads) {
     const int64_t G = K / SP_Q8_GROUP;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -97,11 +114,78 @@ static SP_AVX2 void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int
         }
     }
 }
-#else
-static void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                         const float *scales, int64_t N, float *y, int num_threads) {
-    (void)x; (void)M; (void)K; (void)codes; (void)scales; (void)N; (void)y; (void)num_threads;
+
+static inline SP_AVX512 __m512 sp_load_q8_512(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* as sp_q8_tile, 16 lanes; MB <= SP_Q8_ROW_TILE_512 */
+static inline SP_AVX512 __attribute__((always_inline)) void sp_q8_tile512(
+    const int MB, const float *x, int64_t K, const int8_t *q, const float *d, int64_t ldy, float *y) {
+    __m512 acc[SP_Q8_ROW_TILE_512];
+    for (int r = 0; r < MB; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < K / SP_Q8_GROUP; g++) {
+        const __m512 s = _mm512_set1_ps(d[g]);
+        const int8_t *qg = q + g * SP_Q8_GROUP;
+        const __m512 w0 = _mm512_mul_ps(sp_load_q8_512(qg), s);
+        const __m512 w1 = _mm512_mul_ps(sp_load_q8_512(qg + 16), s);
+        const float *xg = x + g * SP_Q8_GROUP;
+        for (int r = 0; r < MB; r++) {
+            const float *xr = xg + r * K;
+            __m512 a = acc[r];
+            a = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), a);
+            a = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), a);
+            acc[r] = a;
+        }
+    }
+    for (int r = 0; r < MB; r++) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#define SP_Q8_T512(MB) sp_q8_tile512((MB), x + m * K, K, q, d, N, y + m * N + n)
+
+/* The whole product with AVX-512 F (arguments as sp_q8_matmul). */
+static SP_AVX512 void sp_q8_matmul_avx512(const float *x, int64_t M, int64_t K, const int8_t *codes,
+                                          const float *scales, int64_t N, float *y, int num_threads) {
+    const int64_t G = K / SP_Q8_GROUP;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const int8_t *q = codes + n * K;
+        const float *d = scales + n * G;
+        int64_t m = 0;
+        for (; m + SP_Q8_ROW_TILE_512 <= M; m += SP_Q8_ROW_TILE_512) SP_Q8_T512(SP_Q8_ROW_TILE_512);
+        switch (M - m) {
+        case 15: SP_Q8_T512(15); break;
+        case 14: SP_Q8_T512(14); break;
+        case 13: SP_Q8_T512(13); break;
+        case 12: SP_Q8_T512(12); break;
+        case 11: SP_Q8_T512(11); break;
+        case 10: SP_Q8_T512(10); break;
+        case 9: SP_Q8_T512(9); break;
+        case 8: SP_Q8_T512(8); break;
+        case 7: SP_Q8_T512(7); break;
+        case 6: SP_Q8_T512(6); break;
+        case 5: SP_Q8_T512(5); break;
+        case 4: SP_Q8_T512(4); break;
+        case 3: SP_Q8_T512(3); break;
+        case 2: SP_Q8_T512(2); break;
+        case 1: SP_Q8_T512(1); break;
+        default: break;
+        }
+    }
 }
 #endif
+
+/* The whole product; K % 32 == 0, all arrays contiguous, x and y fp32, scales fp32 [N, K / 32];
+ * isa: SP_Q8_AVX2 or SP_Q8_AVX512, one this CPU runs (sp_q8_best_isa; anything else computes
+ * nothing). Threads (OpenMP, num_threads) take contiguous ranges of N. */
+static void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
+                         const float *scales, int64_t N, float *y, int num_threads, int isa) {
+#if SP_Q8_X86
+    if (isa == SP_Q8_AVX512) sp_q8_matmul_avx512(x, M, K, codes, scales, N, y, num_threads);
+    else if (isa == SP_Q8_AVX2) sp_q8_matmul_avx2(x, M, K, codes, scales, N, y, num_threads);
+#else
+    (void)x; (void)M; (void)K; (void)codes; (void)scales; (void)N; (void)y; (void)num_threads; (void)isa;
+#endif
+}
 
 #endif

@@ -6,10 +6,15 @@ from libc.stdint cimport int8_t, int64_t, uintptr_t
 
 cdef extern from "q8_matmul.h" nogil:
     int sp_q8_available()
+    int sp_q8_best_isa()
     void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                      const float *scales, int64_t N, float *y, int num_threads)
+                      const float *scales, int64_t N, float *y, int num_threads, int isa)
+    int SP_Q8_AVX2
+    int SP_Q8_AVX512
 
 GROUP_SIZE = 32
+#: the kernel's instruction sets by name (``isa`` of :func:`q8_matmul`)
+ISAS = {"avx2": SP_Q8_AVX2, "avx512": SP_Q8_AVX512}
 
 
 def available() -> bool:
@@ -17,11 +22,18 @@ def available() -> bool:
     return sp_q8_available() != 0
 
 
+def supported_isas() -> list:
+    """The names in :data:`ISAS` this CPU runs, best last (empty where :func:`available` is False)."""
+    best = sp_q8_best_isa()
+    return [name for name, isa in ISAS.items() if 0 < isa <= best]
+
+
 def q8_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scales, int64_t n,
-              uintptr_t out, int num_threads) -> None:
+              uintptr_t out, int num_threads, int isa) -> None:
     """``out[m, n] = x[m, k] @ (codes[n, k] * scales[n, k / 32]).T``, addresses of contiguous fp32
-    ``x`` / ``scales`` / ``out`` and int8 ``codes``; the GIL is released. Unchecked: call it through
+    ``x`` / ``scales`` / ``out`` and int8 ``codes``, with instruction set ``isa`` (a value of
+    :data:`ISAS` in :func:`supported_isas`); the GIL is released. Unchecked: call it through
     ``proxy.quant.int8_linear.q8_matmul``."""
     with nogil:
         sp_q8_matmul(<const float *>x, m, k, <const int8_t *>codes, <const float *>scales, n,
-                     <float *>out, num_threads)
+                     <float *>out, num_threads, isa)

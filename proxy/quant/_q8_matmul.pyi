@@ -2,8 +2,10 @@
 ``proxy.quant.int8_linear.q8_matmul_reference``)."""
 
 GROUP_SIZE: int
+ISAS: dict[str, int]
 
 def available() -> bool: ...
+def supported_isas() -> list[str]: ...
 def q8_matmul(
-    x: int, m: int, k: int, codes: int, scales: int, n: int, out: int, num_threads: int
+    x: int, m: int, k: int, codes: int, scales: int, n: int, out: int, num_threads: int, isa: int
 ) -> None: ...

@@ -5,7 +5,7 @@ Why: the default model's lm_head is its ``Q8_0`` token embedding (tied, 49152 x 
 :class:`~proxy.quant.linear.PackedLinear` it ran as two int4 planes through torch's int4 kernel
 (``_weight_int4pack_mm_for_cpu``), whose cost grows with every row of a batched decode step and
 whose activations are rounded to bf16. ``ext/kernels/q8_matmul.h`` (built into
-``proxy.quant._q8_matmul``, AVX2 + FMA, OpenMP over output features) reads the codes and scales as
+``proxy.quant._q8_matmul``, AVX2 + FMA or AVX-512, OpenMP over output features) reads the codes and scales as
 the GGUF stores them and computes in fp32: each weight ``codes[n, k] * scales[n, k / 32]`` is exact
 in fp32, so the layer computes the GGUF's own values with fp32 activations. Measurements:
 ``docs/benchmarks.md`` ("A Q8_0 kernel for the lm_head"). The codes and scales are the same tensors
@@ -49,6 +49,28 @@ GEMM_ROWS = 192
 def kernel_available() -> bool:
     """Whether the compiled kernel is built and this CPU runs it (x86-64 with AVX2 and FMA)."""
     return _q8_matmul is not None and bool(_q8_matmul.available())
+
+
+def supported_isas() -> list[str]:
+    """The kernel's instruction sets this CPU runs (``"avx2"``, ``"avx512"``), best last."""
+    return _q8_matmul.supported_isas() if _q8_matmul is not None else []
+
+
+#: the instruction set every call uses: the best this CPU runs. The two sum a row in other orders
+#: (the kernel's header), so one process keeps one; :func:`set_kernel_isa` is for tests and benchmarks.
+KERNEL_ISA: str | None = supported_isas()[-1] if supported_isas() else None
+
+
+def set_kernel_isa(name: str) -> None:
+    """Make every later call use instruction set ``name`` (one of :func:`supported_isas`).
+
+    Raises:
+        ValueError: this CPU or build does not run ``name``.
+    """
+    global KERNEL_ISA
+    if name not in supported_isas():
+        raise ValueError(f"the Q8_0 kernel does not run {name!r} here (supported: {supported_isas()})")
+    KERNEL_ISA = name
 
 
 def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
@@ -98,8 +120,9 @@ def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) ->
     n = codes.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
+        assert KERNEL_ISA is not None
         _q8_matmul.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), n, out.data_ptr(),
-                             torch.get_num_threads())
+                             torch.get_num_threads(), _q8_matmul.ISAS[KERNEL_ISA])
     return out
 
 

@@ -16,6 +16,17 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(params=["avx2", "avx512"])
+def isa(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Each of the kernel's instruction sets this CPU runs, the process's own restored after."""
+    if request.param not in int8_linear.supported_isas():
+        pytest.skip(f"this CPU does not run the kernel's {request.param} path")
+    before = int8_linear.KERNEL_ISA
+    int8_linear.set_kernel_isa(request.param)
+    yield request.param
+    int8_linear.KERNEL_ISA = before
+
+
 def _weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
@@ -28,13 +39,22 @@ def test_the_kernel_is_built_where_ci_requires_it() -> None:
         pytest.skip("STREAMPROXY_REQUIRE_COMPILED is not set")
     assert int8_linear.KERNEL_IMPORT_ERROR is None
     assert kernel_available() == ({"avx2", "fma"} <= cpu_flags())
+    want = [name for name, flag in (("avx2", "avx2"), ("avx512", "avx512f")) if flag in cpu_flags()]
+    assert int8_linear.supported_isas() == want
+    assert int8_linear.KERNEL_ISA == (want[-1] if want else None)
+
+
+@needs_kernel
+def test_an_isa_this_cpu_lacks_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not run 'sse'"):
+        int8_linear.set_kernel_isa("sse")
 
 
 @needs_kernel
 @pytest.mark.parametrize(
     ("m", "n", "k"), [(1, 5, 32), (7, 100, 96), (8, 33, 576), (9, 64, 64), (33, 17, 160)]
 )
-def test_kernel_equals_the_torch_reference(m: int, n: int, k: int) -> None:
+def test_kernel_equals_the_torch_reference(m: int, n: int, k: int, isa: str) -> None:
     codes, scales = _weights(n, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
     got = q8_matmul(x, codes, scales)
@@ -46,7 +66,7 @@ def test_kernel_equals_the_torch_reference(m: int, n: int, k: int) -> None:
 
 
 @needs_kernel
-def test_unit_rows_give_the_gguf_values_exactly() -> None:
+def test_unit_rows_give_the_gguf_values_exactly(isa: str) -> None:
     """``e_k @ W.T`` is column ``k`` of ``codes * scales``, each product exact in fp32."""
     codes, scales = _weights(48, 64)
     got = q8_matmul(torch.eye(64), codes, scales)
@@ -54,13 +74,14 @@ def test_unit_rows_give_the_gguf_values_exactly() -> None:
 
 
 @needs_kernel
-def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads() -> None:
+def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads(isa: str) -> None:
     codes, scales = _weights(200, 576)
     x = torch.randn(19, 576, generator=torch.Generator().manual_seed(2))
     whole = q8_matmul(x, codes, scales)
-    for i in (0, 7, 8, 18):  # in the first tile, its last row, the next tile, the tail
+    for i in (0, 7, 8, 15, 16, 18):  # tiles: 8 rows (AVX2), 16 (AVX-512); the tail
         assert torch.equal(q8_matmul(x[i:i + 1], codes, scales), whole[i:i + 1])
     assert torch.equal(q8_matmul(x[3:12], codes, scales), whole[3:12])
+    assert torch.equal(q8_matmul(x[2:19], codes, scales), whole[2:19])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -70,7 +91,7 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads() -> None:
 
 
 @needs_kernel
-def test_empty_and_non_contiguous_inputs() -> None:
+def test_empty_and_non_contiguous_inputs(isa: str) -> None:
     codes, scales = _weights(16, 64)
     assert q8_matmul(torch.empty(0, 64), codes, scales).shape == (0, 16)
     x = torch.randn(64, 6)[:, ::2].t()  # [3, 64], not contiguous
