@@ -636,7 +636,7 @@ def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path, out: Pat
            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
            "--max-tokens", str(args.output_len), "--max-concurrency", args.concurrency,
            "--num-prompts", str(args.num_prompts), "--tokenizer", str(folder),
-           "--seed", str(args.seed), *peer.bench_args]
+           "--seed", str(args.seed), "--timeout", str(args.request_timeout), *peer.bench_args]
     if args.no_progress:
         cmd.append("--no-progress")
     if args.reuse_prompts:
@@ -877,6 +877,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scratch", default="/tmp/streamproxy-peers", help="builds, venvs, logs (reused)")
     p.add_argument("--out", default=str(REPO / "bench" / "out" / "compare"))
     p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="serve_bench's per-request timeout, seconds (a request past it counts as failed): "
+                        "bounds a --busy point of a server that collapses beside the busy processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--profile",

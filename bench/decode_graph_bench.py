@@ -36,6 +36,7 @@ from proxy.engine.core import EngineCore
 from proxy.engine.loading import load_engine_model
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
+from proxy.threads import run_in_own_thread
 
 QUESTIONS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Name three prime numbers.",
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    loaded = load_engine_model(Settings(num_threads=args.threads, self_check=False))
+    loaded = run_in_own_thread(load_engine_model, Settings(num_threads=args.threads, self_check=False))
     kind = "torch.cuda.CUDAGraph" if loaded.device.type == "cuda" else "CPU stand-in (plumbing cost only)"
     print(f"model on {loaded.device} ({loaded.dtype}); graphs: {kind}")
     print(f"{'batch':>5} {'eager ms':>9} {'graph ms':>9} {'graph/eager':>11} {'same tokens':>11}  graphs")

@@ -181,6 +181,20 @@ def keep_best(row: dict[str, dict[str, float]], name: str, run: dict[str, float]
         row[name] = run
 
 
+def load_both(threads: int):  # type: ignore[no-untyped-def]
+    """Our engine's model and a separate SDPA instance for the two baselines (so ours keeps the
+    paged attention), with the same linears as ours (``proxy.quant.skinny`` on CPU fp32): the ratios
+    measure scheduling."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = load_engine_model(Settings(num_threads=threads))
+    ref = AutoModelForCausalLM.from_pretrained(loaded.model_path, dtype=loaded.dtype,
+                                               attn_implementation="sdpa")
+    ref.eval()
+    use_skinny_linears(ref)
+    return loaded, ref
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", default="1,8,16")
@@ -197,18 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency, args.max_new_tokens = "16", 32
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    loaded = load_engine_model(Settings(num_threads=args.threads))
+    # Loaded on a thread that ends, as the server loads (proxy.threads): a load on the main thread
+    # leaves its OpenMP team beside the stepping thread's, and libgomp then cuts every worker's spin
+    # (one stream's decode step of the default model: 32 against 15 ms on a 2-core AMX VM).
+    loaded, ref = run_in_own_thread(load_both, args.threads)
     model, tokenizer = loaded.model, loaded.hf_tokenizer
-    # A separate SDPA instance for the two baselines, so our model keeps the paged attention.
-    from transformers import AutoModelForCausalLM
-
-    ref = AutoModelForCausalLM.from_pretrained(
-        loaded.model_path, dtype=loaded.dtype, attn_implementation="sdpa"
-    )
-    ref.eval()
-    # The same linears as ours (proxy.quant.skinny on CPU fp32) for both baselines: the ratios
-    # measure scheduling.
-    use_skinny_linears(ref)
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts_all = build_prompts(tokenizer, max(levels))
     print(f"model {loaded.served_model_name}, {loaded.device} {loaded.dtype}, {args.threads} threads, "

@@ -130,7 +130,8 @@ def static_generate(shape: tuple[int, int], streams: int, args: argparse.Namespa
     from proxy.threads import run_in_own_thread
 
     torch.set_num_threads(args.threads)
-    loaded = load_engine_model(Settings(model=args.model, device="cpu", num_threads=args.threads))
+    loaded = run_in_own_thread(load_engine_model,
+                               Settings(model=args.model, device="cpu", num_threads=args.threads))
     vocab = len(loaded.hf_tokenizer)
     prompts = [[(17 * i + 31 * j) % (vocab - 200) + 100 for j in range(shape[0])] for i in range(streams)]
     model, tok = loaded.model, loaded.hf_tokenizer

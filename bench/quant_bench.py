@@ -72,7 +72,7 @@ def run_one(config: str, max_new: int, threads: int) -> dict[str, float | str]:
     quant, dtype = config.split(":")
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    loaded = load_engine_model(Settings(dtype=dtype,
+    loaded = run_in_own_thread(load_engine_model, Settings(dtype=dtype,
                                         quantization="auto" if quant.startswith("gguf") else quant,
                                         num_threads=threads))
     load_s = time.perf_counter() - start
@@ -114,7 +114,7 @@ def interleaved_tpot(configs: list[str], max_new: int, threads: int, rounds: int
     models = {}
     for config in configs:
         quant, dtype = config.split(":")
-        models[config] = load_engine_model(Settings(dtype=dtype,
+        models[config] = run_in_own_thread(load_engine_model, Settings(dtype=dtype,
                                                     quantization="auto" if quant == "gguf" else quant,
                                                     num_threads=threads))
     prompt = build_prompts(models[configs[0]].hf_tokenizer, 1)

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
-    loaded = load_engine_model(Settings(num_threads=args.threads))
+    loaded = run_in_own_thread(load_engine_model, Settings(num_threads=args.threads))
     vocab = logits_width(loaded.model)
     compiler = GrammarCompiler(loaded.hf_tokenizer, vocab, loaded.eos_token_ids)
     prompts = prompts_for(loaded.hf_tokenizer, 16)
