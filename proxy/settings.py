@@ -2,7 +2,7 @@
 
 ``cli.py`` fills it from argv and ``STREAMPROXY_*`` environment variables; everything below the CLI
 receives a ``Settings`` and never reads the environment itself (except the hot-path selector's
-``STREAMPROXY_PURE_PYTHON``).
+``STREAMPROXY_PURE_PYTHON`` and the AMX int4 kernel's ``STREAMPROXY_AMX_INT4``, both chosen at import).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Key inputs:
   its mtime (``make`` and ``pip``'s caches rely on the same).
 - code: a SHA-256 of every ``.py``/``.so``/``.pyx`` file of the ``proxy`` package (any edit reruns).
 - libraries and hardware: Python, torch and transformers versions, torch's CPU capability (the
-  vectorized kernels' ISA), the CUDA device name where the weights are on CUDA, torch's thread count.
+  vectorized kernels' ISA), this project's CPU kernels in use (the Q8_0 kernel's ISA, whether the
+  AMX int4 kernel serves), the CUDA device name where the weights are on CUDA, torch's thread count.
 - the load's outcome: device, dtype, the quantization description, the served ``max_model_len``.
 - settings: every ``Settings`` field except those that only shape the HTTP server
   (:data:`SERVER_ONLY_FIELDS`); a new field is part of the key until it is listed there.
@@ -46,6 +47,7 @@ import torch
 
 from proxy.models.loaded import LoadedModel
 from proxy.models.source import cache_root
+from proxy.quant import amx_int4, int8_linear
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -108,6 +110,7 @@ def key_inputs(loaded: LoadedModel, settings: Settings, max_model_len: int) -> d
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_kernels": {"q8_isa": int8_linear.KERNEL_ISA, "amx_int4": amx_int4.in_use()},
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "num_threads": torch.get_num_threads(),
         "device": str(device),

@@ -8,17 +8,15 @@ A weight is one or two *int4 planes* in groups of ``group_size`` consecutive inp
   ``zero = min + 8 * scale`` (the tinygemm convention torchao's int4 weight-only layout uses).
   GGUF ``Q4_0`` (``d * (q - 8)``) is ``scale = d, zero = 0``; ``Q4_1`` (``d * q + m``) is
   ``scale = d, zero = m + 8 * d``.
-- int8 (two planes): symmetric int8 codes ``q`` in groups (as GGUF ``Q8_0``: ``d * q``), split
-  into nibbles ``q = 16 * hi + lo`` (``hi`` in -8..7, ``lo`` in 0..15): plane 1 has codes
-  ``hi + 8``, ``scale = 16 d``, ``zero = 0``; plane 2 has codes ``lo``, ``scale = d``,
-  ``zero = 8 d``. Their sum is ``d * q`` exactly. torch's own int8 kernel
-  (``_weight_int8pack_mm``) has one scale per output channel only, so it cannot hold ``Q8_0``'s
-  per-group scales; two int4 passes read the same 1 byte a weight. Where the ``Q8_0`` CPU kernel
-  runs, int8 g32 is an :class:`~proxy.quant.int8_linear.Int8Linear` instead (codes read once).
+- int8 (two planes): symmetric int8 codes ``q`` in groups (``Q8_0``: ``d * q``) as nibbles
+  ``q = 16 * hi + lo``: plane 1 codes ``hi + 8``, ``scale = 16 d``, ``zero = 0``; plane 2 codes
+  ``lo``, ``scale = d``, ``zero = 8 d``; their sum is ``d * q`` exactly (torch's int8 kernel has
+  one scale a channel, not ``Q8_0``'s per group). Where the ``Q8_0`` CPU kernel runs, int8 g32 is an
+  :class:`~proxy.quant.int8_linear.Int8Linear` instead.
 
-Planes are built in fp32 (:class:`Int4Plane`), then packed once for the device. With fp32 kernel
-dtype the layer's weights equal the planes' values bit for bit (the kernel computes
-``fma(code - 8, scale, zero)`` and rounds once); with bf16 the scales and zeros are rounded to bf16.
+Planes are built in fp32 (:class:`Int4Plane`), then packed once for torch's kernel on the device,
+or for the AMX kernel (:mod:`proxy.quant.amx_int4`: one-plane bf16 layers where it runs). In fp32
+the weights equal the planes' values bit for bit; in bf16 the scales and zeros are rounded to bf16.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from proxy.quant import kernels
+from proxy.quant import amx_int4, kernels
 from proxy.quant.dense_prefill import RowPlan, current_row_plan, dense_rows_mm
 
 
@@ -58,9 +56,7 @@ class Int4Plane:
 
     def dequantize_exact_products(self, group_size: int) -> torch.Tensor:
         """fp32 ``[N, K]``: ``(code - 8) * scale + zero`` in fp32 ops, for scales whose products with
-        a 4-bit code are exact in fp32 (fp16 or bf16 values: GGUF blocks, a bf16 kernel's view).
-        Then ``fl32(product + zero)`` is the one rounding, equal to :meth:`dequantize` in a fifth of
-        its time."""
+        a 4-bit code are exact in fp32 (fp16 or bf16 values): equal to :meth:`dequantize`, faster."""
         n, k = self.codes.shape
         v = self.codes.reshape(n, k // group_size, group_size).float().sub_(8.0)
         return v.mul_(self.scale[..., None]).add_(self.zero[..., None]).reshape(n, k)
@@ -72,15 +68,11 @@ class Int4Plane:
 
 def kernel_view(planes: list[Int4Plane], group_size: int, kernel_dtype: torch.dtype) -> torch.Tensor:
     """The weight ``[N, K]`` in ``kernel_dtype`` that :class:`PackedLinear` of ``planes`` computes
-    with: what its :meth:`PackedLinear.dequantize` (an identity matmul through the kernel) returns,
-    computed from the planes in milliseconds instead of an ``[K, K]`` matmul per plane.
+    with (what :meth:`PackedLinear.dequantize`, an identity matmul, returns), from the planes.
 
-    In bf16 the kernel reads ``scale`` and ``zero`` rounded to bf16; ``(code - 8) * scale`` is then
-    exact in fp32 (8 + 4 significant bits), so ``fl32(product + zero)`` is what a fused or unfused
-    kernel computes, and the output rounds once to bf16; two planes (int8) add in fp32 and round
-    once (``PackedLinear._packed_mm``). In fp32 the product is not exact: :meth:`Int4Plane.dequantize`
-    (one rounding from float64, as the fp32 kernel computes). Equality with the identity matmul:
-    ``tests/quant/test_linear.py``.
+    In bf16 the kernels read ``scale`` and ``zero`` rounded to bf16; ``(code - 8) * scale`` is then
+    exact in fp32, so ``fl32(product + zero)`` rounded to bf16 is the weight (two planes add in fp32,
+    round once). In fp32: :meth:`Int4Plane.dequantize`. Tested: ``tests/quant/test_linear.py``.
     """
     if kernel_dtype != torch.bfloat16:
         total = None
@@ -178,12 +170,16 @@ class PackedLinear(nn.Module):
         self.kernel_dtype = kernel_dtype
         self.scheme = scheme
         self.num_planes = len(planes)
+        #: on the AMX kernel (proxy.quant.amx_int4, its own layout), else on torch's int4 kernel
+        self.amx = amx_int4.why_not(n, k, group_size, len(planes), device, kernel_dtype) is None
         for i, plane in enumerate(planes):
-            sz = torch.stack([plane.scale.t(), plane.zero.t()], dim=-1).contiguous()  # [G, N, 2]
-            self.register_buffer(f"packed{i}", kernels.pack_int4(plane.codes, device), persistent=False)
-            self.register_buffer(
-                f"scales_and_zeros{i}", sz.to(device=device, dtype=kernel_dtype), persistent=False
-            )
+            if self.amx:
+                packed, sz = amx_int4.pack(plane.codes, plane.scale, plane.zero)
+            else:
+                packed = kernels.pack_int4(plane.codes, device)
+                sz = torch.stack([plane.scale.t(), plane.zero.t()], -1).to(device, kernel_dtype)  # [G, N, 2]
+            self.register_buffer(f"packed{i}", packed, persistent=False)
+            self.register_buffer(f"scales_and_zeros{i}", sz.contiguous(), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(device), requires_grad=False)
         self.dense_weight: torch.Tensor | None = None
         self.dense_dtype: torch.dtype | None = None
@@ -194,16 +190,18 @@ class PackedLinear(nn.Module):
     def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
         """One layer whose output rows are ``parts``' rows in order (their outputs side by side).
 
-        All parts must share ``in_features``, ``group_size``, ``kernel_dtype``, the number of planes
-        and whether they have a bias, and sit on the CPU, whose packed layout is row-wise.
+        All parts must share ``in_features``, ``group_size``, ``kernel_dtype``, the number of planes,
+        the kernel and whether they have a bias, and sit on the CPU, whose packed layouts are row-wise
+        (torch's) or block-wise (AMX's).
         """
+        assert len({p.amx for p in parts}) == 1, "parts on different kernels"
         first = parts[0]
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.in_features = first.in_features
         layer.out_features = sum(p.out_features for p in parts)
         layer.group_size, layer.kernel_dtype = first.group_size, first.kernel_dtype
-        layer.num_planes, layer.scheme = first.num_planes, first.scheme
+        layer.num_planes, layer.scheme, layer.amx = first.num_planes, first.scheme, first.amx
         for i in range(first.num_planes):
             layer.register_buffer(f"packed{i}", torch.cat([getattr(p, f"packed{i}") for p in parts]),
                                   persistent=False)
@@ -251,6 +249,8 @@ class PackedLinear(nn.Module):
         # Module.__getattr__ (docs/benchmarks.md, "Per-call overhead")
         buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered, none None
         packed0 = buffers["packed0"]
+        if self.amx:
+            return amx_int4.amx_int4_mm_checked(x2, packed0, buffers["scales_and_zeros0"], self.group_size)
         mm = kernels.int4_mm_for(packed0.device)
         y = mm(x2, packed0, self.group_size, buffers["scales_and_zeros0"])
         if self.num_planes == 2:  # int8 as two nibble planes; add in fp32, round once
@@ -284,8 +284,7 @@ class PackedLinear(nn.Module):
     def set_dense_weight(self, weight: torch.Tensor, dtype: torch.dtype | None = None) -> None:
         """Keep ``weight`` (``[out_features, in_features]``, bf16 or fp32) for the rows an active
         :class:`~proxy.quant.dense_prefill.RowPlan` marks dense, computed in ``dtype`` (default: the
-        weight's own). A bf16 weight computed in fp32 stays bf16 in memory and is widened at each
-        call: the same fp32 values (bf16 widens exactly) at half the memory of an fp32 copy."""
+        weight's own; a bf16 weight computed in fp32 stays bf16 in memory, widened at each call)."""
         self.dense_weight = weight.detach().contiguous()
         self.dense_dtype = weight.dtype if dtype is None else dtype
 
@@ -297,4 +296,5 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}, "
-                f"group_size={self.group_size}, kernel_dtype={self.kernel_dtype}")
+                f"group_size={self.group_size}, kernel_dtype={self.kernel_dtype}, "
+                f"kernel={'amx' if self.amx else 'torch'}")

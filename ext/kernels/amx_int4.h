@@ -1,0 +1,262 @@
+/* y[M, N] = x[M, K] @ W^T for int4 weights W[n, k] = (code[n, k] - 8) * scale[n, g] + zero[n, g]
+ * (g = k / group_size), bf16 activations, on x86-64 CPUs with AMX-BF16 (Intel Sapphire Rapids and
+ * later); proxy/quant/amx_int4.py says why and what was measured.
+ *
+ * Per output block of 16 features and group g the kernel decodes the codes, as bf16 values code - 8
+ * (exact), into one AMX B tile per 32 inputs, multiplies them with TDPBF16PS into a zeroed fp32 C
+ * tile (P[m, n] = sum over the group of x[m, k] * (code[n, k] - 8)), and accumulates in fp32
+ *     acc[m, n] = fma(P[m, n], scale[n, g], acc[m, n]);  acc[m, n] = fma(S[m, g], zero[n, g], acc[m, n])
+ * with S[m, g] the group's sum of x[m, k] (fixed order: 16 lanes, then _mm512_reduce_add_ps), group
+ * after group; y = bf16(acc) (round to nearest even). For an input that is one unit vector this is
+ * bf16((code - 8) * scale + zero), the dense copy's weight, exactly. A row's sums do not depend on the
+ * other rows of the call (AMX computes each C row alone), on M or on the thread count (threads split
+ * the output blocks), so a row's result is the same bits in any batch.
+ *
+ * Weight layout (sp_amx_int4_pack_index): codes [N / 16][K / 32][8][32] bytes; in tile (b, t), byte i
+ * of pair p holds in its low nibble the code of B-tile row 2p element i and in its high nibble that of
+ * row 2p + 1, where B-tile row r element i is W[16 b + i / 2, 32 t + 2 r + i % 2] (AMX's VNNI pairs).
+ * scale and zero: bf16 [N / 16][G][16].
+ */
+#ifndef STREAMPROXY_AMX_INT4_H
+#define STREAMPROXY_AMX_INT4_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#include <cpuid.h>
+#include <immintrin.h>
+#include <errno.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#define SP_AMX_X86 1
+#define SP_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
+#else
+#define SP_AMX_X86 0
+#endif
+
+#define SP_AMX_KTILE 32  /* inputs a B tile covers (16 rows of VNNI pairs) */
+#define SP_AMX_NBLOCK 16 /* output features a C tile covers */
+#define SP_AMX_MTILE 16  /* activation rows an A tile covers */
+#define SP_AMX_MAX_GROUP 256
+
+#if SP_AMX_X86
+#define SP_ARCH_REQ_XCOMP_PERM 0x1023
+#define SP_XFEATURE_XTILEDATA 18
+
+typedef struct {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} sp_tile_config;
+
+/* Runs tile instructions in a forked child: 1 when it exits normally. A VM can advertise AMX and have
+ * it granted yet fault on the first tile instruction (ggml's AMX build died of SIGILL on tilezero on
+ * such a VM); the probe keeps that fault out of the server. */
+static SP_AMX int sp_amx_probe(void) {
+    const pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        sp_tile_config cfg;
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.palette_id = 1;
+        cfg.rows[0] = 16; cfg.colsb[0] = 64;
+        _tile_loadconfig(&cfg);
+        _tile_zero(0);
+        _tile_release();
+        _exit(0);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return 0;
+    }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* 1 when this CPU and kernel run the kernel: AMX-TILE, AMX-BF16, AVX-512 F/BW/VL, the OS saves the
+ * tile state (XCR0 bits 17 and 18), grants this process the tile data (arch_prctl, Linux 5.16+), and
+ * a child process ran tile instructions (sp_amx_probe). Checked once a process. */
+static int sp_amx_available(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    unsigned a, b, c, d;
+    cached = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    const int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+    const int f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    if (!(amx_bf16 && amx_tile && f && bw && vl)) return 0;
+    __get_cpuid(1, &a, &b, &c, &d);
+    if (!((c >> 27) & 1)) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17) || (lo & 0xe6) != 0xe6) return 0;
+    if (syscall(SYS_arch_prctl, SP_ARCH_REQ_XCOMP_PERM, SP_XFEATURE_XTILEDATA) != 0) return 0;
+    cached = sp_amx_probe();
+    return 1;
+}
+
+/* two sets: tmm0 / tmm3: A (rows x 32 bf16), tmm1 / tmm4: B (16 x 32 bf16), tmm2 / tmm5: C (rows x 16 fp32) */
+static inline SP_AMX void sp_amx_configure(int rows) {
+    sp_tile_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette_id = 1;
+    for (int set = 0; set < 6; set += 3) {
+        cfg.rows[set] = (uint8_t)rows; cfg.colsb[set] = 64;
+        cfg.rows[set + 1] = 16; cfg.colsb[set + 1] = 64;
+        cfg.rows[set + 2] = (uint8_t)rows; cfg.colsb[set + 2] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+static inline SP_AMX __m512 sp_bf16x16_to_ps(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* the codes of one 32-input tile (256 bytes) as a B tile of bf16 (code - 8) values (1 KiB at dst) */
+static inline SP_AMX void sp_amx_decode_tile(const uint8_t *src, uint16_t *dst, __m512i lut) {
+    const __m512i mask = _mm512_set1_epi16(15);
+    for (int p = 0; p < 8; p++) {
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + 32 * p)));
+        const __m512i lo = _mm512_permutexvar_epi16(_mm512_and_si512(w, mask), lut);
+        const __m512i hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
+        _mm512_store_si512((__m512i *)(dst + 64 * p), lo);
+        _mm512_store_si512((__m512i *)(dst + 64 * p + 32), hi);
+    }
+}
+
+/* one group's tiles (tpg of them, B tiles at bt, A at xa with row stride lda bytes) into C tile C,
+ * stored to cdst (64-byte rows) */
+#define SP_AMX_GROUP(A, B, C, xa, lda, bt, tpg, cdst)                 \
+    do {                                                              \
+        _tile_zero(C);                                                \
+        for (int64_t t_ = 0; t_ < (tpg); t_++) {                      \
+            _tile_loadd(A, (xa) + t_ * SP_AMX_KTILE, (lda));          \
+            _tile_loadd(B, (bt) + 512 * t_, 64);                      \
+            _tile_dpbf16ps(C, A, B);                                  \
+        }                                                             \
+        _tile_stored(C, (cdst), 64);                                  \
+    } while (0)
+
+/* groups decoded, then multiplied, at a time (bounds the decoded tiles to ~16 KiB, in L1) */
+#define SP_AMX_CHUNK_TILES 16
+#ifndef SP_AMX_PREFETCH
+#define SP_AMX_PREFETCH 1024
+#endif
+
+/* The whole product (arguments as sp_amx_int4_matmul; M_pad rows of x readable, M_pad = M rounded up
+ * to 16 when M > 16, else M). Per output block: the codes of a chunk of groups are decoded into B
+ * tiles, then each 16-row tile of x is multiplied group by group (two sets of tile registers in turn,
+ * so that one group's products overlap the next's), each group's C tile stored; then the fp32 pass
+ * applies scales and zeros row by row, group after group. */
+static SP_AMX void sp_amx_int4_run(const uint16_t *x, int64_t M, int64_t M_pad, int64_t K, const uint8_t *codes,
+                                   const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
+                                   uint16_t *y, int num_threads) {
+    const int64_t G = K / group, T = K / SP_AMX_KTILE, tpg = group / SP_AMX_KTILE;
+    const int64_t blocks = N / SP_AMX_NBLOCK;
+    const int rows = M_pad < SP_AMX_MTILE ? (int)M_pad : SP_AMX_MTILE;
+    int64_t chunk = SP_AMX_CHUNK_TILES / tpg; /* groups a chunk */
+    if (chunk < 1) chunk = 1;
+    float *sums = (float *)malloc(sizeof(float) * (size_t)(M * G));
+    if (!sums) return;
+    /* lut[i] = bf16(i - 8) for the 16 codes (small integers: exact) */
+    uint16_t lut_v[32];
+    for (int i = 0; i < 32; i++) {
+        float v = (float)((i & 15) - 8);
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        lut_v[i] = (uint16_t)(u >> 16);
+    }
+    const __m512i lut = _mm512_loadu_si512((const void *)lut_v);
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < M * G; i++) {
+            const uint16_t *xp = x + (i / G) * K + (i % G) * group;
+            __m512 s = _mm512_setzero_ps();
+            for (int64_t j = 0; j < group; j += 16) s = _mm512_add_ps(s, sp_bf16x16_to_ps(xp + j));
+            sums[i] = _mm512_reduce_add_ps(s);
+        }
+        uint16_t *btiles = (uint16_t *)aligned_alloc(64, 1024 * (size_t)(chunk * tpg));
+        float *cbuf = (float *)aligned_alloc(64, 64 * (size_t)(chunk * rows));
+        float *acc = (float *)aligned_alloc(64, 64 * (size_t)M_pad);
+        if (btiles && cbuf && acc) {
+            sp_amx_configure(rows);
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < blocks; b++) {
+                const uint16_t *sb = scale + b * G * SP_AMX_NBLOCK, *zb = zero + b * G * SP_AMX_NBLOCK;
+                memset(acc, 0, 64 * (size_t)M_pad);
+                for (int64_t g0 = 0; g0 < G; g0 += chunk) {
+                    const int64_t g1 = g0 + chunk < G ? g0 + chunk : G;
+                    for (int64_t t = g0 * tpg; t < g1 * tpg; t++) {
+                        const uint8_t *src = codes + (b * T + t) * 256;
+                        for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)src + SP_AMX_PREFETCH + l, _MM_HINT_T0);
+                        sp_amx_decode_tile(src, btiles + 512 * (t - g0 * tpg), lut);
+                    }
+                    for (int64_t m0 = 0; m0 < M_pad; m0 += SP_AMX_MTILE) {
+                        const uint16_t *xm = x + m0 * K;
+                        int64_t g = g0;
+                        for (; g + 1 < g1; g += 2) {
+                            SP_AMX_GROUP(0, 1, 2, xm + g * group, K * 2, btiles + 512 * (g - g0) * tpg, tpg,
+                                         cbuf + (g - g0) * rows * SP_AMX_NBLOCK);
+                            SP_AMX_GROUP(3, 4, 5, xm + (g + 1) * group, K * 2,
+                                         btiles + 512 * (g + 1 - g0) * tpg, tpg,
+                                         cbuf + (g + 1 - g0) * rows * SP_AMX_NBLOCK);
+                        }
+                        if (g < g1)
+                            SP_AMX_GROUP(0, 1, 2, xm + g * group, K * 2, btiles + 512 * (g - g0) * tpg, tpg,
+                                         cbuf + (g - g0) * rows * SP_AMX_NBLOCK);
+                        const int64_t mend = M - m0 < rows ? M - m0 : rows;
+                        for (int64_t r = 0; r < mend; r++) {
+                            float *a = acc + (m0 + r) * SP_AMX_NBLOCK;
+                            __m512 v = _mm512_load_ps(a);
+                            const float *sr = sums + (m0 + r) * G;
+                            for (int64_t gg = g0; gg < g1; gg++) {
+                                v = _mm512_fmadd_ps(_mm512_load_ps(cbuf + ((gg - g0) * rows + r) * SP_AMX_NBLOCK),
+                                                    sp_bf16x16_to_ps(sb + gg * SP_AMX_NBLOCK), v);
+                                v = _mm512_fmadd_ps(_mm512_set1_ps(sr[gg]), sp_bf16x16_to_ps(zb + gg * SP_AMX_NBLOCK), v);
+                            }
+                            _mm512_store_ps(a, v);
+                        }
+                    }
+                }
+                for (int64_t m = 0; m < M; m++) {
+                    const __m512i u = _mm512_castps_si512(_mm512_load_ps(acc + m * SP_AMX_NBLOCK));
+                    /* round to nearest even to bf16 */
+                    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+                    const __m512i rr = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+                    _mm256_storeu_si256((__m256i *)(y + m * N + b * SP_AMX_NBLOCK), _mm512_cvtepi32_epi16(rr));
+                }
+            }
+            _tile_release();
+        }
+        free(btiles);
+        free(cbuf);
+        free(acc);
+    }
+    free(sums);
+}
+#else
+static int sp_amx_available(void) { return 0; }
+#endif
+
+/* y[M, N] (bf16) = x[M, K] (bf16) @ W^T; K % group == 0, group % 32 == 0, group <= 256, N % 16 == 0,
+ * all arrays contiguous in the layout above; M > 16 needs x readable to M rounded up to 16 rows (the
+ * caller pads). Threads (OpenMP, num_threads) take contiguous ranges of the N / 16 output blocks.
+ * Computes nothing where sp_amx_available() is 0. */
+static void sp_amx_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                               const uint16_t *zero, int64_t N, int64_t group, uint16_t *y, int num_threads) {
+#if SP_AMX_X86
+    if (!sp_amx_available() || M <= 0) return;
+    const int64_t M_pad = M <= SP_AMX_MTILE ? M : (M + SP_AMX_MTILE - 1) / SP_AMX_MTILE * SP_AMX_MTILE;
+    sp_amx_int4_run(x, M, M_pad, K, codes, scale, zero, N, group, y, num_threads);
+#else
+    (void)x; (void)M; (void)K; (void)codes; (void)scale; (void)zero; (void)N; (void)group; (void)y; (void)num_threads;
+#endif
+}
+
+#endif

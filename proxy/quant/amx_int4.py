@@ -1,0 +1,196 @@
+"""The int4 layers of a :class:`~proxy.quant.linear.PackedLinear` on this project's AMX kernel, on CPUs
+with AMX-BF16 (:func:`kernel_available`); torch's int4 kernel elsewhere.
+
+Why: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) costs about one more weight pass per
+activation row: a 16-stream decode step spent 20.5 ms of ~46 ms in it on a 2-core AMX Xeon, against
+5.3 ms at 4 rows and 2.9 ms at one (``docs/benchmarks.md``). ``ext/kernels/amx_int4.h`` (built into
+``proxy.quant._amx_int4``) decodes each 16 x 32 block of codes once a call into an AMX tile of bf16
+``code - 8`` values and multiplies up to 16 rows at a time with ``TDPBF16PS``; the group's scale and
+zero are applied in fp32 to the tile's sums (the header gives the exact order). Its cost barely grows
+with the rows of a decode step. Measurements: ``docs/benchmarks.md`` ("The AMX int4 kernel").
+
+Numerics: each row's output is the same bits whatever the other rows of the call, the row count and
+the thread count (AMX computes each row alone; the batch-invariance promise of the README holds on
+it). Its sums are not torch's kernel's: outputs differ from it in the last bits. For a unit-vector
+input it gives the dense copy's weight ``bf16((code - 8) * scale + zero)`` exactly (the weight that
+:func:`proxy.quant.linear.kernel_view` computes), so ``PackedLinear.dequantize`` is unchanged.
+
+Weights: codes in the header's tile order, uint8 ``[N / 16, K / 32, 256]``; scales and zeros rounded
+to bf16 (as torch's bf16 kernel reads them), ``[2, N / 16, G, 16]``. Both
+concatenate along output blocks (``PackedLinear.concat``). Only one-plane (int4) layers in bf16 take
+the kernel; an int8 layer has :class:`~proxy.quant.int8_linear.Int8Linear`.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import torch
+
+_amx_int4: ModuleType | None
+KERNEL_IMPORT_ERROR: str | None = None
+try:  # after torch: the extension's libgomp.so.1 is then torch's own (one OpenMP runtime)
+    from proxy.quant import _amx_int4
+except ImportError as _exc:  # not built (a compiler without AMX intrinsics or OpenMP)
+    _amx_int4 = None
+    KERNEL_IMPORT_ERROR = f"{type(_exc).__name__}: {_exc}"
+
+#: inputs a weight tile covers (the group size must be a multiple) and output features a block covers
+K_TILE = 32
+N_BLOCK = 16
+#: activation rows an AMX tile holds: calls of more rows are padded to a multiple
+M_TILE = 16
+#: the largest group size (the kernel decodes one group's tiles before multiplying them)
+MAX_GROUP = 256
+
+#: ``STREAMPROXY_AMX_INT4=0`` in the environment keeps torch's int4 kernel for every layer
+ENV_SWITCH = "STREAMPROXY_AMX_INT4"
+_enabled = os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def kernel_available() -> bool:
+    """Whether the compiled kernel is built and this CPU and OS run it (AMX-BF16, AVX-512 BW; Linux
+    granted the process the tile data)."""
+    return _amx_int4 is not None and bool(_amx_int4.available())
+
+
+def in_use() -> bool:
+    """Whether layers built now take the kernel where their shape allows (enabled and available)."""
+    return _enabled and kernel_available()
+
+
+def set_enabled(enabled: bool) -> None:
+    """Whether layers built later take the kernel where it runs (default True); False keeps torch's
+    int4 kernel (benchmarks and tests compare the two)."""
+    global _enabled
+    _enabled = enabled
+
+
+def why_not(out_features: int, in_features: int, group_size: int, num_planes: int,
+            device: torch.device, kernel_dtype: torch.dtype) -> str | None:
+    """None when a layer of these properties takes the kernel; else why not."""
+    if not _enabled:
+        return f"turned off ({ENV_SWITCH}=0 or set_enabled)"
+    if device.type != "cpu" or kernel_dtype != torch.bfloat16 or num_planes != 1:
+        return "the AMX kernel serves one-plane (int4) layers with bf16 activations on the CPU"
+    if group_size % K_TILE or group_size > MAX_GROUP or in_features % group_size or out_features % N_BLOCK:
+        return (f"shape {out_features} x {in_features}, group {group_size}: the AMX kernel needs N % "
+                f"{N_BLOCK} == 0 and a group size that is a multiple of {K_TILE} up to {MAX_GROUP}")
+    if not kernel_available():
+        return f"the AMX kernel does not run here ({KERNEL_IMPORT_ERROR or 'no AMX-BF16'})"
+    return None
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's weights of one int4 plane.
+
+    Args:
+        codes: uint8 ``[N, K]``, values ``0..15``.
+        scale, zero: fp32 ``[N, G]`` (rounded here to bf16, as the bf16 kernel reads them).
+    Returns:
+        ``(tiles uint8 [N / 16, K / 32, 256], scales_and_zeros bf16 [2, N / 16, G, 16])``.
+    """
+    n, k = codes.shape
+    c = codes.to(torch.uint8).reshape(n // N_BLOCK, N_BLOCK, k // K_TILE, K_TILE // 2, 2)
+    rows = c.permute(0, 2, 3, 1, 4).reshape(n // N_BLOCK, k // K_TILE, K_TILE // 4, 2, 2 * N_BLOCK)
+    tiles = (rows[:, :, :, 0] | (rows[:, :, :, 1] << 4)).reshape(n // N_BLOCK, k // K_TILE, 256)
+    g = scale.shape[1]
+    sz = torch.stack([scale, zero]).to(torch.bfloat16)  # [2, N, G]
+    sz = sz.reshape(2, n // N_BLOCK, N_BLOCK, g).permute(0, 1, 3, 2)
+    return tiles.contiguous(), sz.contiguous()
+
+
+def unpack_codes(tiles: torch.Tensor) -> torch.Tensor:
+    """The uint8 codes ``[N, K]`` of :func:`pack`'s tiles (its inverse)."""
+    nb, t, _ = tiles.shape
+    pairs = tiles.reshape(nb, t, K_TILE // 4, 2 * N_BLOCK)
+    rows = torch.stack([pairs & 15, pairs >> 4], dim=3)  # [nb, t, 8, 2, 32]
+    c = rows.reshape(nb, t, K_TILE // 2, N_BLOCK, 2).permute(0, 3, 1, 2, 4)
+    return c.reshape(nb * N_BLOCK, t * K_TILE).contiguous()
+
+
+def amx_int4_mm(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+                group_size: int) -> torch.Tensor:
+    """``x @ W.T`` through the kernel, ``W`` the plane :func:`pack` packed.
+
+    Args:
+        x: bf16 ``[M, K]`` (made contiguous here).
+        tiles, scales_and_zeros: from :func:`pack`, contiguous.
+        group_size: the plane's group size.
+    Returns:
+        bf16 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
+    Raises:
+        ValueError: dtypes or shapes that do not fit.
+        RuntimeError: the kernel is not available here.
+    """
+    nb, t, _ = tiles.shape
+    if (x.dim() != 2 or x.dtype != torch.bfloat16 or x.shape[1] != t * K_TILE or tiles.dtype != torch.uint8
+            or tuple(scales_and_zeros.shape) != (2, nb, t * K_TILE // group_size, N_BLOCK)
+            or scales_and_zeros.dtype != torch.bfloat16 or group_size % K_TILE or group_size > MAX_GROUP):
+        raise ValueError(f"amx_int4_mm does not fit: x {tuple(x.shape)} {x.dtype}, tiles "
+                         f"{tuple(tiles.shape)}, scales_and_zeros {tuple(scales_and_zeros.shape)}, "
+                         f"group {group_size}")
+    if not kernel_available():
+        raise RuntimeError(f"the AMX int4 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AMX'})")
+    return amx_int4_mm_checked(x.contiguous(), tiles, scales_and_zeros, group_size)
+
+
+def amx_int4_mm_checked(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+                        group_size: int) -> torch.Tensor:
+    """:func:`amx_int4_mm` on arguments already checked (``x`` contiguous; a layer's weights,
+    checked when packed): ~120 calls a decode step. Eager calls go to the kernel directly, ~13 us a
+    call less than through the torch op, which ``torch.compile`` sees instead."""
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = torch.ops.streamproxy.amx_int4_mm(x, tiles, scales_and_zeros, group_size)
+        return out
+    return _run(x, tiles, scales_and_zeros, group_size)
+
+
+def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+         group_size: int) -> torch.Tensor:
+    """The kernel on checked, contiguous arguments; a call of more than 16 rows is padded to a
+    multiple of 16 (the kernel reads whole row tiles)."""
+    assert _amx_int4 is not None
+    m, k = x.shape
+    n = tiles.shape[0] * N_BLOCK
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    if m and n:
+        if m > M_TILE and m % M_TILE:
+            padded = x.new_zeros(-(-m // M_TILE) * M_TILE, k)
+            padded[:m] = x
+            x = padded
+        sz = scales_and_zeros.data_ptr()
+        _amx_int4.amx_int4_matmul(x.data_ptr(), m, k, tiles.data_ptr(), sz, sz + scales_and_zeros.shape[1]
+                                  * scales_and_zeros.shape[2] * N_BLOCK * 2, n, group_size, out.data_ptr(),
+                                  torch.get_num_threads())
+    return out
+
+
+@torch.library.custom_op("streamproxy::amx_int4_mm", mutates_args=())
+def _amx_int4_op(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+                 group_size: int) -> torch.Tensor:
+    """The kernel as a torch op, so that ``torch.compile`` keeps it as one opaque node (eager calls
+    skip the op's dispatch). Arguments as :func:`amx_int4_mm`, checked there."""
+    return _run(x, tiles, scales_and_zeros, group_size)
+
+
+@_amx_int4_op.register_fake
+def _(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], tiles.shape[0] * N_BLOCK)
+
+
+def amx_int4_mm_reference(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+                          group_size: int) -> torch.Tensor:
+    """What :func:`amx_int4_mm` computes, with torch ops in fp32 (the same terms, summed in another
+    order: equal up to fp32 rounding before the final bf16 rounding)."""
+    codes = unpack_codes(tiles)
+    n, k = codes.shape
+    g = k // group_size
+    s = scales_and_zeros[0].float().permute(0, 2, 1).reshape(n, g)
+    z = scales_and_zeros[1].float().permute(0, 2, 1).reshape(n, g)
+    xg = x.float().reshape(-1, g, group_size)
+    q = codes.reshape(n, g, group_size).float() - 8.0
+    p = torch.einsum("mgk,ngk->mgn", xg, q)
+    y = (p * s.t()[None]).sum(1) + xg.sum(2) @ z.t()
+    return y.to(torch.bfloat16)
