@@ -11,9 +11,10 @@ with the rows of a decode step. Measurements: ``docs/benchmarks.md`` ("The AMX i
 
 Numerics: each row's output is the same bits whatever the other rows of the call, the row count and
 the thread count (AMX computes each row alone; the batch-invariance promise of the README holds on
-it). Its sums are not torch's kernel's: outputs differ from it in the last bits. For a unit-vector
-input it gives the dense copy's weight ``bf16((code - 8) * scale + zero)`` exactly (the weight that
-:func:`proxy.quant.linear.kernel_view` computes), so ``PackedLinear.dequantize`` is unchanged.
+it). The weights ``(code - 8) * scale + zero`` are never rounded to bf16 (the products with the
+exact ``code - 8`` and the group's sums are fp32), so outputs differ from torch's kernel's in the
+last bits. For a unit-vector input it gives the dense copy's weight ``bf16((code - 8) * scale +
+zero)`` exactly (:func:`proxy.quant.linear.kernel_view`), so ``PackedLinear.dequantize`` is unchanged.
 
 Weights: codes in the header's tile order, uint8 ``[N / 16, K / 32, 256]``; scales and zeros rounded
 to bf16 (as torch's bf16 kernel reads them), ``[2, N / 16, G, 16]``. Both
