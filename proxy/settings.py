@@ -100,11 +100,12 @@ class Settings:
         enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
             replay a graph captured per padded batch size and key-length bucket
             (``proxy.engine.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
-        compile_decode: on the CPU, run pure-decode steps through ``torch.compile`` (inductor), one
-            compiled graph per padded batch size and key-length bucket of the CUDA graphs
-            (``proxy.engine.graph_kinds.CompiledDecodeGraph``): batch 1 is compiled at load, other
-            shapes at their first step, which waits for it (minutes on 2 cores the first time;
-            inductor's on-disk cache shortens later starts; ``docs/compile.md``). Off by default.
+        compile_decode: on the CPU, run pure-decode steps through one graph compiled ahead of time
+            by ``torch.compile`` (inductor), for every batch size and context length, saved in the
+            cache folder so that later starts load it in seconds (``proxy.engine.compiled_step``;
+            the first start compiles for about a minute on 2 cores). None (default): on for models
+            with packed (int4 / int8) CPU linears, such as the default GGUF; ``--enforce-eager``
+            turns it off.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
             BERT sentence-transformer, pooling read from its ``modules.json``, or a decoder embedding
             model); None: the chat model embeds, pooled by ``embedding_pooling`` (a convenience, not a
@@ -158,7 +159,7 @@ class Settings:
     ui: bool = True
     engine_process: bool | None = None
     enforce_eager: bool = False
-    compile_decode: bool = False
+    compile_decode: bool | None = None
     responses_store_max_entries: int = 1000
     responses_store_max_bytes: int = 128 * 1024 * 1024
     embedding_model: str | None = None

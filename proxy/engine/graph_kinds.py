@@ -2,14 +2,13 @@
 
 :class:`DecodeGraph` is the protocol (``capture(fn) -> output``, ``replay()``);
 :class:`CudaDecodeGraph` records a CUDA graph (the only code here that touches ``torch.cuda``, run
-only on a CUDA device); :class:`CompiledDecodeGraph` compiles the step with ``torch.compile`` for
-the CPU (``Settings.compile_decode``; ``docs/compile.md``).
+only on a CUDA device). The CPU's compiled decode step needs no static buffers and lives in
+``proxy.engine.compiled_step``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -75,49 +74,3 @@ def cuda_graph_factory(device: torch.device) -> Callable[[], DecodeGraph]:
     """A factory of :class:`CudaDecodeGraph` sharing one new memory pool (CUDA only)."""
     pool = torch.cuda.graph_pool_handle()
     return lambda: CudaDecodeGraph(device, pool)
-
-
-class CompiledDecodeGraph:
-    """:class:`DecodeGraph` over ``torch.compile`` (inductor, static shapes), for the CPU.
-
-    Capture compiles ``fn`` and runs it once; a replay runs the compiled code again and copies its
-    logits into the captured output, as a CUDA graph's replay overwrites its own. ``fn`` must not
-    enter ``torch.inference_mode`` (dynamo refuses it: "Cannot set version_counter for inference
-    tensor"); the model runner passes a forward under ``torch.no_grad`` instead. Every graph
-    compiles the same function, so dynamo keeps one entry per shape under one code object:
-    :func:`raise_recompile_limit` raises its recompile limit to the runner's shape count, past
-    which dynamo would silently run the function eager.
-    """
-
-    def __init__(self) -> None:
-        self.fn: Callable[[], torch.Tensor] | None = None
-        self.output: torch.Tensor | None = None
-
-    def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Compile ``fn`` (on its first call, here) and return its output ``[B, V]``.
-
-        Raises:
-            Exception: whatever dynamo or inductor raise; the runner then turns graphs off.
-        """
-        compiled = torch.compile(fn, dynamic=False)
-        start = time.monotonic()
-        with torch.no_grad():
-            self.output = compiled().clone()
-        self.fn = compiled
-        logger.info("compiled a decode step in %.1f s", time.monotonic() - start)
-        return self.output
-
-    def replay(self) -> None:
-        """Run the compiled step; its logits go into the captured output."""
-        assert self.fn is not None and self.output is not None
-        with torch.no_grad():
-            self.output.copy_(self.fn())
-
-
-def raise_recompile_limit(num_shapes: int) -> None:
-    """Raise dynamo's per-function recompile limit (default 8) to at least ``num_shapes`` (a
-    runner's :attr:`DecodeGraphRunner.num_shapes`), for :class:`CompiledDecodeGraph`."""
-    import torch._dynamo.config as dynamo_config
-
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, num_shapes)
-    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, num_shapes)

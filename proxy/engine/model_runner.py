@@ -14,18 +14,15 @@ layers that never reach the attention function (Mamba / linear attention). The c
 the shapes the layers really produce (multi-head latent attention has K and V of other widths).
 
 Pure-decode steps on CUDA replay captured graphs (``proxy.engine.decode_graphs``; off with
-``settings.enforce_eager``); on the CPU, with ``settings.compile_decode``, they run graphs compiled
-by ``torch.compile`` over the same static buffers. The pools keep one scratch slot past the blocks
-for the graphs' padded rows. Prefill and mixed steps run eager.
+``settings.enforce_eager``); on the CPU they run one graph compiled ahead of time
+(``proxy.engine.compiled_step``; ``settings.compile_decode``). The pools keep one scratch slot past
+the blocks for padded rows. Prefill and mixed steps run eager.
 
-KV pool size: ``settings.num_kv_blocks`` when set; otherwise enough blocks for ``max_num_seqs``
-full contexts, capped on CUDA by ``free memory * gpu_memory_utilization`` (``torch.cuda.mem_get_info``
-after the weights are loaded) and on CPU by ``settings.kv_cache_bytes``.
+KV pool size: :func:`proxy.engine.attention.cache.choose_num_blocks`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 
@@ -39,39 +36,20 @@ from proxy.engine.attention import (
     PagedAttentionMetadata,
     PagedKVCache,
     active_metadata,
+    choose_num_blocks,
     padded_key_length,
     probe_layers,
 )
+from proxy.engine.compiled_step import ARTIFACT_DIR as COMPILED_DIR
+from proxy.engine.compiled_step import compile_decode_wanted, compiled_decode_step
 from proxy.engine.decode_graphs import DecodeGraphRunner
 from proxy.engine.graph_kinds import DecodeGraph
 from proxy.engine.scheduler import SchedulerOutput
+from proxy.models.source import cache_root
 from proxy.quant.dense_prefill import active_row_plan, dense_dtype_of, plan_rows
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-
-def choose_num_blocks(
-    settings: Settings, bytes_per_token: int, max_model_len: int, device: torch.device
-) -> int:
-    """Number of KV blocks for the pool (see the module docstring for the rule).
-
-    Raises:
-        ValueError: when not even one block fits.
-    """
-    bytes_per_block = bytes_per_token * settings.block_size
-    # never more than max_num_seqs full-length sequences can use
-    wanted = settings.max_num_seqs * -(-max_model_len // settings.block_size)
-    if settings.num_kv_blocks is not None:
-        num_blocks = settings.num_kv_blocks
-    elif device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        num_blocks = min(wanted, int(free * settings.gpu_memory_utilization) // bytes_per_block)
-    else:
-        num_blocks = min(wanted, settings.kv_cache_bytes // bytes_per_block)
-    if num_blocks < 1:
-        raise ValueError("the KV cache cannot hold a single block; raise kv_cache_bytes or lower block_size")
-    return num_blocks
 
 
 class ModelRunner:
@@ -131,23 +109,19 @@ class ModelRunner:
             from proxy.engine.graph_kinds import cuda_graph_factory
 
             self.use_decode_graphs(cuda_graph_factory(self.device))
-        elif settings.compile_decode and not settings.enforce_eager:
-            from proxy.engine.graph_kinds import CompiledDecodeGraph, raise_recompile_limit
+        #: pure-decode steps on the CPU through one compiled graph (``proxy.engine.compiled_step``)
+        self.compiled_step = None
+        if self.device.type == "cpu" and compile_decode_wanted(settings, model, self.layers):
+            self.compiled_step = compiled_decode_step(
+                model, self.kv_cache, self.num_groups, cache_root(settings) / COMPILED_DIR
+            )
 
-            graphs = self.use_decode_graphs(CompiledDecodeGraph, inference_mode=False)
-            raise_recompile_limit(graphs.num_shapes)
-            graphs.warm_up(1)
-
-    def use_decode_graphs(
-        self, make_graph: Callable[[], DecodeGraph], inference_mode: bool = True
-    ) -> DecodeGraphRunner:
+    def use_decode_graphs(self, make_graph: Callable[[], DecodeGraph]) -> DecodeGraphRunner:
         """Run pure-decode steps through graphs made by ``make_graph`` (a new :class:`DecodeGraph`
-        per padded batch size and key bucket, captured lazily), their forward under
-        ``torch.inference_mode`` (else ``torch.no_grad``, which ``torch.compile`` needs). Called at
-        construction on CUDA and on the CPU with ``settings.compile_decode``; tests pass a stand-in."""
-        forward = self._forward if inference_mode else functools.partial(self._forward, inference_mode=False)
+        per padded batch size and key bucket, captured lazily). Called at construction on CUDA;
+        tests pass a stand-in."""
         self.decode_graphs = DecodeGraphRunner(
-            forward, self.kv_cache, make_graph, self.max_num_seqs, self.max_model_len,
+            self._forward, self.kv_cache, make_graph, self.max_num_seqs, self.max_model_len,
             self.num_groups, self.device,
         )
         return self.decode_graphs
@@ -259,12 +233,10 @@ class ModelRunner:
         position_ids: torch.Tensor,
         meta: PagedAttentionMetadata,
         keep: torch.Tensor | int = 0,
-        inference_mode: bool = True,
     ) -> torch.Tensor:
         """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all), under
-        ``torch.inference_mode`` (else ``torch.no_grad``)."""
-        grad_mode = torch.inference_mode() if inference_mode else torch.no_grad()
-        with grad_mode, active_metadata(meta), active_row_plan(meta.row_plan):
+        ``torch.inference_mode``."""
+        with torch.inference_mode(), active_metadata(meta), active_row_plan(meta.row_plan):
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
@@ -276,16 +248,22 @@ class ModelRunner:
             return logits
 
     def execute(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Run one forward pass over the scheduled tokens (a pure-decode step through a captured
-        graph when :attr:`decode_graphs` is set and has its shape, else eager).
+        """Run one forward pass over the scheduled tokens: on the CPU with :attr:`compiled_step`,
+        the rows that feed a generated token through it (a step with prompt rows too runs those
+        eager, as a second forward); on CUDA a pure-decode step through a captured graph when
+        :attr:`decode_graphs` is set and has its shape; else eager.
 
         Returns:
             logits ``[S, V]`` float32 on the model's device, one row per entry of
             ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
         """
+        num_generated = self._num_generated_rows(scheduler_output) if self.compiled_step is not None else 0
+        if num_generated:
+            return self._execute_split(scheduler_output, num_generated)
         input_ids, position_ids, logits_index, meta = self.build_metadata(scheduler_output)
         dev = self.device
-        if self.decode_graphs is not None and meta.num_decodes == len(scheduler_output.requests):
+        pure_decode = meta.num_decodes == len(scheduler_output.requests) and meta.row_plan is None
+        if self.decode_graphs is not None and pure_decode:
             graph_logits = self.decode_graphs.run(input_ids, position_ids, meta)
             if graph_logits is not None:  # sampling rows selected outside the graph (a copy)
                 return graph_logits.index_select(0, logits_index.to(dev)).float()
@@ -298,3 +276,32 @@ class ModelRunner:
             keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
             return self._forward(input_ids, position_ids, meta, keep)[:0].float()
         return self._forward(input_ids, position_ids, meta, logits_index).float()
+
+    @staticmethod
+    def _num_generated_rows(scheduler_output: SchedulerOutput) -> int:
+        """How many leading rows feed one generated token each (decodes of the answer, not a
+        prompt's last token): the rows the compiled step computes."""
+        n = 0
+        for request in scheduler_output.requests[: scheduler_output.num_decodes]:
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                break
+            n += 1
+        return n
+
+    def _execute_split(self, scheduler_output: SchedulerOutput, num_generated: int) -> torch.Tensor:
+        """:meth:`execute` with the first ``num_generated`` rows through :attr:`compiled_step` and the
+        rest eager. A generated token's numerics then never depend on whether prompt rows share its
+        step (the batch invariance of ``proxy.engine.attention.metadata``); every such row samples."""
+        so = scheduler_output
+        assert self.compiled_step is not None
+        decodes = SchedulerOutput(so.requests[:num_generated], so.num_new_tokens[:num_generated],
+                                  list(range(num_generated)), num_generated)
+        input_ids, position_ids, _, meta = self.build_metadata(decodes)
+        logits = self.compiled_step(self.kv_cache, self.num_groups, input_ids, position_ids, meta).float()
+        if num_generated == len(so.requests):
+            return logits
+        rest = SchedulerOutput(so.requests[num_generated:], so.num_new_tokens[num_generated:],
+                               [i - num_generated for i in so.sample_indices if i >= num_generated],
+                               so.num_decodes - num_generated)
+        return torch.cat([logits, self.execute(rest)])
+

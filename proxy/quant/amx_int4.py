@@ -29,6 +29,8 @@ from types import ModuleType
 
 import torch
 
+from proxy.quant.kernels import define_cpu_op
+
 _amx_int4: ModuleType | None
 KERNEL_IMPORT_ERROR: str | None = None
 try:  # after torch: the extension's libgomp.so.1 is then torch's own (one OpenMP runtime)
@@ -168,7 +170,6 @@ def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
     return out
 
 
-@torch.library.custom_op("streamproxy::amx_int4_mm", mutates_args=())
 def _amx_int4_op(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
                  group_size: int) -> torch.Tensor:
     """The kernel as a torch op, so that ``torch.compile`` keeps it as one opaque node (eager calls
@@ -176,9 +177,13 @@ def _amx_int4_op(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.T
     return _run(x, tiles, scales_and_zeros, group_size)
 
 
-@_amx_int4_op.register_fake
-def _(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+def _amx_int4_fake(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+                   group_size: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], tiles.shape[0] * N_BLOCK)
+
+
+define_cpu_op("amx_int4_mm(Tensor x, Tensor tiles, Tensor scales_and_zeros, int group_size) -> Tensor",
+              _amx_int4_op, _amx_int4_fake)
 
 
 def amx_int4_mm_reference(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,

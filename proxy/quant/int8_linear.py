@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from proxy.quant.embedding import GROUP_SIZE
+from proxy.quant.kernels import define_cpu_op
 
 _q8_matmul: ModuleType | None
 KERNEL_IMPORT_ERROR: str | None = None
@@ -102,16 +103,17 @@ def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> tor
         ValueError: dtypes, shapes or devices that do not fit, or non-contiguous weights.
         RuntimeError: the kernel is not available (:func:`kernel_available`).
     """
-    _check(x, codes, scales)
-    if not (codes.is_contiguous() and scales.is_contiguous()):
-        raise ValueError("q8_matmul takes contiguous codes and scales")
-    if _q8_matmul is None or not _q8_matmul.available():
-        raise RuntimeError(f"the Q8_0 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AVX2/FMA'})")
+    if not torch.compiler.is_compiling():  # checked eagerly; a compiled step's shapes were checked at capture
+        _check(x, codes, scales)
+        if not (codes.is_contiguous() and scales.is_contiguous()):
+            raise ValueError("q8_matmul takes contiguous codes and scales")
+        if _q8_matmul is None or not _q8_matmul.available():
+            raise RuntimeError(
+                f"the Q8_0 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AVX2/FMA'})")
     out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales)
     return out
 
 
-@torch.library.custom_op("streamproxy::q8_matmul", mutates_args=())
 def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The kernel as a torch op, so that ``torch.compile`` (``--compile-decode``) keeps it as one
     opaque node (``data_ptr`` cannot be traced). Arguments as :func:`q8_matmul`, checked there."""
@@ -126,9 +128,11 @@ def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) ->
     return out
 
 
-@_q8_matmul_op.register_fake
-def _(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def _q8_matmul_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], codes.shape[0])
+
+
+define_cpu_op("q8_matmul(Tensor x, Tensor codes, Tensor scales) -> Tensor", _q8_matmul_op, _q8_matmul_fake)
 
 
 def q8_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

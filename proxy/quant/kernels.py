@@ -159,5 +159,26 @@ def int4_mm_for(device: torch.device) -> Int4MM:
     return _CUDA_INT4_MM if device.type == "cuda" else _CPU_INT4_MM
 
 
+_LIBRARY = torch.library.Library("streamproxy", "FRAGMENT")
+
+
+def define_cpu_op(schema: str, kernel: Callable[..., torch.Tensor],
+                  fake: Callable[..., torch.Tensor]) -> None:
+    """Register ``kernel`` as the CPU implementation of the op ``streamproxy::<schema>`` (a schema
+    string such as ``"q8_matmul(Tensor x, Tensor codes, Tensor scales) -> Tensor"``) and ``fake``
+    as its shape function, so that ``torch.compile`` keeps a call as one opaque node. Registered
+    through ``torch.library.Library`` rather than ``torch.library.custom_op``, whose Python
+    wrappers cost a compiled step several microseconds a call (``docs/compile.md``); the op has no
+    autograd formula (inference only).
+
+    Raises:
+        RuntimeError: an op of that name is already defined.
+    """
+    name = schema.split("(", 1)[0]
+    _LIBRARY.define(schema)
+    _LIBRARY.impl(name, kernel, "CPU")
+    torch.library.register_fake(f"streamproxy::{name}", fake, lib=_LIBRARY)
+
+
 _CPU_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 _CUDA_INT4_MM = torch.ops.aten._weight_int4pack_mm.default

@@ -185,6 +185,7 @@ def test_default_model_tokens_do_not_depend_on_the_batch() -> None:
 
     def run(batch: list[list[int]], arrivals: list[int]) -> dict[str, list[int]]:
         core = EngineCore(loaded.model, settings, loaded.eos_token_ids, loaded.max_model_len)
+        assert core.runner.compiled_step is not None  # generated tokens through the compiled step
         return run_staggered(core, batch, params, arrivals)
 
     alone = [run([p], [0])["0"] for p in [*prompts, long_prompt]]

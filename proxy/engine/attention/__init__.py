@@ -17,7 +17,7 @@ One module a concept:
 from __future__ import annotations
 
 from proxy.engine.attention.binding import ATTN_IMPLEMENTATION, METADATA_KWARG, active_metadata
-from proxy.engine.attention.cache import LayerSpec, PagedKVCache, lazy_zeros
+from proxy.engine.attention.cache import LayerSpec, PagedKVCache, choose_num_blocks, lazy_zeros
 from proxy.engine.attention.forward import paged_attention_forward, register
 from proxy.engine.attention.metadata import KEY_PAD, PagedAttentionMetadata, padded_key_length
 from proxy.engine.attention.probe import LayerProbe, probe_layers
@@ -31,6 +31,7 @@ __all__ = [
     "PagedAttentionMetadata",
     "PagedKVCache",
     "active_metadata",
+    "choose_num_blocks",
     "lazy_zeros",
     "padded_key_length",
     "paged_attention_forward",

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from proxy.settings import Settings
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -116,3 +118,29 @@ class PagedKVCache:
     def num_bytes(self) -> int:
         """Bytes of the blocks of all pools (scratch slots not counted)."""
         return self.num_blocks * self.block_size * self.bytes_per_token(self.layers, self.dtype)
+
+
+def choose_num_blocks(
+    settings: Settings, bytes_per_token: int, max_model_len: int, device: torch.device
+) -> int:
+    """Number of KV blocks for the pool: ``settings.num_kv_blocks`` when set; otherwise enough
+    blocks for ``max_num_seqs`` full contexts, capped on CUDA by ``free memory *
+    gpu_memory_utilization`` (``torch.cuda.mem_get_info`` after the weights are loaded) and on CPU
+    by ``settings.kv_cache_bytes``.
+
+    Raises:
+        ValueError: when not even one block fits.
+    """
+    bytes_per_block = bytes_per_token * settings.block_size
+    # never more than max_num_seqs full-length sequences can use
+    wanted = settings.max_num_seqs * -(-max_model_len // settings.block_size)
+    if settings.num_kv_blocks is not None:
+        num_blocks = settings.num_kv_blocks
+    elif device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        num_blocks = min(wanted, int(free * settings.gpu_memory_utilization) // bytes_per_block)
+    else:
+        num_blocks = min(wanted, settings.kv_cache_bytes // bytes_per_block)
+    if num_blocks < 1:
+        raise ValueError("the KV cache cannot hold a single block; raise kv_cache_bytes or lower block_size")
+    return num_blocks

@@ -30,13 +30,14 @@ class SchedulerOutput:
     def from_scheduled(cls, scheduled: Mapping[Request, int]) -> SchedulerOutput:
         """The step of ``scheduled`` (request -> tokens it computes this step, in scheduling order).
 
-        Entries of one token (decodes, a prompt with only its last token left, a one-token chunk)
-        come first, in their scheduling order (a stable sort), then the other prefill chunks, as the
-        model runner expects; ``num_decodes`` counts those leading one-token entries.
+        Entries of one token come first: decodes of the answer (a generated token), then prompt
+        tokens (a prompt with only its last token left, a one-token chunk), each in scheduling order
+        (a stable sort); then the other prefill chunks, as the model runner expects (its compiled
+        step takes the leading generated-token rows). ``num_decodes`` counts the one-token entries.
         """
         out = cls()
-        # decodes (one token, the last of the sequence) first, as the model runner expects
-        order = sorted(scheduled.items(), key=lambda item: item[1] != 1)
+        order = sorted(scheduled.items(), key=lambda item: (
+            item[1] != 1, item[0].num_computed_tokens < item[0].num_prompt_tokens))
         for index, (request, num_new) in enumerate(order):
             out.requests.append(request)
             out.num_new_tokens.append(num_new)
