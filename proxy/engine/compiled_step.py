@@ -18,9 +18,14 @@ does. Three choices make it cheap enough to be on by default:
   (``disable_guard_check``). Layers with sliding windows or attention chunks choose their mask by
   comparing the window with ``L`` in Python, a branch a guard-free graph would freeze: such models
   run eager (:func:`supported`).
+- **No Python between kernels.** Inductor writes the graph's wrapper in C++ (``cpp_wrapper``), which
+  calls the generated kernels and the packed matmul ops without a Python statement between them.
 - **Compiled once per machine.** The compiled function is saved (``save_compiled_function``) under
   ``<cache root>/compiled-decode/<key>.pt2``, the key a hash of everything the code depends on
   (:func:`artifact_key`); a later start loads it in about two seconds instead of compiling again.
+  The shared libraries inductor built stay in its cache folder, which is set to
+  ``<cache root>/inductor`` (``TORCHINDUCTOR_CACHE_DIR``, when not set already): in ``/tmp`` they
+  would vanish with it, and loading would rebuild them (about a minute).
 
 A failed compile or load is logged with its reason, and steps run eager.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import time
 import weakref
@@ -44,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 ARTIFACT_DIR = "compiled-decode"
 """Folder of the saved compiled functions under the cache root."""
+INDUCTOR_DIR = "inductor"
+"""Inductor's cache folder (``TORCHINDUCTOR_CACHE_DIR``) under the cache root, unless set already."""
 ARTIFACT_VERSION = 1
 """Bumped when what is saved changes meaning (every older file is then ignored)."""
 TRACE_ROWS, TRACE_KEYS = 2, 128
@@ -210,7 +218,7 @@ def _compile(args: tuple[Any, ...]) -> Any:
     # (fused intermediates stay closer to the eager forward the prompt tokens take)
     oblivious = fx_config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
     with torch.no_grad(), oblivious, dynamo_config.patch(automatic_dynamic_shapes=False), \
-            inductor_config.patch(emulate_precision_casts=True):
+            inductor_config.patch(emulate_precision_casts=True, cpp_wrapper=True):
         return compiled.aot_compile((args, {}))
 
 
@@ -228,6 +236,8 @@ def compiled_decode_step(
     if step is not None:
         return step
     start = time.monotonic()
+    if cache_dir is not None:
+        _keep_inductor_cache_beside(cache_dir.parent / INDUCTOR_DIR)
     path = cache_dir / f"{artifact_key(model)}.pt2" if cache_dir is not None else None
     external = {"model": model, "kv_cache": kv_cache}
     fn: Any = None
@@ -256,6 +266,17 @@ def compiled_decode_step(
     logger.info("decode step %s in %.1f s%s", source, step.seconds, f" ({path})" if path else "")
     _BY_MODEL[model] = step
     return step
+
+
+def _keep_inductor_cache_beside(folder: Path) -> None:
+    """Point inductor's cache at ``folder`` unless ``TORCHINDUCTOR_CACHE_DIR`` names another place
+    than inductor's default (importing ``torch._inductor`` sets the variable to that default in
+    ``/tmp``; inductor reads it again at every use)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
 
 
 def _save(fn: Any, path: Path, external: dict[str, Any]) -> None:
