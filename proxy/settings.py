@@ -103,7 +103,7 @@ class Settings:
         compile_decode: on the CPU, run pure-decode steps through one graph compiled ahead of time
             by ``torch.compile`` (inductor), for every batch size and context length, saved in the
             cache folder so that later starts load it in seconds (``proxy.engine.compiled_step``;
-            the first start compiles for about a minute on 2 cores). None (default): on for models
+            the first start compiles for about 90 s on 2 cores). None (default): on for models
             with packed (int4 / int8) CPU linears, such as the default GGUF; ``--enforce-eager``
             turns it off.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a

@@ -257,7 +257,7 @@ class ModelRunner:
             logits ``[S, V]`` float32 on the model's device, one row per entry of
             ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
         """
-        num_generated = self._num_generated_rows(scheduler_output) if self.compiled_step is not None else 0
+        num_generated = scheduler_output.num_generated_decodes if self.compiled_step is not None else 0
         if num_generated:
             return self._execute_split(scheduler_output, num_generated)
         input_ids, position_ids, logits_index, meta = self.build_metadata(scheduler_output)
@@ -276,17 +276,6 @@ class ModelRunner:
             keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
             return self._forward(input_ids, position_ids, meta, keep)[:0].float()
         return self._forward(input_ids, position_ids, meta, logits_index).float()
-
-    @staticmethod
-    def _num_generated_rows(scheduler_output: SchedulerOutput) -> int:
-        """How many leading rows feed one generated token each (decodes of the answer, not a
-        prompt's last token): the rows the compiled step computes."""
-        n = 0
-        for request in scheduler_output.requests[: scheduler_output.num_decodes]:
-            if request.num_computed_tokens < request.num_prompt_tokens:
-                break
-            n += 1
-        return n
 
     def _execute_split(self, scheduler_output: SchedulerOutput, num_generated: int) -> torch.Tensor:
         """:meth:`execute` with the first ``num_generated`` rows through :attr:`compiled_step` and the

@@ -299,3 +299,23 @@ def test_step_budget_caps_prefill_only_beside_decodes_and_takes_back_a_preempted
     budget.give_back(4, is_decode=False)  # that prefill's request was preempted
     assert (budget.num_tokens_left, budget.num_prefills) == (9, 0)
     assert budget.prefill_chunk(3) == 3
+
+
+def test_generated_token_rows_come_first() -> None:
+    """One-token rows lead the step, those feeding a generated token first (the CPU's compiled
+    decode step takes them), then a prompt's last token, then the other chunks."""
+    from proxy.engine.scheduler import SchedulerOutput
+
+    prompt_tail = req("tail", 6)
+    prompt_tail.num_computed_tokens = 5  # only the prompt's last token left
+    decode_a, decode_b = req("a", 4), req("b", 3)
+    for r in (decode_a, decode_b):
+        r.num_computed_tokens = r.num_prompt_tokens
+        r.append_token(7)
+    chunk = req("chunk", 9)
+    out = SchedulerOutput.from_scheduled({prompt_tail: 1, chunk: 5, decode_a: 1, decode_b: 1})
+    assert [r.request_id for r in out.requests] == ["a", "b", "tail", "chunk"]
+    assert out.num_decodes == 3 and out.num_generated_decodes == 2
+    assert out.sample_indices == [0, 1, 2]
+    assert SchedulerOutput.from_scheduled({prompt_tail: 1, decode_a: 1}).num_generated_decodes == 1
+    assert SchedulerOutput.from_scheduled({chunk: 5}).num_generated_decodes == 0

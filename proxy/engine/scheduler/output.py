@@ -48,6 +48,17 @@ class SchedulerOutput:
         return out
 
     @property
+    def num_generated_decodes(self) -> int:
+        """How many leading rows feed one generated token each (decodes of the answer, not a
+        prompt's last token): the rows the CPU's compiled decode step computes."""
+        n = 0
+        for request in self.requests[: self.num_decodes]:
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                break
+            n += 1
+        return n
+
+    @property
     def total_num_tokens(self) -> int:
         """Tokens in the step's ragged batch."""
         return sum(self.num_new_tokens)
