@@ -36,7 +36,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import time
 import weakref
 from pathlib import Path
@@ -45,6 +44,8 @@ from typing import Any
 import torch
 
 from proxy.engine.attention import METADATA_KWARG, LayerSpec, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.decode_graphs import padded_step_inputs
+from proxy.engine.runtime_key import runtime_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -131,21 +132,10 @@ def artifact_key(model: torch.nn.Module) -> str:
     ``proxy`` package's code; the Python, torch and transformers versions; torch's CPU capability;
     this project's CPU kernels in use; torch's thread count (inductor writes it into its OpenMP
     loops)."""
-    import transformers
-
-    from proxy.engine.selfcheck_record import code_hash
-    from proxy.quant import amx_int4, int8_linear
-
     inputs = {
         "version": ARTIFACT_VERSION,
         "config": _config_json(model),
-        "code_sha256": code_hash(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_kernels": {"q8_isa": int8_linear.KERNEL_ISA, "amx_int4": amx_int4.in_use()},
-        "num_threads": torch.get_num_threads(),
+        **runtime_inputs(),
         "structure": hashlib.sha256(repr(model).encode()).hexdigest(),
         "tensors": [[n, list(t.shape), str(t.dtype)]
                     for n, t in (*model.named_parameters(), *model.named_buffers())],
@@ -186,14 +176,7 @@ class CompiledDecodeStep:
 
 def _example_args(model: torch.nn.Module, kv_cache: PagedKVCache, num_groups: int) -> tuple[Any, ...]:
     """A traced step of :data:`TRACE_ROWS` padded rows (all on the scratch slot), its dynamic dims marked."""
-    rows, keys = TRACE_ROWS, TRACE_KEYS
-    scratch = kv_cache.scratch_slot
-    ids = torch.zeros((1, rows), dtype=torch.long)
-    pos = torch.zeros((1, rows), dtype=torch.long)
-    slots = torch.full((rows,), scratch, dtype=torch.long)
-    gather = torch.full((rows, keys), scratch, dtype=torch.long)
-    ctx = torch.ones(rows, dtype=torch.long)
-    mask = (torch.arange(keys)[None, :] < ctx[:, None]).view(rows, 1, 1, keys)
+    ids, pos, slots, gather, ctx, mask = padded_step_inputs(kv_cache.scratch_slot, TRACE_ROWS, TRACE_KEYS)
     for t in (ids, pos):
         torch._dynamo.mark_dynamic(t, 1)
     for t in (slots, gather, ctx, mask):

@@ -72,6 +72,22 @@ def key_length_bucket(length: int) -> int:
     return bucket
 
 
+def padded_step_inputs(
+    scratch_slot: int, batch: int, key_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CPU inputs of a decode step of ``batch`` padded rows over ``key_len`` keys: token 0 at position
+    0, written to and reading only ``scratch_slot``, context length 1 (one visible key, so the
+    softmax has a real term). Returns ``input_ids [1, B]``, ``position_ids [1, B]``, ``slot_mapping
+    [B]``, ``decode_gather [B, L]``, ``context_lens [B]`` (int64) and ``decode_mask [B, 1, 1, L]``."""
+    input_ids = torch.zeros((1, batch), dtype=torch.long)
+    position_ids = torch.zeros((1, batch), dtype=torch.long)
+    slots = torch.full((batch,), scratch_slot, dtype=torch.long)
+    gather = torch.full((batch, key_len), scratch_slot, dtype=torch.long)
+    context_lens = torch.ones(batch, dtype=torch.long)
+    mask = (torch.arange(key_len)[None, :] < context_lens[:, None]).view(batch, 1, 1, key_len)
+    return input_ids, position_ids, slots, gather, context_lens, mask
+
+
 @dataclass
 class _Captured:
     """One graph and its static buffers (``B`` = padded batch size, ``L`` = key bucket), all on
@@ -188,16 +204,7 @@ class DecodeGraphRunner:
     def _padded_inputs(
         self, batch: int, key_len: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """CPU buffers of ``batch`` padded rows: token 0 at position 0, written to and reading only
-        the scratch slot, context length 1 (one visible key, so the softmax has a real term)."""
-        scratch = self.kv_cache.scratch_slot
-        input_ids = torch.zeros((1, batch), dtype=torch.long)
-        position_ids = torch.zeros((1, batch), dtype=torch.long)
-        slots = torch.full((batch,), scratch, dtype=torch.long)
-        gather = torch.full((batch, key_len), scratch, dtype=torch.long)
-        context_lens = torch.ones(batch, dtype=torch.long)
-        mask = (torch.arange(key_len)[None, :] < context_lens[:, None]).view(batch, 1, 1, key_len)
-        return input_ids, position_ids, slots, gather, context_lens, mask
+        return padded_step_inputs(self.kv_cache.scratch_slot, batch, key_len)
 
     def _capture(self, batch: int, key_len: int) -> _Captured:
         """Static buffers of one shape, filled with padded rows, and the graph captured over them."""

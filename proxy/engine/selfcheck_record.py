@@ -36,18 +36,16 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import tempfile
 import time
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from proxy.engine.runtime_key import runtime_inputs
 from proxy.models.loaded import LoadedModel
 from proxy.models.source import cache_root
-from proxy.quant import amx_int4, int8_linear
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -62,7 +60,6 @@ SERVER_ONLY_FIELDS = frozenset({
     "cache_dir", "log_level", "self_check", "tool_call_parser", "ui",
 })
 """``Settings`` fields that cannot change the engine's greedy ids (left out of the key)."""
-_CODE_SUFFIXES = (".py", ".so", ".pyx")
 
 
 def _file_stamp(path: Path) -> list[Any]:
@@ -83,36 +80,14 @@ def weights_stamp(loaded: LoadedModel) -> list[list[Any]]:
     return [_file_stamp(p) for p in files]
 
 
-@lru_cache(maxsize=1)
-def code_hash() -> str:
-    """SHA-256 (hex) over the relative paths and contents of the ``proxy`` package's code files."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.suffix in _CODE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(b"\0")
-            digest.update(path.read_bytes())
-            digest.update(b"\0")
-    return digest.hexdigest()
-
-
 def key_inputs(loaded: LoadedModel, settings: Settings, max_model_len: int) -> dict[str, Any]:
     """Everything the self-check's verdict depends on, as JSON-serializable values (module docstring)."""
-    import transformers
-
     device = torch.device(loaded.device)
     return {
         "record_version": RECORD_VERSION,
         "weights": weights_stamp(loaded),
-        "code_sha256": code_hash(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_kernels": {"q8_isa": int8_linear.KERNEL_ISA, "amx_int4": amx_int4.in_use()},
+        **runtime_inputs(),
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "num_threads": torch.get_num_threads(),
         "device": str(device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "quantization": loaded.quantization,
