@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 
-from proxy.engine.attention import METADATA_KWARG, LayerSpec, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.attention import KEY_PAD, METADATA_KWARG, LayerSpec, PagedAttentionMetadata, PagedKVCache
 from proxy.engine.decode_graphs import padded_step_inputs
-from proxy.engine.runtime_key import runtime_inputs
+from proxy.engine.runtime_key import model_inputs, runtime_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -120,11 +120,6 @@ def compile_decode_wanted(settings: Any, model: torch.nn.Module, layers: list[La
     return True
 
 
-def _config_json(model: torch.nn.Module) -> str | None:
-    config: Any = getattr(model, "config", None)
-    return None if config is None else str(config.to_json_string(use_diff=False))
-
-
 def artifact_key(model: torch.nn.Module) -> str:
     """SHA-256 (hex) over what the compiled code depends on: the model's config (norm epsilons and
     RoPE constants are written into the code), its modules, and its parameters' and buffers' names,
@@ -132,14 +127,7 @@ def artifact_key(model: torch.nn.Module) -> str:
     ``proxy`` package's code; the Python, torch and transformers versions; torch's CPU capability;
     this project's CPU kernels in use; torch's thread count (inductor writes it into its OpenMP
     loops)."""
-    inputs = {
-        "version": ARTIFACT_VERSION,
-        "config": _config_json(model),
-        **runtime_inputs(),
-        "structure": hashlib.sha256(repr(model).encode()).hexdigest(),
-        "tensors": [[n, list(t.shape), str(t.dtype)]
-                    for n, t in (*model.named_parameters(), *model.named_buffers())],
-    }
+    inputs = {"version": ARTIFACT_VERSION, **model_inputs(model), **runtime_inputs()}
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -159,18 +147,25 @@ class CompiledDecodeStep:
         self.num_calls = 0
 
     def __call__(self, kv_cache: PagedKVCache, num_groups: int, input_ids: torch.Tensor,
-                 position_ids: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor:
-        """Logits ``[B, V]`` of a pure-decode step (``meta.num_decodes == B``, no prefill rows)."""
+                 position_ids: torch.Tensor, meta: PagedAttentionMetadata) -> torch.Tensor | None:
+        """Logits ``[B, V]`` of a pure-decode step (``meta.num_decodes == B``, no prefill rows), or
+        None when the call raised (logged once; the step is dropped for this model: run eager)."""
         model = self._model()
         assert model is not None and meta.decode_gather is not None and meta.decode_context_lens is not None
         mask = meta.decode_mask
         if mask is None:  # the eager path drops an all-visible mask; the graph always takes one
             mask = torch.ones((input_ids.shape[1], 1, 1, meta.decode_gather.shape[1]), dtype=torch.bool)
         self.num_calls += 1
-        with torch.no_grad():
-            out: torch.Tensor = self._fn(model, kv_cache, num_groups, input_ids, position_ids,
-                                         meta.slot_mapping, meta.decode_gather,
-                                         meta.decode_context_lens, mask)
+        try:
+            with torch.no_grad():
+                out: torch.Tensor = self._fn(model, kv_cache, num_groups, input_ids, position_ids,
+                                             meta.slot_mapping, meta.decode_gather,
+                                             meta.decode_context_lens, mask)
+        except Exception as exc:
+            logger.warning("the compiled decode step failed (%s: %s); decode steps run eager from now on",
+                           type(exc).__name__, exc, exc_info=True)
+            forget(model)
+            return None
         return out
 
 
@@ -229,24 +224,29 @@ def compiled_decode_step(
         try:
             with open(path, "rb") as f:
                 fn = torch.compiler.load_compiled_function(f, external_data=external)
-        except Exception as exc:  # noqa: BLE001 - a stale or damaged file: compile again
+            fn.disable_guard_check()
+            _smoke_test(fn, model, kv_cache, num_groups)
+        except Exception as exc:  # noqa: BLE001 - a stale, damaged or foreign file: compile again
             logger.warning("could not load the compiled decode step %s (%s: %s); compiling it again",
                            path, type(exc).__name__, exc)
+            fn = None
+    saved = False
     if fn is None:
         source = "compiled"
         logger.info("compiling the decode step with torch.compile (once per machine and model; "
                     "--enforce-eager skips it)")
         try:
             fn = _compile(_example_args(model, kv_cache, num_groups))
+            fn.disable_guard_check()
+            _smoke_test(fn, model, kv_cache, num_groups)
         except Exception as exc:
             logger.warning("compiling the decode step failed (%s: %s); decode steps run eager",
                            type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG))
             return None
-        if path is not None:
-            _save(fn, path, external)
-    fn.disable_guard_check()
+        saved = path is not None and _save(fn, path, external)
     step = CompiledDecodeStep(fn, model, source, time.monotonic() - start)
-    logger.info("decode step %s in %.1f s%s", source, step.seconds, f" ({path})" if path else "")
+    where = f" ({path})" if source == "loaded" or saved else " (not saved)"
+    logger.info("decode step %s in %.1f s%s", source, step.seconds, where)
     _BY_MODEL[model] = step
     return step
 
@@ -262,14 +262,30 @@ def _keep_inductor_cache_beside(folder: Path) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
 
 
-def _save(fn: Any, path: Path, external: dict[str, Any]) -> None:
-    """Save ``fn`` atomically at ``path``; a cache folder that cannot be written is logged and ignored."""
+def _smoke_test(fn: Any, model: torch.nn.Module, kv_cache: PagedKVCache, num_groups: int) -> None:
+    """Run ``fn`` once on a padded one-row step (it writes and reads only the scratch slot).
+
+    Raises:
+        Exception: whatever the call raises (a file compiled for another model), or RuntimeError
+            when the logits are not ``[1, V]`` and finite.
+    """
+    ids, pos, slots, gather, ctx, mask = padded_step_inputs(kv_cache.scratch_slot, 1, KEY_PAD)
+    with torch.no_grad():
+        logits = fn(model, kv_cache, num_groups, ids, pos, slots, gather, ctx, mask)
+    if logits.dim() != 2 or logits.shape[0] != 1 or not bool(torch.isfinite(logits).all()):
+        raise RuntimeError(f"the compiled step gave logits of shape {tuple(logits.shape)}, or not finite")
+
+
+def _save(fn: Any, path: Path, external: dict[str, Any]) -> bool:
+    """Save ``fn`` atomically at ``path``; False (logged) when the cache folder cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fn.save_compiled_function(str(path), external_data=external)
     except Exception as exc:  # noqa: BLE001 - the next start compiles again
         logger.warning("could not save the compiled decode step to %s (%s: %s)",
                        path, type(exc).__name__, exc)
+        return False
+    return True
 
 
 def forget(model: torch.nn.Module) -> None:

@@ -286,7 +286,11 @@ class ModelRunner:
         decodes = SchedulerOutput(so.requests[:num_generated], so.num_new_tokens[:num_generated],
                                   list(range(num_generated)), num_generated)
         input_ids, position_ids, _, meta = self.build_metadata(decodes)
-        logits = self.compiled_step(self.kv_cache, self.num_groups, input_ids, position_ids, meta).float()
+        compiled = self.compiled_step(self.kv_cache, self.num_groups, input_ids, position_ids, meta)
+        if compiled is None:  # the call failed (logged): this and every later step eager
+            self.compiled_step = None
+            return self.execute(scheduler_output)
+        logits = compiled.float()
         if num_generated == len(so.requests):
             return logits
         rest = SchedulerOutput(so.requests[num_generated:], so.num_new_tokens[num_generated:],

@@ -1,4 +1,5 @@
-"""What compiled or verified results depend on beyond the model: the code and the machine.
+"""What compiled or verified results depend on: the code and the machine (:func:`runtime_inputs`),
+and a model's shape (:func:`model_inputs`, for the compiled decode step).
 
 :func:`runtime_inputs` is one part of the key of the remembered self-check
 (:mod:`proxy.engine.selfcheck_record`) and of the saved compiled decode step
@@ -8,6 +9,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 from functools import lru_cache
 from pathlib import Path
@@ -49,3 +51,20 @@ def runtime_inputs() -> dict[str, Any]:
         "cpu_kernels": {"q8_isa": int8_linear.KERNEL_ISA, "amx_int4": amx_int4.in_use()},
         "num_threads": torch.get_num_threads(),
     }
+
+
+def model_inputs(model: torch.nn.Module) -> dict[str, Any]:
+    """A loaded model's shape, not its weights: its config less ``_name_or_path`` (a moved or
+    copied cache folder keeps its key), a hash of its module tree, and its parameters' and buffers'
+    names, shapes and dtypes (JSON-serializable)."""
+    config: Any = getattr(model, "config", None)
+    values = None if config is None else config.to_dict()
+    if values is not None:
+        values.pop("_name_or_path", None)
+    return {
+        "config": json.dumps(values, sort_keys=True, default=str),
+        "structure": hashlib.sha256(repr(model).encode()).hexdigest(),
+        "tensors": [[n, list(t.shape), str(t.dtype)]
+                    for n, t in (*model.named_parameters(), *model.named_buffers())],
+    }
+

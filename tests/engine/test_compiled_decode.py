@@ -126,6 +126,57 @@ def test_damaged_file_compiles_again(model: torch.nn.Module, eager: dict[str, li
     compiled_step.forget(model)
 
 
+def test_a_file_that_does_not_run_on_this_model_compiles_again(
+        model: torch.nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A file that loads but fails on this model (saved for another one under this key) is caught by
+    the load's trial step, not by the first request."""
+    compiles = _eager_stand_in(monkeypatch)
+    compiled_step.forget(model)
+    folder = tmp_path / compiled_step.ARTIFACT_DIR
+    folder.mkdir()
+    (folder / f"{compiled_step.artifact_key(model)}.pt2").write_bytes(b"another model's step")
+
+    class Foreign:
+        def disable_guard_check(self) -> None:
+            pass
+
+        def __call__(self, *args: Any) -> torch.Tensor:
+            raise KeyError("weight")
+
+    monkeypatch.setattr(torch.compiler, "load_compiled_function", lambda f, external_data=None: Foreign())
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+        step = _core(model, tmp_path, compile_decode=True).runner.compiled_step
+    assert "could not load the compiled decode step" in caplog.text and "KeyError" in caplog.text
+    assert step is not None and step.source == "compiled" and compiles == [9]
+    compiled_step.forget(model)
+
+
+def test_a_failing_call_runs_eager_from_then_on(model: torch.nn.Module, eager: dict[str, list[int]],
+                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    _eager_stand_in(monkeypatch)
+    compiled_step.forget(model)
+    core = _core(model, tmp_path, compile_decode=True)
+    step = core.runner.compiled_step
+    assert step is not None
+    calls = []
+
+    def fails_on_the_fifth(*args: Any) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("an inductor kernel crashed")
+        return compiled_step.decode_forward(*args)
+
+    step._fn = fails_on_the_fifth
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+        assert _greedy(core, _prompts(), MAX_TOKENS) == eager
+    assert "decode steps run eager from now on" in caplog.text
+    assert core.runner.compiled_step is None and len(calls) == 5
+    assert _core(model, tmp_path, compile_decode=True).runner.compiled_step is not step  # dropped
+    compiled_step.forget(model)
+
+
 def test_compile_failure_runs_eager(model: torch.nn.Module, eager: dict[str, list[int]],
                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     caplog: pytest.LogCaptureFixture) -> None:
