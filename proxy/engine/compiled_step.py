@@ -46,6 +46,7 @@ import torch
 from proxy.engine.attention import KEY_PAD, METADATA_KWARG, LayerSpec, PagedAttentionMetadata, PagedKVCache
 from proxy.engine.decode_graphs import padded_step_inputs
 from proxy.engine.runtime_key import model_inputs, runtime_inputs
+from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def supported(layers: list[LayerSpec]) -> str | None:
     return None
 
 
-def compile_decode_wanted(settings: Any, model: torch.nn.Module, layers: list[LayerSpec]) -> bool:
+def compile_decode_wanted(settings: Settings, model: torch.nn.Module, layers: list[LayerSpec]) -> bool:
     """Whether a CPU model's decode steps run compiled: ``settings.compile_decode`` True, or None
     (the default) and the model has packed CPU linears (int4 / int8 codes, where transformers' small
     ops are most of a step); never under ``settings.enforce_eager`` or for layers
@@ -190,7 +191,7 @@ def _compile(args: tuple[Any, ...]) -> Any:
     import torch.fx.experimental._config as fx_config
 
     compiled: Any = torch.compile(decode_forward, fullgraph=True,
-                             options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+                                  options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
     # only the marked dimensions are dynamic: an earlier compile of another model in this process
     # must not turn this one's constants (the GQA group) into symbols; casts round as eager's do
     # (fused intermediates stay closer to the eager forward the prompt tokens take)

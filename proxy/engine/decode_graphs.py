@@ -32,8 +32,8 @@ flow, e.g. routed MoE layers) logs once and turns graphs off: every later step r
 The graph itself sits behind :class:`~proxy.engine.graph_kinds.DecodeGraph` (``capture(fn) ->
 output``, ``replay()``, in ``proxy.engine.graph_kinds``): ``CudaDecodeGraph`` on CUDA (the only
 code that touches ``torch.cuda``, called only on a CUDA device; ``--enforce-eager`` turns graphs
-off); the CPU tests also run the plumbing with a stand-in that re-runs ``fn`` at replay. The CUDA path was
-written without a GPU to run it on: see the README.
+off); the CPU tests also run the plumbing with a stand-in that re-runs ``fn`` at replay. The CUDA
+path was written without a GPU to run it on: see the README.
 """
 
 from __future__ import annotations

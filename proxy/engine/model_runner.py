@@ -210,7 +210,7 @@ class ModelRunner:
                 valid = (qa[None, :] < p_nums[:, None]).reshape(-1)
                 meta.prefill_valid = valid.nonzero().squeeze(1)
                 meta.prefill_token_index = meta.prefill_query_index[meta.prefill_valid]
-        if self.dense_prefill and any(r.num_computed_tokens < r.num_prompt_tokens for r in requests):
+        if self.dense_prefill and any(r.is_in_prompt for r in requests):
             prompt_lens = torch.tensor([r.num_prompt_tokens for r in requests], dtype=torch.long)
             meta.row_plan = plan_rows(pos_t, pos_t < prompt_lens[row_of_token], self.dense_rows_by_position)
         input_ids = torch.tensor(token_ids, dtype=torch.long).view(1, num_tokens)
@@ -297,4 +297,3 @@ class ModelRunner:
                                [i - num_generated for i in so.sample_indices if i >= num_generated],
                                so.num_decodes - num_generated)
         return torch.cat([logits, self.execute(rest)])
-

@@ -151,6 +151,11 @@ class Request:
         return len(self.all_token_ids) - self.num_computed_tokens
 
     @property
+    def is_in_prompt(self) -> bool:
+        """True while some prompt token has no K/V yet (the next token fed is a prompt token)."""
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    @property
     def is_decoding(self) -> bool:
         """True when it needs exactly one token: its last sampled one (a decode)."""
         return self.num_tokens_to_compute == 1

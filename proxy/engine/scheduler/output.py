@@ -36,8 +36,7 @@ class SchedulerOutput:
         step takes the leading generated-token rows). ``num_decodes`` counts the one-token entries.
         """
         out = cls()
-        order = sorted(scheduled.items(), key=lambda item: (
-            item[1] != 1, item[0].num_computed_tokens < item[0].num_prompt_tokens))
+        order = sorted(scheduled.items(), key=lambda item: (item[1] != 1, item[0].is_in_prompt))
         for index, (request, num_new) in enumerate(order):
             out.requests.append(request)
             out.num_new_tokens.append(num_new)
@@ -53,7 +52,7 @@ class SchedulerOutput:
         prompt's last token): the rows the CPU's compiled decode step computes."""
         n = 0
         for request in self.requests[: self.num_decodes]:
-            if request.num_computed_tokens < request.num_prompt_tokens:
+            if request.is_in_prompt:
                 break
             n += 1
         return n
