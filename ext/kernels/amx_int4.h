@@ -96,7 +96,7 @@ static int sp_amx_available(void) {
     if ((lo & (3u << 17)) != (3u << 17) || (lo & 0xe6) != 0xe6) return 0;
     if (syscall(SYS_arch_prctl, SP_ARCH_REQ_XCOMP_PERM, SP_XFEATURE_XTILEDATA) != 0) return 0;
     cached = sp_amx_probe();
-    return 1;
+    return cached;
 }
 
 /* two sets: tmm0 / tmm3: A (rows x 32 bf16), tmm1 / tmm4: B (16 x 32 bf16), tmm2 / tmm5: C (rows x 16 fp32) */

@@ -172,8 +172,9 @@ def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
 
 def _amx_int4_op(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
                  group_size: int) -> torch.Tensor:
-    """The kernel as a torch op, so that ``torch.compile`` keeps it as one opaque node (eager calls
-    skip the op's dispatch). Arguments as :func:`amx_int4_mm`, checked there."""
+    """The op's Python kernel (where ``ext/kernels/torch_ops.cpp``'s is not built:
+    :func:`proxy.quant.kernels.define_cpu_op`). The op keeps a call one opaque node for
+    ``torch.compile``; eager calls skip its dispatch. Arguments as :func:`amx_int4_mm`, checked there."""
     return _run(x, tiles, scales_and_zeros, group_size)
 
 

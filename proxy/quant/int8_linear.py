@@ -110,29 +110,32 @@ def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> tor
         if _q8_matmul is None or not _q8_matmul.available():
             raise RuntimeError(
                 f"the Q8_0 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AVX2/FMA'})")
-    out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales)
+    isa = _q8_matmul.ISAS[KERNEL_ISA] if _q8_matmul is not None and KERNEL_ISA is not None else 0
+    out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales, isa)
     return out
 
 
-def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The kernel as a torch op, so that ``torch.compile`` (``--compile-decode``) keeps it as one
-    opaque node (``data_ptr`` cannot be traced). Arguments as :func:`q8_matmul`, checked there."""
+def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, isa: int) -> torch.Tensor:
+    """The op's Python kernel (where ``ext/kernels/torch_ops.cpp``'s is not built:
+    :func:`proxy.quant.kernels.define_cpu_op`). The op keeps a call one opaque node for
+    ``torch.compile`` (``data_ptr`` cannot be traced). Arguments as :func:`q8_matmul`, checked there;
+    ``isa`` a value of the extension's ``ISAS``."""
     assert _q8_matmul is not None
     m, k = x.shape
     n = codes.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
-        assert KERNEL_ISA is not None
         _q8_matmul.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), n, out.data_ptr(),
-                             torch.get_num_threads(), _q8_matmul.ISAS[KERNEL_ISA])
+                             torch.get_num_threads(), isa)
     return out
 
 
-def _q8_matmul_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def _q8_matmul_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, isa: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], codes.shape[0])
 
 
-define_cpu_op("q8_matmul(Tensor x, Tensor codes, Tensor scales) -> Tensor", _q8_matmul_op, _q8_matmul_fake)
+define_cpu_op("q8_matmul(Tensor x, Tensor codes, Tensor scales, int isa) -> Tensor", _q8_matmul_op,
+              _q8_matmul_fake)
 
 
 def q8_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

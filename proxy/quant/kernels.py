@@ -27,6 +27,8 @@ and round once to the activation dtype.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -161,22 +163,54 @@ def int4_mm_for(device: torch.device) -> Int4MM:
 
 _LIBRARY = torch.library.Library("streamproxy", "FRAGMENT")
 
+#: ``STREAMPROXY_TORCH_OPS=0`` in the environment keeps the ops' Python kernels (benchmarks, tests)
+TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
+
+
+def _load_torch_ops() -> str | None:
+    """Load ``proxy.quant._torch_ops`` (``ext/kernels/torch_ops.cpp``: the C++ CPU kernels of the ops
+    :func:`define_cpu_op` defines); None when loaded, else why not."""
+    if os.environ.get(TORCH_OPS_ENV, "1") == "0":
+        return f"turned off ({TORCH_OPS_ENV}=0)"
+    spec = importlib.util.find_spec("proxy.quant._torch_ops")
+    if spec is None or spec.origin is None:
+        return "not built (torch was not importable when the project was built)"
+    try:  # a library built against another torch fails here (undefined symbols)
+        torch.ops.load_library(spec.origin)
+    except (OSError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+#: why the C++ kernels are not in use (None when they are: :func:`cpp_kernels_loaded`)
+TORCH_OPS_ERROR: str | None = _load_torch_ops()
+
+
+def cpp_kernels_loaded() -> bool:
+    """Whether the ops of :func:`define_cpu_op` run their C++ kernels (``proxy.quant._torch_ops``)."""
+    return TORCH_OPS_ERROR is None
+
 
 def define_cpu_op(schema: str, kernel: Callable[..., torch.Tensor],
                   fake: Callable[..., torch.Tensor]) -> None:
-    """Register ``kernel`` as the CPU implementation of the op ``streamproxy::<schema>`` (a schema
-    string such as ``"q8_matmul(Tensor x, Tensor codes, Tensor scales) -> Tensor"``) and ``fake``
-    as its shape function, so that ``torch.compile`` keeps a call as one opaque node. Registered
-    through ``torch.library.Library`` rather than ``torch.library.custom_op``, whose Python
-    wrappers cost a compiled step several microseconds a call (``docs/compile.md``); the op has no
-    autograd formula (inference only).
+    """Define the op ``streamproxy::<schema>`` (a schema string such as ``"q8_matmul(Tensor x, Tensor
+    codes, Tensor scales, int isa) -> Tensor"``) with ``fake`` as its shape function, so that
+    ``torch.compile`` keeps a call as one opaque node; its CPU kernel is the C++ one of
+    ``ext/kernels/torch_ops.cpp`` where that library loaded (:func:`cpp_kernels_loaded`), else
+    ``kernel``. Why C++: a compiled decode step (inductor's C++ wrapper, which releases the GIL)
+    calls these ops ~120 times a step; a Python kernel takes the GIL back each call (waiting for the
+    server's event loop thread) and costs several microseconds more (``docs/compile.md``).
+    Registered through ``torch.library.Library`` rather than ``torch.library.custom_op``, whose
+    Python wrappers cost more again; the op has no autograd formula (inference only).
 
     Raises:
-        RuntimeError: an op of that name is already defined.
+        RuntimeError: an op of that name is already defined, or the C++ kernel's signature does not
+            match ``schema``.
     """
     name = schema.split("(", 1)[0]
     _LIBRARY.define(schema)
-    _LIBRARY.impl(name, kernel, "CPU")
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"streamproxy::{name}", "CPU"):
+        _LIBRARY.impl(name, kernel, "CPU")
     torch.library.register_fake(f"streamproxy::{name}", fake, lib=_LIBRARY)
 
 

@@ -139,7 +139,9 @@ def test_int8_linear_forward(kernel: bool, monkeypatch: pytest.MonkeyPatch) -> N
 @needs_kernel
 def test_the_op_is_registered_for_torch_compile() -> None:
     codes, scales = _weights(16, 64)
-    torch.library.opcheck(torch.ops.streamproxy.q8_matmul.default, (torch.randn(3, 64), codes, scales),
+    assert int8_linear._q8_matmul is not None and int8_linear.KERNEL_ISA is not None
+    isa = int8_linear._q8_matmul.ISAS[int8_linear.KERNEL_ISA]
+    torch.library.opcheck(torch.ops.streamproxy.q8_matmul.default, (torch.randn(3, 64), codes, scales, isa),
                           test_utils=("test_schema", "test_faketensor"))
 
 
