@@ -68,6 +68,7 @@ def child_main(settings: Settings, conn: Connection) -> None:
         from proxy.engine.core import EngineCore
         from proxy.engine.loading import load_engine_model
         from proxy.engine.structured import GrammarCompiler, logits_width
+        from proxy.heap import freeze_heap
         from proxy.quant.apply import trim_heap
         from proxy.tokenizer import Tokenizer
 
@@ -85,6 +86,7 @@ def child_main(settings: Settings, conn: Connection) -> None:
 
             conn.send(Progress("self-check against generate() (or its recorded pass)"))
             check_at_load(loaded, settings, core.max_model_len)
+        freeze_heap()  # the loaded engine's objects out of the collector's full passes (proxy.heap)
         trim_heap()  # the load's and the self-check's freed temporaries (1279 -> 1161 MiB measured)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
         conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))

@@ -1,0 +1,22 @@
+"""The Python heap after start-up: what is alive once the model is loaded stays out of the cyclic
+garbage collector's passes.
+
+Why: a loaded server holds ~400 000 long-lived Python objects (torch, transformers, the model's
+modules, the compiled step); a full collection (generation 2), which CPython starts now and then
+while requests allocate, walked them all in 90-110 ms with the GIL held (2-core Xeon, default model),
+stalling every stream's next token: the 16-stream benchmark's p99 inter-token latency was such a
+pause (``docs/benchmarks.md``). vLLM's engine does the same after its start-up (``gc.freeze``).
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_heap() -> None:
+    """Collect the garbage start-up left (``gc.collect()``), then move every object still alive into
+    the collector's permanent generation (``gc.freeze()``), which later collections skip. Objects
+    frozen are never freed by the cycle collector (reference counting still frees them); call it
+    once, when loading is done."""
+    gc.collect()
+    gc.freeze()
