@@ -35,7 +35,6 @@ extensions += [
 ]
 
 
-
 def torch_ops_extension() -> Extension | None:
     """``ext/kernels/torch_ops.cpp`` as ``proxy.quant._torch_ops``: the C++ kernels of this project's
     torch ops, compiled against the torch installed beside the build (the Makefile installs without

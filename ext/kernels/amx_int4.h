@@ -254,15 +254,24 @@ static int sp_amx_available(void) { return 0; }
 #endif
 
 /* y[M, N] (bf16) = x[M, K] (bf16) @ W^T; K % group == 0, group % 32 == 0, group <= 256, N % 16 == 0,
- * all arrays contiguous in the layout above; M > 16 needs x readable to M rounded up to 16 rows (the
- * caller pads). Threads (OpenMP, num_threads) take contiguous ranges of the N / 16 output blocks.
- * Computes nothing where sp_amx_available() is 0. */
+ * all arrays contiguous in the layout above. Threads (OpenMP, num_threads) take contiguous ranges of
+ * the N / 16 output blocks. The kernel reads whole 16-row tiles of x: a call of more than 16 rows,
+ * not a multiple of 16, runs on a copy of x padded with zero rows (their outputs are not stored).
+ * Computes nothing where sp_amx_available() is 0 (or the padded copy cannot be allocated). */
 static void sp_amx_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes, const uint16_t *scale,
                                const uint16_t *zero, int64_t N, int64_t group, uint16_t *y, int num_threads) {
 #if SP_AMX_X86
     if (!sp_amx_available() || M <= 0) return;
     const int64_t M_pad = M <= SP_AMX_MTILE ? M : (M + SP_AMX_MTILE - 1) / SP_AMX_MTILE * SP_AMX_MTILE;
+    uint16_t *padded = NULL;
+    if (M_pad != M) {
+        padded = (uint16_t *)calloc((size_t)(M_pad * K), sizeof(uint16_t));
+        if (!padded) return;
+        memcpy(padded, x, sizeof(uint16_t) * (size_t)(M * K));
+        x = padded;
+    }
     sp_amx_int4_run(x, M, M_pad, K, codes, scale, zero, N, group, y, num_threads);
+    free(padded);
 #else
     (void)x; (void)M; (void)K; (void)codes; (void)scale; (void)zero; (void)N; (void)group; (void)y; (void)num_threads;
 #endif

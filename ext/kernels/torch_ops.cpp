@@ -6,7 +6,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 extern "C" {
@@ -35,11 +34,6 @@ at::Tensor amx_int4_mm(const at::Tensor& x_in, const at::Tensor& tiles, const at
     TORCH_CHECK(tiles.is_contiguous() && scales_and_zeros.is_contiguous(), "amx_int4_mm takes contiguous weights");
     TORCH_CHECK(sp_amx_available(), "the AMX int4 kernel does not run on this CPU");
     at::Tensor x = x_in.contiguous();
-    if (m > SP_AMX_MTILE && m % SP_AMX_MTILE) {  // the kernel reads whole 16-row tiles of x
-        at::Tensor padded = at::zeros({(m + SP_AMX_MTILE - 1) / SP_AMX_MTILE * SP_AMX_MTILE, k}, x.options());
-        padded.narrow(0, 0, m).copy_(x);
-        x = padded;
-    }
     at::Tensor out = at::empty({m, n}, x.options());
     if (m && n) {
         const auto* sz = static_cast<const uint16_t*>(scales_and_zeros.const_data_ptr());

@@ -42,8 +42,6 @@ except ImportError as _exc:  # not built (a compiler without AMX intrinsics or O
 #: inputs a weight tile covers (the group size must be a multiple) and output features a block covers
 K_TILE = 32
 N_BLOCK = 16
-#: activation rows an AMX tile holds: calls of more rows are padded to a multiple
-M_TILE = 16
 #: the largest group size (the kernel decodes one group's tiles before multiplying them)
 MAX_GROUP = 256
 
@@ -152,17 +150,12 @@ def amx_int4_mm_checked(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: 
 
 def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
          group_size: int) -> torch.Tensor:
-    """The kernel on checked, contiguous arguments; a call of more than 16 rows is padded to a
-    multiple of 16 (the kernel reads whole row tiles)."""
+    """The kernel on checked, contiguous arguments (the kernel pads a call's last partial row tile)."""
     assert _amx_int4 is not None
     m, k = x.shape
     n = tiles.shape[0] * N_BLOCK
     out = torch.empty(m, n, dtype=torch.bfloat16)
     if m and n:
-        if m > M_TILE and m % M_TILE:
-            padded = x.new_zeros(-(-m // M_TILE) * M_TILE, k)
-            padded[:m] = x
-            x = padded
         sz = scales_and_zeros.data_ptr()
         _amx_int4.amx_int4_matmul(x.data_ptr(), m, k, tiles.data_ptr(), sz, sz + scales_and_zeros.shape[1]
                                   * scales_and_zeros.shape[2] * N_BLOCK * 2, n, group_size, out.data_ptr(),
