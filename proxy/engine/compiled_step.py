@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from proxy.engine.attention import KEY_PAD, METADATA_KWARG, LayerSpec, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.attention.kernels import paged_decode_kernel_available
 from proxy.engine.decode_graphs import padded_step_inputs
 from proxy.engine.runtime_key import model_inputs, runtime_inputs
 from proxy.settings import Settings
@@ -85,7 +86,7 @@ def decode_forward(
     meta = PagedAttentionMetadata(
         kv_cache=kv_cache, slot_mapping=slot_mapping, num_decodes=input_ids.shape[1],
         decode_gather=decode_gather, decode_context_lens=context_lens, decode_mask=decode_mask,
-        num_groups=num_groups,
+        num_groups=num_groups, paged_decode=paged_decode_kernel_available(),
     )
     out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0,
                 **{METADATA_KWARG: meta})

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from proxy.quant import amx_int4, int8_linear
+from proxy.quant.kernels import cpp_kernels_loaded
 
 _CODE_SUFFIXES = (".py", ".so", ".pyx")
 
@@ -48,7 +49,8 @@ def runtime_inputs() -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_kernels": {"q8_isa": int8_linear.KERNEL_ISA, "amx_int4": amx_int4.in_use()},
+        "cpu_kernels": {"q8_isa": int8_linear.KERNEL_ISA, "amx_int4": amx_int4.in_use(),
+                        "torch_ops": cpp_kernels_loaded()},
         "num_threads": torch.get_num_threads(),
     }
 

@@ -33,7 +33,7 @@ def test_the_cpp_kernels_are_built_and_serve_the_ops_where_ci_requires_it() -> N
     if os.environ.get("STREAMPROXY_REQUIRE_COMPILED") != "1":
         pytest.skip("STREAMPROXY_REQUIRE_COMPILED is not set")
     assert kernels.TORCH_OPS_ERROR is None
-    for op in ("amx_int4_mm", "q8_matmul"):
+    for op in ("amx_int4_mm", "q8_matmul", "paged_decode_attention"):
         assert "torch_ops.cpp" in _cpu_kernel_source(op), op
 
 

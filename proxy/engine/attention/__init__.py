@@ -8,7 +8,7 @@ One module a concept:
 - ``metadata``: one step's :class:`PagedAttentionMetadata` (slots, gathers, masks) and the key
   padding (:data:`KEY_PAD`) that makes attention batch invariant;
 - ``kernels``: gather a context from a pool, attend over it (SDPA or the explicit soft-cap / sinks
-  softmax);
+  softmax), and the op that attends decode rows over the pools directly (compiled decode steps);
 - ``probe``: the 3-token pass that measures every layer before the cache is sized;
 - ``forward``: :func:`paged_attention_forward` itself (write K/V, attend decode rows and prefill
   chunks) and :func:`register`.

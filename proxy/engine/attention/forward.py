@@ -10,8 +10,10 @@ Per layer the function (1) writes the step's new K/V into the layer's pool at ``
 (2) attends. Decode rows (one query token each) are batched: one gather of every sequence's
 context to a padded ``[B, H_kv, L_max, D]`` tensor and one ``scaled_dot_product_attention`` with
 the GQA group folded into the query dimension and a key mask; no Python loop over requests.
-Prefill chunks are batched the same way with padded queries and a bottom-right-aligned causal mask
-(a chunk on top of cached tokens sees all of them).
+Where ``meta.paged_decode`` is set (the compiled decode step, with the C++ kernel loaded), plain
+decode rows instead attend over the pools directly (``kernels.paged_decode_attention``: no gather,
+no padding, fp32 softmax). Prefill chunks are batched the same way with padded queries and a
+bottom-right-aligned causal mask (a chunk on top of cached tokens sees all of them).
 
 Per-layer variants, each read from what the layer passes (and its config), as transformers' eager
 attention and mask functions define them: sliding windows and chunked attention (masks, see
@@ -94,18 +96,25 @@ def paged_attention_forward(
     decode_out = None
     if num_decodes:
         gather = meta.decode_gather
-        assert gather is not None
-        # [B_d, L_d, H_kv, D] -> [B_d, H_kv, L_d, D]
-        k = kernels.gather(k_pool, gather).transpose(1, 2)
-        v = kernels.gather(v_pool, gather).transpose(1, 2)
-        q = q_flat[:num_decodes].reshape(num_decodes, num_kv_heads, group, q_flat.shape[-1])
-        if s_aux is not None:
-            sinks = s_aux.view(num_kv_heads, group, 1)
-        mask = meta.decode_mask_for(window, chunk)
-        if plain:
-            mask = meta.sdpa_mask(mask, q.dtype)
-        decode_out = kernels.attend(q, k, v, mask, scaling, softcap, sinks)
-        decode_out = decode_out.reshape(num_decodes, num_heads, value_dim)
+        assert gather is not None and meta.decode_context_lens is not None
+        over_pools = (meta.paged_decode and plain and window is None and chunk is None
+                      and k_pool.dtype == v_pool.dtype == query.dtype)
+        if over_pools:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            decode_out = kernels.paged_decode_attention(q_flat[:num_decodes], k_pool, v_pool, gather,
+                                                        meta.decode_context_lens, scale)
+        else:
+            # [B_d, L_d, H_kv, D] -> [B_d, H_kv, L_d, D]
+            k = kernels.gather(k_pool, gather).transpose(1, 2)
+            v = kernels.gather(v_pool, gather).transpose(1, 2)
+            q = q_flat[:num_decodes].reshape(num_decodes, num_kv_heads, group, q_flat.shape[-1])
+            if s_aux is not None:
+                sinks = s_aux.view(num_kv_heads, group, 1)
+            mask = meta.decode_mask_for(window, chunk)
+            if plain:
+                mask = meta.sdpa_mask(mask, q.dtype)
+            decode_out = kernels.attend(q, k, v, mask, scaling, softcap, sinks)
+            decode_out = decode_out.reshape(num_decodes, num_heads, value_dim)
         if num_decodes == num_tokens:
             return decode_out.unsqueeze(0), None
 

@@ -1,4 +1,6 @@
-"""The two tensor kernels of paged attention: gather a context from a pool, attend over it.
+"""The tensor kernels of paged attention: gather a context from a pool and attend over it, or (the
+op :data:`paged_decode_attention`, decode rows of the compiled decode step) attend over the pools
+directly.
 
 Plain layers go to ``scaled_dot_product_attention``. Soft-capped layers (Gemma 2: attention logit
 soft-capping ``c``, ``scores = c * tanh(scores / c)`` before the mask) and sink layers (GPT-OSS
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from proxy.quant.kernels import cpp_kernels_loaded, define_cpu_op
 
 
 def gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -98,3 +102,59 @@ def attend(
             probs = torch.softmax(scores, dim=-1)
         out = torch.matmul(probs.to(v.dtype), v)
     return out[..., :rows, :].contiguous() if pad else out
+
+
+def _paged_decode_attention_reference(
+    query: torch.Tensor,
+    key_pool: torch.Tensor,
+    value_pool: torch.Tensor,
+    slots: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The op's math in torch (its Python kernel where ``proxy.quant._torch_ops`` is not loaded, and
+    the tests' reference): fp32 scores over each row's first ``context_lens[b]`` slots, fp32
+    softmax and sum, rounded once to the query's dtype. Same values as the C++ kernel up to fp32
+    summation order."""
+    rows, heads, dk = query.shape
+    heads_kv = key_pool.shape[1]
+    group = heads // heads_kv
+    keys = slots.shape[1]
+    k = gather(key_pool, slots).float().transpose(1, 2)  # [B, H_kv, L, Dk]
+    v = gather(value_pool, slots).float().transpose(1, 2)
+    q = query.float().reshape(rows, heads_kv, group, dk)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H_kv, G, L]
+    visible = torch.arange(keys)[None, :] < context_lens[:, None]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, H_kv, G, Dv]
+    return out.reshape(rows, heads, -1).to(query.dtype)
+
+
+def _paged_decode_attention_fake(
+    query: torch.Tensor,
+    key_pool: torch.Tensor,
+    value_pool: torch.Tensor,
+    slots: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return query.new_empty((query.shape[0], query.shape[1], value_pool.shape[2]))
+
+
+define_cpu_op(
+    "paged_decode_attention(Tensor query, Tensor key_pool, Tensor value_pool, Tensor slots, "
+    "Tensor context_lens, float scale) -> Tensor",
+    _paged_decode_attention_reference, _paged_decode_attention_fake,
+)
+
+#: ``streamproxy::paged_decode_attention`` (``ext/kernels/torch_ops.cpp``): decode rows attend over
+#: the paged pools directly, ``query [B, H, Dk]``, ``key_pool [S, H_kv, Dk]``, ``value_pool [S, H_kv,
+#: Dv]``, ``slots [B, L]`` and ``context_lens [B]`` int64, ``scale`` -> ``[B, H, Dv]``; a row reads its
+#: own ``context_lens[b]`` keys only (batch invariant by construction), fp32 softmax.
+paged_decode_attention = torch.ops.streamproxy.paged_decode_attention.default
+
+
+def paged_decode_kernel_available() -> bool:
+    """Whether decode rows can attend through the C++ :data:`paged_decode_attention` (the compiled
+    decode step uses it then; the Python kernel would take the GIL inside the graph)."""
+    return cpp_kernels_loaded()

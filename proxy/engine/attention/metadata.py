@@ -17,7 +17,9 @@ the explicit path. With the key length left at the step's longest context, a row
 ended inside the kernel's vector tail summed in another order when a longer sequence joined the
 step; at bf16 that changed greedy tokens (8 of 36 concurrent requests of the public cases: a
 request's temperature-0 text depended on the load). The packed int4/int8 linears are row-invariant
-too, so the default serving's T0 output does not depend on the batch. Not covered: fp32 dense
+too, so the default serving's T0 output does not depend on the batch. The compiled decode step's
+attention op (``kernels.paged_decode_attention``) reads only a row's own keys, so its rows are
+invariant whatever the padding. Not covered: fp32 dense
 matmuls (a one-row product takes another kernel than a many-row one) and a few fp32 SDPA key
 lengths; fp32 serving keeps differences at near-ties ("Defeating Nondeterminism in LLM
 Inference", Thinking Machines, 2025, describes the same problem on GPUs).
@@ -87,6 +89,9 @@ class PagedAttentionMetadata:
         num_groups: the ``G`` ``prefill_mask`` was folded with.
         masks: per-step cache of the masks of other patterns / groups (filled by the first layer
             that needs one).
+        paged_decode: plain decode rows attend through ``kernels.paged_decode_attention`` over the
+            pools (set by the compiled decode step where the C++ kernel is loaded), not a gather
+            and SDPA.
         row_plan: which tokens the packed linears run through their dense copies (prompt tokens;
             :class:`proxy.quant.dense_prefill.RowPlan`), or None (all packed, or no packed layers).
     """
@@ -108,6 +113,7 @@ class PagedAttentionMetadata:
     num_groups: int = 1
     masks: dict[tuple[Any, ...], torch.Tensor | None] = field(default_factory=dict)
     row_plan: Any = None
+    paged_decode: bool = False
 
     def decode_mask_for(self, window: int | None, chunk: int | None) -> torch.Tensor | None:
         """The decode key mask ``[B_d, 1, 1, L_d]`` (or None: all keys visible) of a pattern."""
