@@ -83,6 +83,7 @@ def decode_forward(
         decode_gather: ``[B, L]`` int64; decode_mask: ``[B, 1, 1, L]`` bool (True = a real key);
         the metadata fields of :class:`PagedAttentionMetadata`.
     """
+    _one_slot_count(kv_cache)
     meta = PagedAttentionMetadata(
         kv_cache=kv_cache, slot_mapping=slot_mapping, num_decodes=input_ids.shape[1],
         decode_gather=decode_gather, decode_context_lens=context_lens, decode_mask=decode_mask,
@@ -92,6 +93,21 @@ def decode_forward(
                 **{METADATA_KWARG: meta})
     logits: torch.Tensor = out.logits[0]
     return logits
+
+
+def _one_slot_count(kv_cache: PagedKVCache) -> None:
+    """Tell the tracer that every pool has the first one's slot count (``torch._check``), so the
+    graph takes one size symbol for all of them instead of one per pool: inductor's C++ wrapper
+    turns each size argument into a tensor at every call (60 pools: ~60 ``torch.tensor`` calls a
+    step). Pools of different counts (none among the models the compiled step serves) are left
+    alone."""
+    pools = (*kv_cache.key_pools, *kv_cache.value_pools)
+    if not pools:
+        return
+    count = pools[0].shape[0]
+    if all(p.shape[0] == count for p in pools):
+        for pool in pools[1:]:
+            torch._check(pool.shape[0] == count)
 
 
 def supported(layers: list[LayerSpec]) -> str | None:

@@ -44,6 +44,14 @@ if TYPE_CHECKING:
     from proxy.engine.structured import GrammarCompiler, ReasoningEnd, RequestGrammar
 
 
+
+def argmax_rows(values: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest value, ``[R, V] -> [R]`` int64: the first one where several
+    tie, a NaN's where the row holds one (``argmax``'s answer). Through ``max(dim=-1)``, which torch's
+    CPU kernels run 3x faster than ``argmax`` (one 49152-wide fp32 row, 2 threads: 21 against 63 us,
+    once a token)."""
+    return values.max(dim=-1).indices
+
 class Sampler:
     """Samples one token per row of a step's logits.
 
@@ -232,7 +240,7 @@ class Sampler:
         for i, r in enumerate(requests):
             if r.params.seed is not None:
                 self._seeded_noise(noise[i], r)
-        return (probs / noise).argmax(dim=-1)
+        return argmax_rows(probs / noise)
 
     def sample(
         self, logits: torch.Tensor, requests: Sequence[Request]
@@ -256,13 +264,13 @@ class Sampler:
         processed = self._process(logits, requests)
         greedy = [r.params.is_greedy for r in requests]
         if all(greedy):
-            tokens = processed.argmax(dim=-1)
+            tokens = argmax_rows(processed)
         else:
             tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
             rows = [i for i, g in enumerate(greedy) if not g]
             if len(rows) < len(requests):
                 g_rows = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
-                tokens[g_rows] = processed[g_rows].argmax(dim=-1)
+                tokens[g_rows] = argmax_rows(processed[g_rows])
             r_rows = torch.tensor(rows, device=logits.device)
             tokens[r_rows] = self._sample_random(processed[r_rows], [requests[i] for i in rows])
         token_list: list[int] = tokens.tolist()

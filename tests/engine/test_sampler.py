@@ -155,3 +155,17 @@ def test_top_p_zero_is_greedy() -> None:
     top0 = s.sample(logits, [r(SamplingParams(temperature=1.5, top_p=0.0), rid=str(i)) for i in range(8)])[0]
     greedy = s.sample(logits, [r(SamplingParams(temperature=0.0), rid=str(i)) for i in range(8)])[0]
     assert top0 == greedy == logits.argmax(dim=-1).tolist()
+
+
+def test_argmax_rows_is_argmax_with_ties_and_nans() -> None:
+    from proxy.engine.sampler import argmax_rows
+
+    g = torch.Generator().manual_seed(0)
+    values = torch.randint(0, 40, (6, 49152), generator=g).float()  # ties everywhere
+    values[1, 7] = values[1, 40000] = 99.0  # a tie between two far lanes: the first
+    values[2, [5, 30000]] = float("nan")  # NaN wins, the first one
+    values[3] = float("-inf")
+    values[4, 49151] = 1000.0  # the last lane
+    got = argmax_rows(values)
+    assert torch.equal(got, values.argmax(dim=-1))
+    assert got[:5].tolist()[1:] == [7, 5, 0, 49151]
