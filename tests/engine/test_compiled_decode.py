@@ -243,3 +243,33 @@ def test_default_model_self_check_runs_through_the_compiled_step() -> None:
     before = step.num_calls
     report = run_self_check(loaded.model, settings, loaded.max_model_len)
     assert len(report.prompt_lengths) == 3 and step.num_calls > before
+
+
+@pytest.mark.parametrize("available", [True, False])
+def test_decode_rows_attend_through_the_pools_op_where_it_is_built(
+    model: torch.nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, available: bool
+) -> None:
+    """``decode_forward`` (run eager here, the function the graph is traced from) sends every
+    layer's decode rows through ``paged_decode_attention`` where the C++ kernels are loaded, and
+    through the gather and SDPA where they are not."""
+    from proxy.engine.attention import kernels
+    from proxy.engine.decode_graphs import padded_step_inputs
+
+    calls: list[tuple[int, ...]] = []
+    op = kernels.paged_decode_attention
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(tuple(args[0].shape))
+        return op(*args)
+
+    monkeypatch.setattr(kernels, "paged_decode_attention", counted)
+    monkeypatch.setattr(compiled_step, "paged_decode_kernel_available", lambda: available)
+    core = _core(model, tmp_path, compile_decode=False)
+    cache = core.runner.kv_cache
+    with torch.no_grad():
+        logits = compiled_step.decode_forward(model, cache, core.runner.num_groups,
+                                              *padded_step_inputs(cache.scratch_slot, 2, 64))
+    assert logits.shape[0] == 2 and bool(torch.isfinite(logits).all())
+    layers = model.config.num_hidden_layers
+    heads = model.config.num_attention_heads
+    assert calls == ([(2, heads, model.config.head_dim)] * layers if available else [])

@@ -130,14 +130,9 @@ def _paged_decode_attention_reference(
     return out.reshape(rows, heads, -1).to(query.dtype)
 
 
-def _paged_decode_attention_fake(
-    query: torch.Tensor,
-    key_pool: torch.Tensor,
-    value_pool: torch.Tensor,
-    slots: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
+def _paged_decode_attention_fake(query: torch.Tensor, key_pool: torch.Tensor, value_pool: torch.Tensor,
+                                 *_: object) -> torch.Tensor:
+    """The op's output for tracing: ``[B, H, Dv]`` in the query's dtype."""
     return query.new_empty((query.shape[0], query.shape[1], value_pool.shape[2]))
 
 
