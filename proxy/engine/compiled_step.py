@@ -1,10 +1,11 @@
 """Pure-decode steps on the CPU through one ahead-of-time compiled graph, kept on disk between starts.
 
-The decode forward (embedding, every decoder layer with the paged attention, the final norm and the
-lm_head) is compiled once by ``torch.compile(fullgraph=True)`` (inductor's CPU backend fuses the
-casts, norms, RoPE, SiLU-mul and residual adds around the packed matmul kernels, which stay opaque
-custom ops) with dynamo's ahead-of-time API (``.aot_compile``), as vLLM's ``VLLM_USE_AOT_COMPILE``
-does. Three choices make it cheap enough to be on by default:
+The decode forward (:func:`proxy.engine.traced_decode.decode_forward`: embedding, every decoder
+layer with the paged attention, the final norm and the lm_head) is compiled once by
+``torch.compile(fullgraph=True)`` (inductor's CPU backend fuses the casts, norms, RoPE, SiLU-mul and
+residual adds around the packed matmul kernels, which stay opaque custom ops) with dynamo's
+ahead-of-time API (``.aot_compile``), as vLLM's ``VLLM_USE_AOT_COMPILE`` does. Three choices make
+it cheap enough to be on by default:
 
 - **One graph for every step.** The step's row count ``B`` and key length ``L`` are dynamic
   dimensions (``torch._dynamo.mark_dynamic``; traced size-obliviously, so ``B = 1`` runs the same
@@ -43,10 +44,10 @@ from typing import Any
 
 import torch
 
-from proxy.engine.attention import KEY_PAD, METADATA_KWARG, LayerSpec, PagedAttentionMetadata, PagedKVCache
-from proxy.engine.attention.kernels import paged_decode_kernel_available
+from proxy.engine.attention import KEY_PAD, LayerSpec, PagedAttentionMetadata, PagedKVCache
 from proxy.engine.decode_graphs import padded_step_inputs
 from proxy.engine.runtime_key import model_inputs, runtime_inputs
+from proxy.engine.traced_decode import decode_forward
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -63,51 +64,6 @@ TRACE_ROWS, TRACE_KEYS = 2, 128
 #: one compiled step per model object, shared by every runner over it (the self-check's engine and
 #: the served one): compiled functions take the model and the pools as arguments.
 _BY_MODEL: weakref.WeakKeyDictionary[torch.nn.Module, CompiledDecodeStep] = weakref.WeakKeyDictionary()
-
-
-def decode_forward(
-    model: torch.nn.Module,
-    kv_cache: PagedKVCache,
-    num_groups: int,
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    decode_gather: torch.Tensor,
-    context_lens: torch.Tensor,
-    decode_mask: torch.Tensor,
-) -> torch.Tensor:
-    """The function that is compiled: one pure-decode forward -> logits ``[B, V]`` (model dtype).
-
-    Args:
-        input_ids, position_ids: ``[1, B]`` int64; slot_mapping, context_lens ``[B]`` int64;
-        decode_gather: ``[B, L]`` int64; decode_mask: ``[B, 1, 1, L]`` bool (True = a real key);
-        the metadata fields of :class:`PagedAttentionMetadata`.
-    """
-    _one_slot_count(kv_cache)
-    meta = PagedAttentionMetadata(
-        kv_cache=kv_cache, slot_mapping=slot_mapping, num_decodes=input_ids.shape[1],
-        decode_gather=decode_gather, decode_context_lens=context_lens, decode_mask=decode_mask,
-        num_groups=num_groups, paged_decode=paged_decode_kernel_available(),
-    )
-    out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=0,
-                **{METADATA_KWARG: meta})
-    logits: torch.Tensor = out.logits[0]
-    return logits
-
-
-def _one_slot_count(kv_cache: PagedKVCache) -> None:
-    """Tell the tracer that every pool has the first one's slot count (``torch._check``), so the
-    graph takes one size symbol for all of them instead of one per pool: inductor's C++ wrapper
-    turns each size argument into a tensor at every call (60 pools: ~60 ``torch.tensor`` calls a
-    step). Pools of different counts (none among the models the compiled step serves) are left
-    alone."""
-    pools = (*kv_cache.key_pools, *kv_cache.value_pools)
-    if not pools:
-        return
-    count = pools[0].shape[0]
-    if all(p.shape[0] == count for p in pools):
-        for pool in pools[1:]:
-            torch._check(pool.shape[0] == count)
 
 
 def supported(layers: list[LayerSpec]) -> str | None:

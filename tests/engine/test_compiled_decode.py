@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from proxy.engine import compiled_step
+from proxy.engine import compiled_step, traced_decode
 from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
 from proxy.sampling import SamplingParams
@@ -91,7 +91,7 @@ def _eager_stand_in(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     class StandIn:
         def __call__(self, *args: Any) -> torch.Tensor:
-            return compiled_step.decode_forward(*args)
+            return traced_decode.decode_forward(*args)
 
         def disable_guard_check(self) -> None:
             pass
@@ -166,7 +166,7 @@ def test_a_failing_call_runs_eager_from_then_on(model: torch.nn.Module, eager: d
         calls.append(1)
         if len(calls) == 5:
             raise RuntimeError("an inductor kernel crashed")
-        return compiled_step.decode_forward(*args)
+        return traced_decode.decode_forward(*args)
 
     step._fn = fails_on_the_fifth
     with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
@@ -263,11 +263,11 @@ def test_decode_rows_attend_through_the_pools_op_where_it_is_built(
         return op(*args)
 
     monkeypatch.setattr(kernels, "paged_decode_attention", counted)
-    monkeypatch.setattr(compiled_step, "paged_decode_kernel_available", lambda: available)
+    monkeypatch.setattr(traced_decode, "paged_decode_kernel_available", lambda: available)
     core = _core(model, tmp_path, compile_decode=False)
     cache = core.runner.kv_cache
     with torch.no_grad():
-        logits = compiled_step.decode_forward(model, cache, core.runner.num_groups,
+        logits = traced_decode.decode_forward(model, cache, core.runner.num_groups,
                                               *padded_step_inputs(cache.scratch_slot, 2, 64))
     assert logits.shape[0] == 2 and bool(torch.isfinite(logits).all())
     layers = model.config.num_hidden_layers
