@@ -1,9 +1,9 @@
 // The CPU kernels of the torch ops streamproxy::amx_int4_mm, streamproxy::q8_matmul and
-// streamproxy::paged_decode_attention in C++, built
-// into proxy.quant._torch_ops against the installed torch and loaded by proxy.quant.kernels, which
-// defines the ops' schemas; proxy/quant/kernels.py says why (a compiled decode step calls them ~120
-// times a step without taking the GIL). The kernels are the headers' (amx_int4.h, q8_matmul.h); each
-// call checks its arguments (the Python kernels they replace trusted the compiled graph's shapes).
+// streamproxy::paged_decode_attention in C++, built into proxy.quant._torch_ops against the installed
+// torch and loaded by proxy.quant.kernels, which defines the ops' schemas; proxy/quant/kernels.py says
+// why (a compiled decode step calls them ~150 times a step without taking the GIL). The matmul kernels
+// are the headers' (amx_int4.h, q8_matmul.h), the attention kernel is below; each call checks its
+// arguments (the Python kernels they replace trusted the compiled graph's shapes).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -89,11 +89,6 @@ at::Tensor q8_matmul(const at::Tensor& x_in, const at::Tensor& codes, const at::
 
 constexpr int64_t kLanes = 16;
 
-bool sp_avx512_available() {
-    static const bool yes = __builtin_cpu_supports("avx512f");
-    return yes;
-}
-
 // exp(x) for x <= 0, fp32: Cephes' expf (range reduction by ln 2, degree-6 polynomial, ~1 ulp);
 // x below -87 is clamped there (exp(-87) ~ 1.6e-38, negligible beside the row's maximum, exp(0) = 1).
 inline __attribute__((always_inline)) float exp_nonpositive(float x) {
@@ -126,15 +121,20 @@ inline __attribute__((always_inline)) float to_float(T v) {
     }
 }
 
+// the sum of kLanes partial sums by a fixed tree (halves added pairwise)
+inline __attribute__((always_inline)) float sum_lanes(float* part) {
+    for (int64_t w = kLanes / 2; w > 0; w /= 2)
+        for (int64_t l = 0; l < w; ++l) part[l] += part[l + w];
+    return part[0];
+}
+
 // sum of a[0:n] * b[0:n], n a multiple of kLanes, in a fixed order (lanes, then a tree over them).
 inline __attribute__((always_inline)) float dot_lanes(const float* __restrict a, const float* __restrict b,
                                                       int64_t n) {
     float part[kLanes] = {};
     for (int64_t d0 = 0; d0 < n; d0 += kLanes)
         for (int64_t l = 0; l < kLanes; ++l) part[l] += a[d0 + l] * b[d0 + l];
-    for (int64_t w = kLanes / 2; w > 0; w /= 2)
-        for (int64_t l = 0; l < w; ++l) part[l] += part[l + w];
-    return part[0];
+    return sum_lanes(part);
 }
 
 struct DecodeScratch {  // one thread's buffers; widths rounded up to kLanes, the tails zero
@@ -197,16 +197,18 @@ inline __attribute__((always_inline)) void decode_one(const DecodeArgs& a, const
         for (; j + kLanes <= ctx; j += kLanes)
             for (int64_t l = 0; l < kLanes; ++l) part[l] += row[j + l];
         for (int64_t l = 0; j < ctx; ++j, ++l) part[l] += row[j];
-        for (int64_t w = kLanes / 2; w > 0; w /= 2)
-            for (int64_t l = 0; l < w; ++l) part[l] += part[l + w];
-        const float inv = 1.0f / part[0];
+        const float inv = 1.0f / sum_lanes(part);
         T* o = out + b * a.out_row_stride + (h * g_n + g) * a.out_head_stride;
         const float* ag = acc + g * a.dv_pad;
         for (int64_t d = 0; d < a.dv; ++d) o[d] = T(ag[d] * inv);
     }
 }
 
+#if defined(__x86_64__)
 #define SP_DECODE_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define SP_DECODE_CLONES
+#endif
 #define SP_DECODE_RANGE(NAME, T)                                                                          \
     SP_DECODE_CLONES void NAME(const DecodeArgs& a, const T* query, const T* k_pool, const T* v_pool,     \
                                const int64_t* slots, const int64_t* ctx_lens, int64_t heads_kv,          \
@@ -219,10 +221,12 @@ SP_DECODE_RANGE(decode_range_bf16, at::BFloat16)
 SP_DECODE_RANGE(decode_range_f16, at::Half)
 SP_DECODE_RANGE(decode_range_f32, float)
 
+using DecodeItemFn = void (*)(const DecodeArgs&, const at::BFloat16*, const at::BFloat16*, const at::BFloat16*,
+                              const int64_t*, int64_t, int64_t, int64_t, float*, at::BFloat16*);
 
-// The bf16 rows with AVX-512 (widths a multiple of 16): the same math with explicit vectors, the
-// dot products reduced by _mm512_reduce_add_ps's fixed tree, exp by the same polynomial per lane.
-#define SP_AVX512 __attribute__((target("avx512f")))
+#if SP_Q8_X86  // x86-64 with GCC or clang (q8_matmul.h), which defines SP_AVX512
+// The bf16 rows with AVX-512 (widths of 64 or 128): the same math with explicit vectors, the scores
+// of 16 keys reduced together (transpose_sum16), exp by the same polynomial per lane.
 
 SP_AVX512 inline __m512 bf16x16_to_f32(const at::BFloat16* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -340,9 +344,6 @@ SP_AVX512 void decode_item_bf16_avx512(const DecodeArgs& a, const at::BFloat16* 
     }
 }
 
-using DecodeItemFn = void (*)(const DecodeArgs&, const at::BFloat16*, const at::BFloat16*, const at::BFloat16*,
-                              const int64_t*, int64_t, int64_t, int64_t, float*, at::BFloat16*);
-
 template <int N>
 DecodeItemFn decode_item_for(int64_t groups) {  // groups 1..8 with widths of N vectors
     switch (groups) {
@@ -361,11 +362,14 @@ DecodeItemFn decode_item_for(int64_t groups) {  // groups 1..8 with widths of N 
 // The AVX-512 item kernel for these shapes (bf16, Dk == Dv in {64, 128}, 1-8 query heads a KV
 // head), or nullptr: the generic loops serve.
 DecodeItemFn bf16_avx512_item(int64_t groups, int64_t dk, int64_t dv) {
-    if (!sp_avx512_available() || dk != dv) return nullptr;
+    if (!__builtin_cpu_supports("avx512f") || dk != dv) return nullptr;
     if (dk == 64) return decode_item_for<4>(groups);
     if (dk == 128) return decode_item_for<8>(groups);
     return nullptr;
 }
+#else
+DecodeItemFn bf16_avx512_item(int64_t, int64_t, int64_t) { return nullptr; }
+#endif
 
 template <typename T, typename Range>
 void run_decode(Range range, const DecodeArgs& a, const at::Tensor& q, const at::Tensor& k_pool,

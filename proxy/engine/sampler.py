@@ -44,13 +44,13 @@ if TYPE_CHECKING:
     from proxy.engine.structured import GrammarCompiler, ReasoningEnd, RequestGrammar
 
 
-
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     """The index of each row's largest value, ``[R, V] -> [R]`` int64: the first one where several
     tie, a NaN's where the row holds one (``argmax``'s answer). Through ``max(dim=-1)``, which torch's
     CPU kernels run 3x faster than ``argmax`` (one 49152-wide fp32 row, 2 threads: 21 against 63 us,
     once a token)."""
     return values.max(dim=-1).indices
+
 
 class Sampler:
     """Samples one token per row of a step's logits.
