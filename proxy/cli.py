@@ -7,11 +7,13 @@ the default. A boolean setting is a pair ``--field-name`` / ``--no-field-name`` 
 ``--allowed-origins``) repeat on the command line and are comma-separated in the environment
 (``STREAMPROXY_API_KEYS``, ``STREAMPROXY_ALLOWED_ORIGINS``).
 
-Shutdown: on SIGTERM/SIGINT uvicorn stops accepting connections; :class:`DrainingServer` first
-tells the app to drain (``ServerState.begin_drain``: new requests 503, open streams get
-``shutdown_grace_s`` to finish, then an SSE error event + ``[DONE]``), uvicorn's own
-``timeout_graceful_shutdown`` (grace + :data:`SHUTDOWN_BACKSTOP_S`) stays as a backstop, and the
-process exits 0.
+Shutdown: on SIGTERM/SIGINT :class:`DrainingServer` tells the app to drain
+(``ServerState.begin_drain``: new requests and ``/health`` 503, open streams get
+``shutdown_grace_s`` to finish, then an SSE error event + ``[DONE]``) and keeps listening until
+no request is left, so a router or client that connects meanwhile reads the 503 ``draining`` /
+``server_shutdown`` answers instead of a refused connection; then uvicorn's graceful shutdown
+closes the sockets (its ``timeout_graceful_shutdown``, grace + :data:`SHUTDOWN_BACKSTOP_S`, stays
+as a backstop), and the process exits 0. A second signal skips the wait (uvicorn's force exit).
 
 ``STREAMPROXY_TEST_FAULTS=1`` (environment only, for tests) mounts the fault-injection route
 ``POST /_test/fault`` (``proxy.api.faults``). API keys are never logged.
@@ -20,12 +22,14 @@ process exits 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import inspect
 import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +40,8 @@ ENV_PREFIX = "STREAMPROXY_"
 TEST_FAULTS_ENV = "STREAMPROXY_TEST_FAULTS"
 SHUTDOWN_BACKSTOP_S = 5.0
 """Seconds uvicorn waits past the grace period before it cancels what is left."""
+DRAIN_POLL_S = 0.05
+"""Seconds between two looks at the open requests while a shutdown drains."""
 _OPTION_NAMES = {"api_keys": "--api-key"}
 _HELP = {
     "model": "Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct)",
@@ -159,7 +165,15 @@ def _server_class() -> type:
             state = getattr(getattr(self.config.app, "state", None), "server", None)
             if state is not None:
                 state.begin_drain()
+                await self.drain_requests(state.settings.shutdown_grace_s + SHUTDOWN_BACKSTOP_S)
             await super().shutdown(sockets)
+
+        async def drain_requests(self, limit_s: float) -> None:
+            """Keep accepting (new requests are answered 503 by the draining app) until no request
+            task is left, ``limit_s`` has passed, or a second signal asked for a force exit."""
+            deadline = time.monotonic() + limit_s
+            while self.server_state.tasks and not self.force_exit and time.monotonic() < deadline:
+                await asyncio.sleep(DRAIN_POLL_S)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)

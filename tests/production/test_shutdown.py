@@ -111,12 +111,20 @@ def test_sigterm_real_process(model_dir: Path, tmp_path: Path, mode: list[str]):
     assert short_first.wait(30)
     t_term = time.monotonic()
     proc.process.send_signal(signal.SIGTERM)
+    # while the long stream drains the replica still listens, and says so (a router's health check,
+    # a client's next request on a new connection): 503 draining / server_shutdown, not refused
+    time.sleep(0.3)
+    health = httpx.get(f"{proc.base_url}/health", timeout=10)
+    refused = httpx.post(url, json={**base, "max_tokens": 4}, timeout=10)
     long_t.join(60)
     short_t.join(60)
     code = proc.process.wait(60)
     t_exit = time.monotonic()
     log = proc.log()
     assert code == 0, log[-3000:]
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "server_shutdown"
     # the short stream finished normally, with the text of the same request before
     short_chunks = chunks_and_done(short_out["raw"])
     assert short_chunks[-1]["choices"][0]["finish_reason"] == "length"
