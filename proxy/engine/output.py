@@ -84,8 +84,10 @@ class OutputProcessor:
         """Engine requests whose outputs are still expected."""
         return len(self._requests)
 
-    def add(self, request_id: str, mailbox: Mailbox, index: int, params: SamplingParams) -> None:
-        """Start tracking engine request ``request_id`` as choice ``index`` of ``mailbox``."""
+    def add(self, request_id: str, mailbox: Mailbox, index: int, params: SamplingParams,
+            num_prompt_tokens: int = 0) -> None:
+        """Start tracking engine request ``request_id`` (a prompt of ``num_prompt_tokens``) as choice
+        ``index`` of ``mailbox``; the metrics count it once it ends, however it ends."""
         stop = self._new_stop_checker(params.stop) if params.stop else None
         detokenizer = (self._tokenizer.new_detokenizer(params.keep_special_ids) if params.keep_special_ids
                        else self._tokenizer.new_detokenizer())
@@ -94,14 +96,20 @@ class OutputProcessor:
             reasoning = get_reasoning_parser(params.reasoning_parser, in_reasoning=params.starts_in_reasoning)
             mailbox.num_reasoning_tokens = mailbox.num_reasoning_tokens or 0
         self._requests[request_id] = _Tracked(mailbox, index, params, detokenizer, stop, reasoning)
+        if self._recorder is not None:
+            self._recorder.on_add(request_id, num_prompt_tokens)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, *, observe: bool = True) -> bool:
         """Stop tracking a request (its response closed; idempotent). A request still tracked is
-        counted as ``abort`` in the metrics; returns whether it was tracked."""
+        counted as ``abort`` in the metrics (not counted with ``observe=False``: refused before it
+        ran); returns whether it was tracked."""
         if self._requests.pop(request_id, None) is None:
             return False
         if self._recorder is not None:
-            self._recorder.on_abort(request_id)
+            if observe:
+                self._recorder.on_abort(request_id)
+            else:
+                self._recorder.forget(request_id)
         return True
 
     def fail_all(self, message: str, code: str = "server_shutdown") -> list[str]:

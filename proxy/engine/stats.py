@@ -22,6 +22,12 @@ class _Seen:
     last_token_time: float | None
     num_prompt_tokens: int
     num_output_tokens: int
+    first_scheduled_time: float | None = None
+
+    def queue_s(self) -> float | None:
+        """Seconds from arrival to first scheduled; None while never scheduled."""
+        scheduled = self.first_scheduled_time
+        return None if scheduled is None else max(0.0, scheduled - self.arrival_time)
 
 
 class MetricsRecorder:
@@ -31,6 +37,15 @@ class MetricsRecorder:
         self.metrics = metrics
         self._seen: dict[str, _Seen] = {}
 
+    def on_add(self, request_id: str, num_prompt_tokens: int) -> None:
+        """A request was handed to the engine: from now on it is counted once it ends, whether it
+        finishes, is aborted while still queued, or is aborted mid-generation."""
+        self._seen[request_id] = _Seen(time.monotonic(), None, num_prompt_tokens, 0)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request without counting it (refused before it ran: counted as rejected)."""
+        self._seen.pop(request_id, None)
+
     def on_output(self, output: RequestOutput, finish_reason: str | None) -> None:
         """One engine output and the finish reason output processing decided for it (None: running)."""
         now = time.monotonic()
@@ -38,6 +53,10 @@ class MetricsRecorder:
         if seen is None:
             seen = _Seen(output.arrival_time or now, None, output.num_prompt_tokens, 0)
             self._seen[output.request_id] = seen
+        elif output.arrival_time:
+            seen.arrival_time = output.arrival_time  # the engine's own arrival, as TTFT measures it
+        if output.first_scheduled_time is not None:
+            seen.first_scheduled_time = output.first_scheduled_time
         num_new = len(output.new_token_ids)
         if num_new:
             if seen.last_token_time is None:
@@ -53,20 +72,20 @@ class MetricsRecorder:
         if finish_reason is None:
             return
         del self._seen[output.request_id]
-        scheduled = output.first_scheduled_time
         self.metrics.observe_finished(
             finish_reason,
             e2e_s=max(0.0, now - seen.arrival_time),
-            queue_s=None if scheduled is None else max(0.0, scheduled - seen.arrival_time),
+            queue_s=seen.queue_s(),
             num_prompt_tokens=seen.num_prompt_tokens,
             num_generation_tokens=seen.num_output_tokens,
         )
 
     def on_abort(self, request_id: str) -> None:
-        """The client went away: count the request as ``abort`` (if it produced any output)."""
+        """The client went away (or the shutdown cut the request): count it as ``abort``, with its
+        queue time when it was scheduled (a request aborted while queued has none)."""
         seen = self._seen.pop(request_id, None)
         if seen is None:
             return
         self.metrics.observe_finished("abort", e2e_s=max(0.0, time.monotonic() - seen.arrival_time),
-                                      queue_s=None, num_prompt_tokens=seen.num_prompt_tokens,
+                                      queue_s=seen.queue_s(), num_prompt_tokens=seen.num_prompt_tokens,
                                       num_generation_tokens=seen.num_output_tokens)

@@ -174,3 +174,43 @@ def test_cached_tokens_come_from_choice_zero():
         return box.num_cached_tokens
 
     assert asyncio.run(main()) == 16
+
+
+def test_every_request_handed_to_the_engine_is_counted_once_however_it_ends():
+    """``request_success_total`` sums to the requests the engine took: aborted while still queued
+    (no output yet: no queue time), aborted mid-generation (queue time from its first scheduling),
+    finished; a request refused before it ran (``observe=False``, counted as rejected) is not."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from proxy.engine.stats import MetricsRecorder
+    from proxy.metrics import Metrics
+
+    metrics = Metrics("m")
+    proc = OutputProcessor(make_tokenizer(), MetricsRecorder(metrics))
+    box = Mailbox(4)
+    for i in range(4):
+        proc.add(f"r-{i}", box, i, SamplingParams(), num_prompt_tokens=5)
+    tok = make_tokenizer().encode("Hello")[0]
+    proc.abort("r-0")  # queued, never scheduled
+    running = RequestOutput("r-1", [tok], None, False, None, 5, 1, arrival_time=10.0,
+                            first_scheduled_time=10.25, first_token_time=10.5)
+    proc.process_outputs([running])
+    proc.abort("r-1")  # mid-generation
+    proc.process_outputs([RequestOutput("r-2", [tok], None, True, "length", 5, 1, arrival_time=10.0,
+                                        first_scheduled_time=10.5, first_token_time=10.75)])
+    proc.abort("r-3", observe=False)  # refused before it ran
+    assert proc.num_tracked == 0
+    def scrape() -> dict[tuple[str, str | None], float]:
+        return {(s.name, s.labels.get("finished_reason")): s.value
+                for family in text_string_to_metric_families(metrics.render().decode())
+                for s in family.samples}
+
+    samples = scrape()
+    assert samples[("streamproxy:request_success_total", "abort")] == 2
+    assert samples[("streamproxy:request_success_total", "length")] == 1
+    assert samples[("streamproxy:request_queue_time_seconds_count", None)] == 2
+    assert samples[("streamproxy:request_queue_time_seconds_sum", None)] == 0.75
+    assert samples[("streamproxy:prompt_tokens_total", None)] == 15
+    assert samples[("streamproxy:generation_tokens_total", None)] == 2
+    proc.abort("r-0")  # idempotent: a closed response is not counted twice
+    assert scrape()[("streamproxy:request_success_total", "abort")] == 2

@@ -84,6 +84,10 @@ def test_queue_full_is_429_and_admitted_requests_finish_exactly(model_dir: Path)
         )
         assert text == ref
     assert sample(metrics, "streamproxy:request_rejected_total", reason="queue_full") == 24
+    # refused requests are counted as rejected, not as finished (aborted) ones
+    assert sample(metrics, "streamproxy:request_success_total", finished_reason="length") == 8
+    with pytest.raises(KeyError):
+        sample(metrics, "streamproxy:request_success_total", finished_reason="abort")
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -102,11 +102,11 @@ class AsyncEngineClient:
             for i in range(n):
                 rid = f"{base}-{i}"
                 p = choice_params(params, i)
-                self._processor.add(rid, mailbox, i, p)
+                self._processor.add(rid, mailbox, i, p, len(prompt))
                 added.append(rid)
                 self.core.add_request(rid, prompt, p)
         except BaseException as exc:
-            self._abort(added)
+            self._abort(added, observe=False)
             if isinstance(exc, RateLimitError):
                 self.metrics.observe_rejected("queue_full")
             raise
@@ -118,9 +118,9 @@ class AsyncEngineClient:
             self.core.abort_requests(ended)
         return len(ended)
 
-    def _abort(self, request_ids: list[str]) -> None:
+    def _abort(self, request_ids: list[str], *, observe: bool = True) -> None:
         for rid in request_ids:
-            self._processor.abort(rid)
+            self._processor.abort(rid, observe=observe)
         self.core.abort_requests(request_ids)
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
