@@ -55,6 +55,16 @@ def test_bad_fields_name_their_param(body, param):
     assert err.value.param == param and err.value.status == 400
 
 
+def test_a_bad_token_id_says_what_it_got():
+    with pytest.raises(InvalidRequestError) as err:
+        parse_embedding_request({"model": "m", "input": [[1, -1]]})
+    assert err.value.message == ("'input[0][1]' must be a token id (a non-negative integer), "
+                                 "not the negative integer -1.")
+    with pytest.raises(InvalidRequestError) as err:
+        parse_embedding_request({"model": "m", "input": [[1, "a"]]})
+    assert err.value.message.endswith("(a non-negative integer), not a string.")
+
+
 def test_response_float_and_base64():
     vectors = np.array([[0.5, -0.25], [1.0, 0.1]], dtype=np.float32)
     raw = embedding_response(vectors, "m", 7, "float")

@@ -128,6 +128,16 @@ def test_seed_is_a_signed_64_bit_integer():
             "stream_options",
             "'stream_options' is only allowed when 'stream' is true.",
         ),
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+            "'stream_options.include_usage' must be a boolean, not a string.",
+        ),
+        (
+            {"messages": [{"role": "user", "content": []}]},
+            "messages[0].content",
+            "'messages[0].content' must not be an empty array: send a string or at least one content part.",
+        ),
         ({"user": 5}, "user", "'user' must be a string, not an integer."),
     ],
 )

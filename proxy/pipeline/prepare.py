@@ -171,12 +171,15 @@ async def render_chat(chat: ChatCompletionRequest, client: EngineClient, feature
 
 
 async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures, *,
-                       compile_grammar: bool = True) -> PreparedRequest:
+                       compile_grammar: bool = True,
+                       context_names: tuple[str, str] = ("messages", "max_tokens")) -> PreparedRequest:
     """A validated chat request -> its :class:`PreparedRequest`.
 
     ``required`` / named tool choices and ``response_format`` are enforced with a grammar compiled
     off the event loop here, before the request is submitted. ``compile_grammar=False`` (the render
     endpoints, which generate nothing) skips that compile; the prompt ids are the same.
+    ``context_names``: the request's names of the prompt and of ``max_tokens`` in a context-length
+    error (the Responses API's ``("input", "max_output_tokens")``).
 
     Raises:
         ModelNotFoundError: ``model`` is not the served model (404).
@@ -186,7 +189,9 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, featur
     check_model(client, chat.model)
     text, prompt_ids, parser = await render_chat(chat, client, features)
     tokenizer = client.tokenizer
-    max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len)
+    prompt_name, max_tokens_name = context_names
+    max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len,
+                                             prompt_name=prompt_name, max_tokens_name=max_tokens_name)
     params = replace(chat.params, max_tokens=max_tokens)
     tools = chat.tools
     markers: tuple[str, ...] = ()

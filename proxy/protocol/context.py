@@ -12,7 +12,7 @@ __all__ = ["resolve_max_tokens"]
 
 
 def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,
-                       *, prompt_name: str = "messages") -> int:
+                       *, prompt_name: str = "messages", max_tokens_name: str = "max_tokens") -> int:
     """The number of tokens to generate, checked against the context window: THE context check.
 
     The API calls it before generating (so the error is a plain 400 JSON body, also for
@@ -24,7 +24,10 @@ def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_
             as vLLM does).
         num_prompt_tokens: tokens of the templated prompt.
         max_model_len: the context window in tokens.
-        prompt_name: ``"messages"`` (chat) or ``"prompt"`` (completions), used in the message.
+        prompt_name: ``"messages"`` (chat), ``"prompt"`` (completions) or ``"input"`` (Responses
+            API), used in the message and as the error's ``param``.
+        max_tokens_name: the request's name of ``requested`` (``"max_output_tokens"`` in the
+            Responses API), the ``param`` of the error when prompt + requested is too long.
 
     Raises:
         InvalidRequestError: an empty prompt.
@@ -49,6 +52,6 @@ def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_
             f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the {prompt_name}, "
             f"{requested} in the completion). Please reduce the length of the {prompt_name} "
             "or the completion.",
-            param="max_tokens",
+            param=max_tokens_name,
         )
     return requested

@@ -74,8 +74,8 @@ def _ids(value: list[Any], param: str) -> tuple[int, ...]:
         raise _bad(param, f"'{param}' must not be an empty array of token ids.")
     for j, t in enumerate(value):
         if not _is_id(t) or t < 0:
-            raise _bad(param, f"'{param}[{j}]' must be a token id (a non-negative integer), not "
-                       f"{_type_name(t)}.")
+            got = f"the negative integer {t}" if _is_id(t) else _type_name(t)
+            raise _bad(param, f"'{param}[{j}]' must be a token id (a non-negative integer), not {got}.")
     return tuple(value)
 
 

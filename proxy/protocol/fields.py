@@ -145,12 +145,15 @@ def _opt_int(body: dict[str, Any], name: str, default: int | None, lo: int | Non
     return value
 
 
-def _opt_bool(body: dict[str, Any], name: str, default: bool) -> bool:
+def _opt_bool(body: dict[str, Any], name: str, default: bool, *, path: str | None = None) -> bool:
+    """``body[name]`` as a bool (``default`` when absent or null); ``path``: the field's full name
+    in errors when ``body`` is a nested object (``stream_options.include_usage``)."""
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _bad(name, f"'{name}' must be a boolean, not {_type_name(value)}.")
+        param = path or name
+        raise _bad(param, f"'{param}' must be a boolean, not {_type_name(value)}.")
     return value
 
 
@@ -251,7 +254,7 @@ def _stream(body: dict[str, Any]) -> StreamOptions:
             raise _bad("stream_options", "'stream_options' is only allowed when 'stream' is true.")
         if not isinstance(options, dict):
             raise _bad("stream_options", f"'stream_options' must be an object, not {_type_name(options)}.")
-        include_usage = _opt_bool(options, "include_usage", False)
+        include_usage = _opt_bool(options, "include_usage", False, path="stream_options.include_usage")
     return StreamOptions(stream=stream, include_usage=include_usage)
 
 

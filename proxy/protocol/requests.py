@@ -117,6 +117,9 @@ def _content(value: Any, param: str, role: str) -> str:
         raise _bad(
             param, f"'{param}' must be a string or an array of content parts, not {_type_name(value)}."
         )
+    if not value and role != "assistant":  # as OpenAI (an assistant's may be empty beside its calls)
+        raise _bad(param,
+                   f"'{param}' must not be an empty array: send a string or at least one content part.")
     texts = []
     for j, part in enumerate(value):
         p = f"{param}[{j}]"

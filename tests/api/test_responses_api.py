@@ -83,6 +83,9 @@ BAD = [
     ("schema missing", {"text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text.format.schema"),
     ("format type", {"text": {"format": {"type": "yaml"}}}, 400, "text.format.type"),
     ("max_output_tokens 0", {"max_output_tokens": 0}, 400, "max_output_tokens"),
+    # the context check names the Responses API's fields, not chat's messages / max_tokens
+    ("input past the context", {"input": "alpha beta " * 5000}, 400, "input"),
+    ("max_output_tokens past the context", {"max_output_tokens": 10**6}, 400, "max_output_tokens"),
     ("temperature 3", {"temperature": 3}, 400, "temperature"),
     ("tool_choice hosted", {"tool_choice": {"type": "web_search"}}, 400, "tool_choice.type"),
     ("store string", {"store": "yes"}, 400, "store"),

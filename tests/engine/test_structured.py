@@ -130,6 +130,11 @@ def test_compile_cache_and_errors() -> None:
         c.compile(StructuredOutputParams("regex", "(a"), "guided_regex")
     with pytest.raises(InvalidRequestError, match="non-empty list"):
         c.compile(StructuredOutputParams("choice", "[]"), "guided_choice")
+    unresolved = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}, "required": ["a"]}
+    with pytest.raises(InvalidRequestError, match="cannot be compiled") as info:
+        c.compile(StructuredOutputParams("json", json.dumps(unresolved)), "x.schema")
+    # xgrammar's own words, without its C++ log prefix ("[20:05:45] /project/cpp/....cc:5088: ")
+    assert "nope" in info.value.message and ".cc:" not in info.value.message and "[" not in info.value.message
     small = GrammarCompiler(hf_tokenizer(), MODEL_VOCAB, [eos()], cache_size=1)
     a = small.compile(JSON)
     small.compile(StructuredOutputParams("json_object"))

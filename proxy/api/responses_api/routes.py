@@ -17,6 +17,9 @@ from ..state import ServerState
 from .run import ResponseRun
 from .store import StoredResponse
 
+CONTEXT_NAMES = ("input", "max_output_tokens")
+"""The Responses API's names of the prompt and the output budget in context-length errors."""
+
 
 def _state(request: Request) -> ServerState:
     state: ServerState = request.app.state.server
@@ -54,7 +57,7 @@ async def create_response(request: Request) -> Response:
     (``proxy.protocol.responses_request``, as the chat request it means), prepare, generate, respond."""
     state, client, parsed = await _parse(request)
     client.metrics.observe_request("/v1/responses")
-    prepared = await prepare_chat(parsed.chat, client, state.features)
+    prepared = await prepare_chat(parsed.chat, client, state.features, context_names=CONTEXT_NAMES)
     return await ResponseRun(client, parsed, prepared, state.responses_store).respond(request, state.settings)
 
 
@@ -62,7 +65,7 @@ async def count_input_tokens(request: Request) -> Response:
     """``POST /v1/responses/input_tokens`` (OpenAI "Get input token counts"): the prompt's length as
     the same request would be generated, ``{"object": "response.input_tokens", "input_tokens"}``."""
     state, client, parsed = await _parse(request)
-    prepared = await prepare_chat(parsed.chat, client, state.features)
+    prepared = await prepare_chat(parsed.chat, client, state.features, context_names=CONTEXT_NAMES)
     return json_response({"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)})
 
 

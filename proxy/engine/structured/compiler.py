@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -39,6 +40,20 @@ def _lowest_priority() -> None:
     except (AttributeError, OSError):
         pass
 
+
+
+_XGRAMMAR_LOG_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
+"""xgrammar's C++ log prefix on its error messages (``[20:05:45] /project/cpp/file.cc:5088: ``)."""
+
+
+def compile_error_reason(exc: Exception) -> str:
+    """What a client reads of a grammar compiler's error: its last line, without xgrammar's C++ log
+    prefix (time, source file and line of its build), or the exception's type when it says
+    nothing."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    return _XGRAMMAR_LOG_PREFIX.sub("", text.splitlines()[-1])
 
 class GrammarCompiler:
     """Compiles grammars for one tokenizer and caches them by ``(kind, spec)`` (thread-safe).
@@ -164,7 +179,7 @@ class GrammarCompiler:
         except InvalidRequestError:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            reason = compile_error_reason(exc)
             raise InvalidRequestError(
                 f"{param}: cannot be compiled to a grammar: {reason}", param=param
             ) from None
