@@ -126,3 +126,57 @@ def test_supported_patterns_pass_and_are_enforced(pattern: str, good: list[str],
     for text in bad:
         quoted = json.dumps(text, ensure_ascii=False)
         assert not accepts(as_json, quoted) and not accepts(as_regex, text), text
+
+
+#: what pydantic writes for a tool whose arguments nest models: every nested model a "$ref" into
+#: "$defs", a recursive one back into itself, plus an old-style "definitions" entry.
+_NESTED_TOOL = {
+    "type": "object",
+    "properties": {
+        "loc": {"$ref": "#/$defs/Loc"},
+        "tags": {"type": "array", "items": {"$ref": "#/definitions/Tag"}, "maxItems": 2},
+    },
+    "required": ["loc"],
+    "additionalProperties": False,
+    "$defs": {"Loc": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                        "near": {"anyOf": [{"$ref": "#/$defs/Loc"},
+                                                                           {"type": "null"}]}},
+                      "required": ["city", "near"], "additionalProperties": False}},
+    "definitions": {"Tag": {"enum": ["red", "blue"]}},
+}
+
+
+def test_required_tool_choice_enforces_parameters_with_local_refs() -> None:
+    """``tool_choice: "required"`` wraps each tool's parameters in an array schema: their "#..."
+    references must still resolve there (they pointed at the parameters' own root)."""
+    from proxy.tools.request import parse_chat_tools
+    from proxy.tools.request.chat_tools import rebase_local_refs
+
+    plain = {"type": "function", "function": {"name": "now", "parameters": {"type": "object",
+                                                                              "properties": {}}}}
+    nested = {"type": "function", "function": {"name": "find", "parameters": _NESTED_TOOL}}
+    tools = parse_chat_tools({"tools": [plain, nested], "tool_choice": "required"})
+    assert tools is not None
+    so = tools.grammar()
+    assert so is not None
+    compiled = compiler().compile(so, "tools")
+    ok = ('[{"name": "find", "parameters": {"loc": {"city": "Oslo", "near": {"city": "Bergen", '
+          '"near": null}}, "tags": ["red"]}}, {"name": "now", "parameters": {}}]')
+    assert accepts(compiled, ok)
+    assert tools.calls_from_output(ok)[0].arguments == json.dumps(json.loads(ok)[0]["parameters"])
+    for bad_parameters in ('{"loc": {"city": "Oslo"}}',  # Loc's "near" is required
+                           '{"loc": {"city": "Oslo", "near": null}, "tags": ["green"]}',
+                           '{"loc": {"city": "Oslo", "near": {"city": 3, "near": null}}}',
+                           '{"loc": {"city": "Oslo", "near": null}, "extra": 1}'):
+        bad = f'[{{"name": "find", "parameters": {bad_parameters}}}]'
+        assert not accepts(compiled, bad), bad
+    # a tool without references keeps its parameters inline, as before
+    spec = json.loads(so.spec)
+    assert spec["items"]["anyOf"][0]["properties"]["parameters"] == plain["function"]["parameters"]
+    assert spec["items"]["anyOf"][1]["properties"]["parameters"] == {"$ref": "#/$defs/tool_1"}
+    # only references move: data that looks like one, other references and anchors stay as written
+    data = {"const": {"$ref": "#/x"}, "enum": [{"$ref": "#"}], "default": {"$ref": "#/a"},
+            "examples": [{"$ref": "#/b"}], "anyOf": [{"$ref": "#"}, {"$ref": "https://x/s.json"},
+                                                    {"$ref": "#anchor"}]}
+    assert rebase_local_refs(data, "#/$defs/t") == {**data, "anyOf": [
+        {"$ref": "#/$defs/t"}, {"$ref": "https://x/s.json"}, {"$ref": "#anchor"}]}
