@@ -2,30 +2,85 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .fields import _bad, _type_name
 
 ROLES = ("user", "system", "developer", "assistant")
+ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+"""The prefix of the id an input item without one is given, by ``type`` (OpenAI's ``msg_``, ``fc_``, ...)."""
+
+ItemResolver = Callable[[str], dict[str, Any] | None]
+"""Item id -> the stored item with that id, or None (unknown, evicted, or nothing is stored)."""
 
 
-def input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """``input`` as a list of item dicts (a string is one user message).
+def _with_id(item: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(item.get("id"), str) and item["id"]:
+        return item
+    kind = item.get("type", "message")
+    prefix = ID_PREFIXES.get(kind, "item") if isinstance(kind, str) else "item"
+    return {**item, "id": f"{prefix}_{uuid.uuid4().hex}"}
+
+
+def _resolved(item: dict[str, Any], i: int, resolve: ItemResolver | None) -> dict[str, Any]:
+    """The stored item an ``item_reference`` names (a copy), as if it had been sent inline."""
+    item_id, p = item.get("id"), f"input[{i}].id"
+    if not isinstance(item_id, str) or not item_id:
+        raise _bad(p, f"'{p}' must be the id string of a stored item, not {_type_name(item_id)}.")
+    found = resolve(item_id) if resolve is not None else None
+    if found is None:
+        raise _bad(p, f"Item with id '{item_id}' not found: no stored response of this server holds it "
+                   "(store: false, evicted, another replica, or before a restart).")
+    return dict(found)
+
+
+def _reasoning_texts(item: dict[str, Any], p: str) -> list[str]:
+    """A reasoning item's text parts: its ``content`` (the reasoning itself) when it has any, else
+    its ``summary``. Our own reasoning items carry the same text in both (the summary is the
+    reasoning), so reading both would double it when the item is sent back."""
+    texts: dict[str, list[str]] = {}
+    for field in ("content", "summary"):
+        parts = item.get(field)
+        if parts is None:
+            parts = []
+        if not isinstance(parts, list):
+            raise _bad(f"{p}.{field}", f"'{p}.{field}' must be an array of parts, not {_type_name(parts)}.")
+        texts[field] = [part["text"] for part in parts
+                        if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return texts["content"] or texts["summary"]
+
+
+def input_items(body: dict[str, Any], resolve: ItemResolver | None = None) -> list[dict[str, Any]]:
+    """``input`` as a list of item dicts (a string is one user message), each with an ``id``.
+
+    An item without an ``id`` string is given a fresh unique one (``msg_<hex>``, ``fc_<hex>``, ...),
+    which the stored response keeps (``GET /v1/responses/{id}/input_items``, ``item_reference``).
+    An ``{"type": "item_reference", "id"}`` item is replaced by the stored item with that id (as
+    OpenAI resolves it), so that it then counts exactly as the same item sent inline.
+
+    Args:
+        body: the request body.
+        resolve: item id -> stored item (``ResponseStore.item``); None: no item can be referenced.
 
     Raises:
-        InvalidRequestError: ``input`` is missing, empty, or not a string or an array of objects.
+        InvalidRequestError: ``input`` is missing, empty, or not a string or an array of objects;
+            an item reference's id is not a string or names no stored item (``input[i].id``).
     """
     value = body.get("input")
     if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
+        return [_with_id({"type": "message", "role": "user", "content": value})]
     if value is None:
         raise _bad("input", "'input' is required.")
     if not isinstance(value, list):
         raise _bad("input", f"'input' must be a string or an array of items, not {_type_name(value)}.")
+    out = []
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise _bad(f"input[{i}]", f"'input[{i}]' must be an object, not {_type_name(item)}.")
-    return list(value)
+        out.append(_resolved(item, i, resolve) if item.get("type") == "item_reference" else _with_id(item))
+    return out
 
 
 def _text(content: Any, p: str) -> str | list[dict[str, Any]]:
@@ -109,13 +164,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             text = output if isinstance(output, str) else _text(output, f"{p}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":
-            for part in (item.get("content") or []) + (item.get("summary") or []):
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    reasoning.append(part["text"])
-        elif kind == "item_reference":
-            raise _bad(f"{p}.type", "Item references are not supported; send the items themselves or use "
-                       "previous_response_id.")
+            reasoning.extend(_reasoning_texts(item, p))
         else:
             raise _bad(f"{p}.type", f"Input item type {kind!r} is not supported; use 'message', "
-                       "'function_call', 'function_call_output' or 'reasoning'.")
+                       "'function_call', 'function_call_output', 'reasoning' or 'item_reference'.")
     return out

@@ -16,6 +16,9 @@ Translation (OpenAI "Conversation state" and "Function calling" guides):
   message right before them, form one assistant turn); ``function_call_output`` -> a ``tool`` message.
 - ``reasoning`` items -> ``reasoning_content`` of the assistant turn that follows (templates that
   render past thinking read it; most drop it).
+- ``item_reference`` items ``{type, id}`` -> the stored item with that id (an output item of a stored
+  response, or an input item, which is given an id when stored), then as if sent inline; an unknown
+  id is a 400 naming ``input[i].id``.
 - function ``tools`` ``{type, name, description, parameters, strict}`` -> chat's ``{type, function}``;
   built-in tools (``web_search``, ``file_search``, ``computer_use``, ``code_interpreter``,
   ``image_generation``, ``mcp``, ...) are a 400 naming the type.
@@ -34,7 +37,7 @@ from proxy.errors import InvalidRequestError
 
 from .fields import _bad, _type_name
 from .requests import ChatCompletionRequest, parse_chat_request
-from .responses_items import chat_messages, input_items
+from .responses_items import ItemResolver, chat_messages, input_items
 
 BUILTIN_TOOLS = ("web_search", "web_search_preview", "file_search", "computer_use", "computer_use_preview",
                  "code_interpreter", "image_generation", "mcp", "local_shell", "shell", "apply_patch",
@@ -163,7 +166,8 @@ def _responses_param(exc: InvalidRequestError) -> InvalidRequestError:
 
 
 def parse_responses_request(body: dict[str, Any], prior_items: list[dict[str, Any]], *,
-                            vocab_size: int | None = None) -> ResponsesRequest:
+                            vocab_size: int | None = None,
+                            resolve: ItemResolver | None = None) -> ResponsesRequest:
     """Validate a Responses body (OpenAI "Create a model response").
 
     Args:
@@ -171,6 +175,8 @@ def parse_responses_request(body: dict[str, Any], prior_items: list[dict[str, An
         prior_items: the conversation so far (a ``previous_response_id``'s input and output items);
             [] for a new conversation.
         vocab_size: when given, token ids in ``logit_bias`` / ``stop_token_ids`` are range-checked.
+        resolve: item id -> stored item, for ``item_reference`` input items (``ResponseStore.item``);
+            None: every item reference is a 400 (``input[i].id``: not found).
 
     Raises:
         InvalidRequestError: with ``param`` naming the Responses field.
@@ -191,7 +197,7 @@ def parse_responses_request(body: dict[str, Any], prior_items: list[dict[str, An
     include = body.get("include") or []
     if not isinstance(include, list):
         raise _bad("include", f"'include' must be an array, not {_type_name(include)}.")
-    items = prior_items + input_items(body)
+    items = prior_items + input_items(body, resolve)
     chat: dict[str, Any] = {k: body[k] for k in _PASSTHROUGH if k in body}
     chat.update(model=body.get("model"), messages=chat_messages(items, instructions, len(prior_items)),
                 stream=body.get("stream"))

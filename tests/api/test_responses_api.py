@@ -154,9 +154,10 @@ def test_get_equals_the_body_and_input_items() -> None:
             got = await s.client.get(f"/v1/responses/{body['id']}")
             assert got.status_code == 200 and got.json() == body
             items = (await s.client.get(f"/v1/responses/{body['id']}/input_items")).json()
-            assert [(i["type"], i["role"], i["content"]) for i in items["data"]] == [
-                ("message", "user", "hi")
+            assert [(i["type"], i["role"], i["content"], i["status"]) for i in items["data"]] == [
+                ("message", "user", [{"type": "input_text", "text": "hi"}], "completed")
             ]
+            assert items["data"][0]["id"].startswith("msg_")
             assert items["has_more"] is False and items["first_id"] == items["data"][0]["id"]
             unknown = await s.client.get("/v1/responses/resp_nope")
             assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "response_not_found"

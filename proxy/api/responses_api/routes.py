@@ -14,6 +14,7 @@ from proxy.protocol.responses_request import parse_responses_request
 from ..body import read_json_body
 from ..responses import json_response
 from ..state import ServerState
+from .input_items import input_items_page
 from .run import ResponseRun
 from .store import StoredResponse
 
@@ -48,7 +49,8 @@ async def _parse(request: Request) -> tuple[ServerState, Any, Any]:
             raise NotFoundError("'previous_response_id' must be a response id string.",
                                 param="previous_response_id")
         prior = list(_stored(state, previous, "previous_response_id").conversation)
-    parsed = parse_responses_request(body, prior, vocab_size=client.model.vocab_size)
+    parsed = parse_responses_request(body, prior, vocab_size=client.model.vocab_size,
+                                     resolve=state.responses_store.item)
     return state, client, parsed
 
 
@@ -87,12 +89,9 @@ async def delete_response(request: Request) -> Response:
 
 async def list_input_items(request: Request) -> Response:
     """``GET /v1/responses/{response_id}/input_items``: the items the response was generated from,
-    as an OpenAI list (newest first unless ``order=asc``)."""
+    as an OpenAI list in OpenAI's item shapes, paged by ``order`` (default ``desc``, newest first),
+    ``limit``, ``after``, ``before`` (:mod:`~proxy.api.responses_api.input_items`)."""
     state = _state(request)
     entry = _stored(state, request.path_params["response_id"])
     items = entry.conversation[: len(entry.conversation) - len(entry.response["output"])]
-    items = [dict(item, id=item.get("id", f"item_{i}")) for i, item in enumerate(items)]
-    if request.query_params.get("order", "desc") != "asc":
-        items.reverse()
-    return json_response({"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-                          "last_id": items[-1]["id"] if items else None, "has_more": False})
+    return json_response(input_items_page(items, dict(request.query_params)))

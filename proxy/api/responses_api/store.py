@@ -1,6 +1,6 @@
-"""Stored responses (``store: true``, OpenAI's default), for ``previous_response_id`` and
-``GET`` / ``DELETE /v1/responses/{id}``: in this process's memory, bounded in count and in bytes,
-least recently used out. Not durable: a restart forgets every response."""
+"""Stored responses (``store: true``, OpenAI's default), for ``previous_response_id``,
+``item_reference`` input items and ``GET`` / ``DELETE /v1/responses/{id}``: in this process's memory,
+bounded in count and in bytes, least recently used out. Not durable: a restart forgets every response."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ class ResponseStore:
     """An LRU map ``response id -> StoredResponse`` of at most ``max_entries`` entries and
     ``max_bytes`` bytes of JSON (an entry larger than ``max_bytes`` alone is not stored).
 
+    It also keeps an index ``item id -> {response id -> item}`` of the items (with an ``id``
+    string) of every stored conversation, input and output alike, kept exact by :meth:`put`,
+    :meth:`delete` and eviction, so that :meth:`item` (an ``item_reference``) is one dict lookup; an
+    item stays findable while any stored response holds it.
+
     Args:
         max_entries: most stored responses (``--responses-store-max-entries``); 0 turns storing off.
         max_bytes: most bytes of stored JSON (``--responses-store-max-bytes``).
@@ -39,6 +44,7 @@ class ResponseStore:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._items: dict[str, dict[str, dict[str, Any]]] = {}
         self.num_bytes = 0
 
     def __len__(self) -> int:
@@ -52,10 +58,32 @@ class ResponseStore:
         self.delete(response["id"])
         self._entries[response["id"]] = StoredResponse(response, conversation, size)
         self.num_bytes += size
+        for item in conversation:
+            if isinstance(item.get("id"), str):
+                self._items.setdefault(item["id"], {})[response["id"]] = item
         while len(self._entries) > self.max_entries or self.num_bytes > self.max_bytes:
-            _, old = self._entries.popitem(last=False)
-            self.num_bytes -= old.num_bytes
+            old_id, old = self._entries.popitem(last=False)
+            self._forget(old_id, old)
         return True
+
+    def _forget(self, response_id: str, entry: StoredResponse) -> None:
+        self.num_bytes -= entry.num_bytes
+        for item in entry.conversation:
+            item_id = item.get("id")
+            if isinstance(item_id, str) and item_id in self._items:
+                self._items[item_id].pop(response_id, None)
+                if not self._items[item_id]:
+                    del self._items[item_id]
+
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        """The stored item with this id (from the most recently stored response that holds it; that
+        response is now the most recently used), or None when no stored response holds it."""
+        holders = self._items.get(item_id)
+        if not holders:
+            return None
+        response_id, found = next(reversed(holders.items()))
+        self._entries.move_to_end(response_id)
+        return found
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response (now the most recently used), or None when unknown or evicted."""
@@ -69,5 +97,5 @@ class ResponseStore:
         entry = self._entries.pop(response_id, None)
         if entry is None:
             return False
-        self.num_bytes -= entry.num_bytes
+        self._forget(response_id, entry)
         return True
