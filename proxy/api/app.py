@@ -203,6 +203,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses_api.list_input_items, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", responses_api.cancel_response, methods=["POST"]),
         Route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"]),
     ]
     if settings.ui:

@@ -45,6 +45,13 @@ BUILTIN_TOOLS = ("web_search", "web_search_preview", "file_search", "computer_us
 UNSUPPORTED_FIELDS = ("background", "conversation", "prompt", "max_tool_calls")
 """Fields whose non-null values this server cannot honour (a 400 naming the field)."""
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+              "message.input_image.image_url", "computer_call_output.output.image_url",
+              "code_interpreter_call.outputs", "reasoning.encrypted_content", LOGPROBS_INCLUDE)
+"""OpenAI's ``include`` values (openai-python ``ResponseIncludable``); any other is a 400, as there.
+Only ``message.output_text.logprobs`` changes a response here: the others name outputs of built-in
+tools (refused by name when asked for), image inputs (refused) or encrypted reasoning, which this
+server does not produce (its reasoning items carry the text itself)."""
 _PASSTHROUGH = ("temperature", "top_p", "seed", "logit_bias", "stop", "top_k", "min_p", "repetition_penalty",
                 "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
                 "parallel_tool_calls", "user", "chat_template_kwargs", "guided_json", "guided_regex",
@@ -192,11 +199,17 @@ def parse_responses_request(body: dict[str, Any], prior_items: list[dict[str, An
         raise _bad("instructions", f"'instructions' must be a string, not {_type_name(instructions)}.")
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
-        raise _bad("metadata", "'metadata' must be an object of at most 16 string values.")
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+            for k, v in metadata.items())):
+        raise _bad("metadata", "'metadata' must be an object of at most 16 string values (keys of at "
+                   "most 64 characters, values of at most 512), as OpenAI's.")
     include = body.get("include") or []
     if not isinstance(include, list):
         raise _bad("include", f"'include' must be an array, not {_type_name(include)}.")
+    for i, value in enumerate(include):
+        if value not in INCLUDABLE:
+            raise _bad(f"include[{i}]",
+                       f"'include[{i}]' must be one of {', '.join(INCLUDABLE)}; got {value!r}.")
     items = prior_items + input_items(body, resolve)
     chat: dict[str, Any] = {k: body[k] for k in _PASSTHROUGH if k in body}
     chat.update(model=body.get("model"), messages=chat_messages(items, instructions, len(prior_items)),

@@ -83,6 +83,9 @@ BAD = [
     ("schema missing", {"text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text.format.schema"),
     ("format type", {"text": {"format": {"type": "yaml"}}}, 400, "text.format.type"),
     ("max_output_tokens 0", {"max_output_tokens": 0}, 400, "max_output_tokens"),
+    ("include unknown", {"include": ["reasoning.encrypted_content", "bogus.include"]}, 400, "include[1]"),
+    ("metadata key of 65", {"metadata": {"k" * 65: "v"}}, 400, "metadata"),
+    ("metadata value of 513", {"metadata": {"k": "v" * 513}}, 400, "metadata"),
     # the context check names the Responses API's fields, not chat's messages / max_tokens
     ("input past the context", {"input": "alpha beta " * 5000}, 400, "input"),
     ("max_output_tokens past the context", {"max_output_tokens": 10**6}, 400, "max_output_tokens"),
@@ -161,6 +164,12 @@ def test_get_equals_the_body_and_input_items() -> None:
             assert items["has_more"] is False and items["first_id"] == items["data"][0]["id"]
             unknown = await s.client.get("/v1/responses/resp_nope")
             assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "response_not_found"
+            # cancel: only background responses can be, and this server runs none
+            cancel = await s.client.post(f"/v1/responses/{body['id']}/cancel")
+            assert cancel.status_code == 400 and "background" in cancel.json()["error"]["message"]
+            assert cancel.json()["error"]["type"] == "invalid_request_error"
+            cancel = await s.client.post("/v1/responses/resp_nope/cancel")
+            assert cancel.status_code == 404 and cancel.json()["error"]["code"] == "response_not_found"
 
     run(main())
 

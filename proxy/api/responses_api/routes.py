@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.errors import NotFoundError
+from proxy.errors import InvalidRequestError, NotFoundError
 from proxy.pipeline import prepare_chat
 from proxy.protocol.responses_request import parse_responses_request
 
@@ -85,6 +85,16 @@ async def delete_response(request: Request) -> Response:
     _stored(state, response_id)
     state.responses_store.delete(response_id)
     return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def cancel_response(request: Request) -> Response:
+    """``POST /v1/responses/{response_id}/cancel``: OpenAI cancels only ``background`` responses,
+    which this server refuses to create, so a stored response is a 400 saying so (as OpenAI answers
+    for a response that was not created in the background); 404 when unknown."""
+    state = _state(request)
+    _stored(state, request.path_params["response_id"])
+    raise InvalidRequestError("Only responses created with 'background': true can be cancelled; this "
+                              "server does not run background responses.", param="response_id")
 
 
 async def list_input_items(request: Request) -> Response:
