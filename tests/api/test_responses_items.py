@@ -7,6 +7,7 @@ OpenAI's shapes (each validates strictly against the openai-python type), with u
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -240,3 +241,47 @@ def test_a_reasoning_item_sent_back_gives_its_text_once() -> None:
     with pytest.raises(InvalidRequestError) as info:
         chat_messages([user, {**thought, "summary": "Hmm."}, answer], None)
     assert info.value.param == "input[1].summary"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_stored_response_is_visible_in_progress_and_dropped_when_its_client_leaves(stream: bool) -> None:
+    """``GET /v1/responses/{id}`` while the response is generated answers it ``in_progress`` (as
+    OpenAI's); continuing it then is a 400 (its output is not there yet); finished, it is the final
+    response. A request whose client goes away before the end is not kept (404 after)."""
+    async def main() -> None:
+        tok = make_tokenizer()
+        ids = list(tok.encode("alpha beta " * 30))
+        engine = FakeEngine(script=lambda prompt, params: ids, step_s=0.01)
+        async with serve(engine, max_model_len=4096) as s:
+            body = {"model": MODEL, "input": "hi", "max_output_tokens": len(ids), "stream": stream}
+
+            async def running_id() -> str:
+                while not engine.running:
+                    await asyncio.sleep(0.005)
+                return next(iter(engine.running)).rsplit("-", 1)[0]
+
+            task = asyncio.create_task(s.client.post("/v1/responses", json=body))
+            response_id = await running_id()
+            now = await s.client.get(f"/v1/responses/{response_id}")
+            assert now.status_code == 200 and now.json()["status"] == "in_progress", now.text
+            assert now.json()["output"] == []
+            follow = await s.client.post("/v1/responses", json={"model": MODEL, "input": "and?",
+                                                                "previous_response_id": response_id})
+            assert follow.status_code == 400 and follow.json()["error"]["param"] == "previous_response_id"
+            await task
+            done = await s.client.get(f"/v1/responses/{response_id}")
+            assert done.status_code == 200 and done.json()["status"] == "incomplete"
+            assert done.json()["output"][0]["content"][0]["text"] == tok.decode(ids)
+
+            task = asyncio.create_task(s.client.post("/v1/responses", json=body))
+            response_id = await running_id()
+            assert (await s.client.get(f"/v1/responses/{response_id}")).status_code == 200
+            task.cancel()  # the client goes away
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            while engine.running:
+                await asyncio.sleep(0.005)
+            gone = await s.client.get(f"/v1/responses/{response_id}")
+            assert gone.status_code == 404
+
+    run(main())

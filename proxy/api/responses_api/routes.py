@@ -48,7 +48,11 @@ async def _parse(request: Request) -> tuple[ServerState, Any, Any]:
         if not isinstance(previous, str):
             raise NotFoundError("'previous_response_id' must be a response id string.",
                                 param="previous_response_id")
-        prior = list(_stored(state, previous, "previous_response_id").conversation)
+        stored = _stored(state, previous, "previous_response_id")
+        if stored.response.get("status") == "in_progress":  # its output is not there yet (as OpenAI)
+            raise InvalidRequestError(f"Previous response with id '{previous}' is still in progress; "
+                                      "continue it once it has finished.", param="previous_response_id")
+        prior = list(stored.conversation)
     parsed = parse_responses_request(body, prior, vocab_size=client.model.vocab_size,
                                      resolve=state.responses_store.item)
     return state, client, parsed

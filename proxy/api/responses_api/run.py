@@ -51,6 +51,7 @@ class ResponseRun:
         self.head = ResponseHead(f"resp_{uuid.uuid4().hex}", int(time.time()), client.model.served_model_name)
         self.client, self.request, self.prepared, self.store = client, request, prepared, store
         self.choice = prepared.choice_output()
+        self._stored: str | None = None  # the status this run last stored
 
     def _object(self, output: ResponseOutput, status: str, generation: Generation | None = None,
                 finish_reason: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -62,9 +63,22 @@ class ResponseRun:
     def _finished(self, output: ResponseOutput, generation: Generation,
                   finish_reason: str | None) -> dict[str, Any]:
         obj = self._object(output, status_of(finish_reason), generation, finish_reason)
-        if self.request.store:
-            self.store.put(obj, self.request.items + output.items)
+        self._store(obj, output.items)
         return obj
+
+    def _store(self, obj: dict[str, Any], output_items: list[dict[str, Any]]) -> None:
+        """Keep ``obj`` (with its input and output items) when the request asked to store it: first
+        ``in_progress`` while it is generated (``GET /v1/responses/{id}`` shows it, as OpenAI's),
+        then its final form (completed, incomplete or failed)."""
+        if self.request.store and self.store.put(obj, self.request.items + output_items):
+            self._stored = obj["status"]
+
+    def _drop_unfinished(self) -> None:
+        """The request ended without a final response (the client went away, or an error answered
+        before any byte): it is not kept (an ``in_progress`` entry would never end)."""
+        if self._stored == "in_progress":
+            self.store.delete(self.head.id)
+            self._stored = None
 
     async def respond(self, request: Request, settings: Settings) -> Response:
         """Generate and answer (JSON body or event stream).
@@ -75,6 +89,7 @@ class ResponseRun:
         generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id)
         handed_to_body = False
         try:
+            self._store(self._object(ResponseOutput(None, False), "in_progress"), [])
             if not prepared.stream.stream:
                 (result,) = await unless_disconnected(request, collect(generation, prepared.params.logprobs))
                 output = ResponseOutput(None, self.request.include_logprobs)
@@ -89,6 +104,7 @@ class ResponseRun:
             return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
         finally:
             if not handed_to_body:
+                self._drop_unfinished()
                 await generation.aclose()
 
     def _frame(self, deltas: Sequence[ChoiceDelta], output: ResponseOutput, out: list[bytes]) -> str | None:
@@ -123,6 +139,7 @@ class ResponseRun:
                                                         "param": None})))
                 failed = self._object(output, "failed", generation,
                                       error={"code": exc.code or "server_error", "message": exc.message})
+                self._store(failed, output.items)
                 out.append(framer.event("response.failed", dumps({"response": failed})))
                 yield b"".join(out)
                 return
@@ -131,4 +148,5 @@ class ResponseRun:
             out.append(framer.event(kind, dumps({"response": done})))
             yield b"".join(out)
         finally:
+            self._drop_unfinished()
             await generation.aclose()
