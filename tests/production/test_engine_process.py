@@ -41,6 +41,8 @@ def test_sigkill_of_the_engine_process_ends_streams_and_restarts(model_dir: Path
     proc = start_server(tmp_path, ["--model", str(model_dir), *TINY_ARGS, "--engine-process"])
     try:
         url = f"{proc.base_url}/v1/completions"
+        fresh = httpx.get(f"{proc.base_url}/health", timeout=10).json()  # before any step
+        assert fresh["num_total_blocks"] > 0 and fresh["num_free_blocks"] == fresh["num_total_blocks"]
         body = {"model": TINY, "prompt": "Hello", "temperature": 0, "ignore_eos": True}
         reference = httpx.post(url, json={**body, "max_tokens": 20}, timeout=60).json()["choices"][0]["text"]
         child = engine_child_pid(proc.process.pid)
@@ -72,6 +74,7 @@ def test_sigkill_of_the_engine_process_ends_streams_and_restarts(model_dir: Path
         assert len(stream_text(chunks[:-1], chat=False)) > 0  # it was mid-stream
         assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
         assert health.status_code == 503 and health.json()["status"] == "dead"
+        assert health.json()["num_running"] == 0 and health.json()["num_waiting"] == 0  # it ended them
         refused = httpx.post(url, json={**body, "max_tokens": 5}, timeout=60)
         assert refused.status_code == 503
 
@@ -80,6 +83,8 @@ def test_sigkill_of_the_engine_process_ends_streams_and_restarts(model_dir: Path
             assert time.monotonic() < deadline, proc.log()[-3000:]
             time.sleep(0.1)
         assert engine_child_pid(proc.process.pid) != child
+        restarted = httpx.get(f"{proc.base_url}/health", timeout=10).json()
+        assert restarted["num_free_blocks"] == restarted["num_total_blocks"] == fresh["num_total_blocks"]
         again = httpx.post(url, json={**body, "max_tokens": 20}, timeout=60).json()["choices"][0]["text"]
         assert again == reference  # the new engine serves the same greedy text
         metrics = httpx.get(f"{proc.base_url}/metrics", timeout=10).text
@@ -269,3 +274,18 @@ def test_grammars_are_compiled_once_in_the_engine_process(model_dir: Path, capfd
     assert isinstance(client.grammar_compiler, ChildGrammarCompiler)
     assert asyncio.run(main()) in ("yes", "no")
     assert "grammar compiled on the engine thread" not in capfd.readouterr().err
+
+
+def test_a_dead_engine_says_whether_retrying_here_can_help():
+    """Restarting: retry shortly; a restart that failed: this replica stays down (send the request
+    elsewhere); shutting down: not running."""
+    from proxy.engine.core_proc.proc_client import ClientState, EngineProcClient
+
+    client = EngineProcClient.__new__(EngineProcClient)  # no child: only the state is read
+    client._draining = False
+    client._state = ClientState.RESTARTING
+    assert client._down_message() == "the engine process is restarting; retry shortly"
+    client._state = ClientState.DEAD
+    assert "could not be restarted" in client._down_message() and "retry" not in client._down_message()
+    client._draining = True
+    assert "shutting down" in client._down_message()

@@ -94,6 +94,8 @@ class ReadyInfo:
         load_s: seconds from the child's start to ready.
         omp_wait_policy: ``OMP_WAIT_POLICY`` in the child's environment ("": unset, libgomp's
             default; see ``proxy.engine.core_proc.child``).
+        stats: the core's counters when it is ready (its KV blocks, all free), so that ``/health``
+            reports them before the first step.
     """
 
     model_path: str
@@ -105,6 +107,7 @@ class ReadyInfo:
     quantization: str
     load_s: float
     omp_wait_policy: str
+    stats: CoreStats | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import enum
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -93,7 +94,7 @@ class EngineProcClient:
             self._launching = None
         self._proc, self._conn = proc, conn
         self._adds_sent = 0
-        self._stats = NO_STATS
+        self._stats = info.stats or NO_STATS  # its KV blocks before the first step
         return info
 
     def _on_launch_started(self, proc: Any) -> None:
@@ -144,6 +145,11 @@ class EngineProcClient:
             "the engine is restarting" if restart else "the server is shutting down")
         logger.error("%s: ending %d open request(s)", message, len(self._live))
         self._state = ClientState.RESTARTING if restart else ClientState.DEAD
+        # nothing runs or waits in a dead child: /health and the gauges say so (its cumulative
+        # counters stay until the next child reports its own)
+        stats = self._stats
+        self._stats = replace(stats, num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                              num_free_blocks=stats.num_total_blocks, num_adds_taken=self._adds_sent)
         self._dispatch([RequestOutput.failed(rid, message) for rid in self._live])
         if self._conn is not None:
             self._conn.close()
@@ -223,9 +229,7 @@ class EngineProcClient:
             ValueError: ``request_id`` is already live.
         """
         if self._state is not ClientState.UP or self._conn is None:
-            what = {ClientState.RESTARTING: "is restarting", ClientState.DEAD: "died"}.get(
-                self._state, "is not running")
-            raise EngineDeadError(f"the engine process {what}; retry shortly")
+            raise EngineDeadError(self._down_message())
         admission.check_admission(self._stats.num_running, self.num_waiting, self.max_num_seqs,
                                   self.max_waiting)
         if request_id in self._live:
@@ -236,6 +240,15 @@ class EngineProcClient:
             raise EngineDeadError(f"the engine process is not reachable: {exc}") from exc
         self._adds_sent += 1
         self._live.add(request_id)
+
+    def _down_message(self) -> str:
+        """Why no request is taken now, and whether retrying here can help."""
+        if self._state is ClientState.RESTARTING:
+            return "the engine process is restarting; retry shortly"
+        if self._state is ClientState.DEAD and not self._draining:
+            return ("the engine process died and could not be restarted (see the server log); this "
+                    "replica stays down until the server is restarted: send the request elsewhere")
+        return "the engine process is not running (the server is shutting down); send the request elsewhere"
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:
         """Abort requests (idempotent; unknown or finished ids are ignored). No output follows."""
