@@ -250,7 +250,7 @@ def test_a_stored_response_is_visible_in_progress_and_dropped_when_its_client_le
     response. A request whose client goes away before the end is not kept (404 after)."""
     async def main() -> None:
         tok = make_tokenizer()
-        ids = list(tok.encode("alpha beta " * 30))
+        ids = list(tok.encode("alpha beta " * 80))  # a window of ~1.6 s to look in
         engine = FakeEngine(script=lambda prompt, params: ids, step_s=0.01)
         async with serve(engine, max_model_len=4096) as s:
             body = {"model": MODEL, "input": "hi", "max_output_tokens": len(ids), "stream": stream}
