@@ -50,10 +50,9 @@ class MetricsRecorder:
         """One engine output and the finish reason output processing decided for it (None: running)."""
         now = time.monotonic()
         seen = self._seen.get(output.request_id)
-        if seen is None:
-            seen = _Seen(output.arrival_time or now, None, output.num_prompt_tokens, 0)
-            self._seen[output.request_id] = seen
-        elif output.arrival_time:
+        if seen is None:  # not handed to the engine through on_add (or already counted)
+            return
+        if output.arrival_time:
             seen.arrival_time = output.arrival_time  # the engine's own arrival, as TTFT measures it
         if output.first_scheduled_time is not None:
             seen.first_scheduled_time = output.first_scheduled_time

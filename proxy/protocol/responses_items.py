@@ -12,6 +12,9 @@ ROLES = ("user", "system", "developer", "assistant")
 ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 """The prefix of the id an input item without one is given, by ``type`` (OpenAI's ``msg_``, ``fc_``, ...)."""
 
+TEXT_PART_TYPES = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+"""Content part types whose ``text`` is read as text (input, output, reasoning and summary parts)."""
+
 ItemResolver = Callable[[str], dict[str, Any] | None]
 """Item id -> the stored item with that id, or None (unknown, evicted, or nothing is stored)."""
 
@@ -94,7 +97,7 @@ def _text(content: Any, p: str) -> str | list[dict[str, Any]]:
         if not isinstance(part, dict):
             raise _bad(q, f"'{q}' must be an object, not {_type_name(part)}.")
         kind = part.get("type")
-        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+        if kind in TEXT_PART_TYPES:
             if not isinstance(part.get("text"), str):
                 raise _bad(f"{q}.text", f"'{q}.text' must be a string.")
             parts.append({"type": "text", "text": part["text"]})

@@ -13,7 +13,8 @@ from typing import Any
 from proxy.errors import InvalidRequestError
 from proxy.tools.regex_features import check_regex
 
-__all__ = ["ANNOTATION_KEYWORDS", "ENFORCED_KEYWORDS", "JSON_FORMATS", "check_json_schema"]
+__all__ = ["ANNOTATION_KEYWORDS", "ENFORCED_KEYWORDS", "JSON_FORMATS", "check_json_schema",
+           "rebase_local_refs"]
 
 ENFORCED_KEYWORDS: frozenset[str] = frozenset({
     "type", "enum", "const",
@@ -42,6 +43,32 @@ _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "allOf", "prefixItems")
 _SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames")
 _TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+
+
+def rebase_local_refs(schema: Any, base: str) -> Any:
+    """A copy of ``schema`` (one :func:`check_json_schema` accepted) in which every local reference
+    (``"$ref"``, a JSON pointer into this schema: ``#/$defs/Loc``, ``#/definitions/Loc``, ``#``
+    itself) points into ``base`` instead (``#/$defs/tool_0`` + ``/$defs/Loc``): what a schema needs
+    once it sits inside another one (``tool_choice: "required"`` wraps each tool's parameters in an
+    array schema; pydantic writes every nested model as such a reference). Only the schema
+    positions are walked (the keywords of :data:`_SCHEMA_MAPS`, :data:`_SCHEMA_LISTS` and
+    :data:`_SCHEMA_VALUES`), so data under ``const`` / ``enum`` / ``default`` / ``examples`` stays
+    as written, as do remote references and anchors."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = base + value[1:]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: rebase_local_refs(sub, base) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [rebase_local_refs(sub, base) for sub in value]
+        elif key in _SCHEMA_VALUES:
+            out[key] = rebase_local_refs(value, base)
+        else:
+            out[key] = value
+    return out
 
 
 def _refuse(message: str, param: str) -> InvalidRequestError:

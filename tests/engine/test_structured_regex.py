@@ -150,7 +150,7 @@ def test_required_tool_choice_enforces_parameters_with_local_refs() -> None:
     """``tool_choice: "required"`` wraps each tool's parameters in an array schema: their "#..."
     references must still resolve there (they pointed at the parameters' own root)."""
     from proxy.tools.request import parse_chat_tools
-    from proxy.tools.request.chat_tools import rebase_local_refs
+    from proxy.tools.schema import rebase_local_refs
 
     plain = {"type": "function", "function": {"name": "now", "parameters": {"type": "object",
                                                                               "properties": {}}}}

@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.errors import InvalidRequestError
+from proxy.protocol.responses_items import TEXT_PART_TYPES
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
-_TEXT_KINDS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
 def _parts(content: Any, assistant: bool) -> list[dict[str, Any]]:
@@ -31,7 +31,7 @@ def _parts(content: Any, assistant: bool) -> list[dict[str, Any]]:
     if isinstance(content, str):
         texts = [content]
     else:
-        texts = [p["text"] for p in content or [] if isinstance(p, dict) and p.get("type") in _TEXT_KINDS
+        texts = [p["text"] for p in content or [] if isinstance(p, dict) and p.get("type") in TEXT_PART_TYPES
                  and isinstance(p.get("text"), str)]
     if assistant:
         return [{"type": "output_text", "text": t, "annotations": []} for t in texts]

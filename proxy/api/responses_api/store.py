@@ -82,7 +82,7 @@ class ResponseStore:
         if not holders:
             return None
         response_id, found = next(reversed(holders.items()))
-        self._entries.move_to_end(response_id)
+        self.get(response_id)  # now the most recently used
         return found
 
     def get(self, response_id: str) -> StoredResponse | None:

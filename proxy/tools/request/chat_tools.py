@@ -10,7 +10,7 @@ from typing import Any, Literal
 from proxy.sampling import StructuredOutputParams
 from proxy.tools.parsers import ToolCall, new_call_id
 from proxy.tools.request.field_errors import bad_field, json_kind
-from proxy.tools.schema import check_json_schema
+from proxy.tools.schema import check_json_schema, rebase_local_refs
 
 __all__ = ["ChatTools", "ToolChoice", "ToolSpec", "parse_chat_tools"]
 
@@ -97,9 +97,10 @@ class ChatTools:
         for tool in self.tools:
             check_json_schema(tool.parameters, f"tools[{tool.index}].function.parameters")
             parameters = tool.parameters
-            if _has_local_ref(parameters):  # moved under the array's root, where its "#..." resolve
-                key = f"tool_{tool.index}"
-                defs[key] = rebase_local_refs(parameters, f"#/$defs/{key}")
+            key = f"tool_{tool.index}"
+            rebased = rebase_local_refs(parameters, f"#/$defs/{key}")
+            if rebased != parameters:  # it has local references: under the array's root they resolve
+                defs[key] = rebased
                 parameters = {"$ref": f"#/$defs/{key}"}
             options.append({
                 "type": "object",
@@ -135,46 +136,6 @@ class ChatTools:
             calls.append(ToolCall(new_call_id(), item["name"],
                                   json.dumps(item.get("parameters", {}), ensure_ascii=False)))
         return calls
-
-
-#: keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
-_DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
-
-
-def _is_local_pointer(ref: Any) -> bool:
-    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
-
-
-def _has_local_ref(schema: Any) -> bool:
-    if isinstance(schema, dict):
-        if _is_local_pointer(schema.get("$ref")):
-            return True
-        return any(_has_local_ref(v) for k, v in schema.items() if k not in _DATA_KEYWORDS)
-    if isinstance(schema, list):
-        return any(_has_local_ref(v) for v in schema)
-    return False
-
-
-def rebase_local_refs(schema: Any, base: str) -> Any:
-    """A copy of ``schema`` in which every local reference (``"$ref"``, a JSON pointer into this
-    schema: ``#/$defs/Loc``, ``#/definitions/Loc``, ``#`` itself) points into ``base`` instead
-    (``#/$defs/tool_0`` + ``/$defs/Loc``): what a tool's parameters need once they sit inside the
-    ``required`` choice's array schema (pydantic writes every nested model as such a reference).
-    Other references and values under data keywords (``const``, ``enum``, ``default``,
-    ``examples``) are copied unchanged."""
-    if isinstance(schema, dict):
-        out: dict[str, Any] = {}
-        for k, v in schema.items():
-            if k == "$ref" and _is_local_pointer(v):
-                out[k] = base + v[1:]
-            elif k in _DATA_KEYWORDS:
-                out[k] = v
-            else:
-                out[k] = rebase_local_refs(v, base)
-        return out
-    if isinstance(schema, list):
-        return [rebase_local_refs(v, base) for v in schema]
-    return schema
 
 
 def _tool_spec(value: Any, i: int) -> ToolSpec:
