@@ -15,10 +15,12 @@ Automatic prefix caching (vLLM v1's design, ``vllm/v1/core/kv_cache_utils.py`` a
   a multimodal input or a LoRA adapter would have to enter the hash). SHA-256 rather than Python's
   ``hash()`` because the prompts are client-controlled (vLLM moved to SHA-256 after a collision
   attack on the built-in hash, GHSA-rm76-4mrf-v9r8).
-- With ``output_blocks_apart`` (set when prompt tokens and output tokens run through different
-  weights, ``proxy.quant.dense_prefill``), a block holding any output token (position >= the
-  request's prompt length) enters the hash with a marker: its K/V came from the decode path, so a
-  later prompt holding the same tokens (a chat turn resending an answer) must not be served it.
+- With ``output_blocks_apart`` (set when output tokens run through other kernels than prompt
+  tokens: the dense prompt copies of ``proxy.quant.dense_prefill``, the CPU's compiled decode
+  step), a block holding any output token (position >= the request's prompt length ``P``) enters
+  the hash with a marker and ``P``: its K/V came from the decode path, so a later prompt holding
+  the same tokens (a chat turn resending an answer) must not be served it, nor a request whose
+  prompt ends elsewhere in the block; the request itself finds it again after a preemption.
 - Blocks are reference-counted; requests with a common prefix share its blocks (``n > 1`` choices
   share their prompt's blocks, a chat turn reuses the previous turn's).
 - A block whose count drops to zero returns to the free queue *keeping its contents and hash*; it is
@@ -48,13 +50,20 @@ BlockHash = bytes
 _ROOT_HASH: BlockHash = b""
 
 
-#: hashed after the token ids of a block whose K/V came from output tokens (``output_blocks_apart``).
+#: hashed after the token ids of a block whose K/V came from output tokens (``output_blocks_apart``),
+#: followed by the request's prompt length (:func:`output_marker`).
 OUTPUT_MARKER = b"output"
+
+
+def output_marker(num_prompt_tokens: int) -> bytes:
+    """What a block holding output tokens of a request with a prompt of ``num_prompt_tokens``
+    tokens hashes after its token ids: :data:`OUTPUT_MARKER` and the length as a little-endian int64."""
+    return OUTPUT_MARKER + array("q", [num_prompt_tokens]).tobytes()
 
 
 def hash_block(parent: BlockHash, token_ids: list[int], extra: bytes = b"") -> BlockHash:
     """The chained hash of one full block: ``sha256(parent || token ids as little-endian int64 ||
-    extra)`` (``extra``: :data:`OUTPUT_MARKER` or nothing)."""
+    extra)`` (``extra``: an :func:`output_marker` or nothing)."""
     return hashlib.sha256(parent + array("q", token_ids).tobytes() + extra).digest()
 
 
@@ -67,7 +76,7 @@ class BlockManager:
         enable_prefix_caching: share and keep full blocks by prefix hash (default True); when False,
             blocks are plain allocations, as before prefix caching existed.
         output_blocks_apart: blocks holding output tokens hash apart from prompt blocks of the same
-            tokens (the module docstring; default False).
+            tokens and from other prompt lengths (the module docstring; default False).
 
     Attributes:
         num_queries_tokens, num_hit_tokens: prompt tokens looked up in the prefix cache and those
@@ -131,9 +140,10 @@ class BlockManager:
         tokens = request.all_token_ids
         # blocks from this index on hold an output token
         first_output_block = request.num_prompt_tokens // bs if self.output_blocks_apart else len(tokens)
+        marker = output_marker(request.num_prompt_tokens)
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[i - 1] if i else _ROOT_HASH
-            extra = OUTPUT_MARKER if i >= first_output_block else b""
+            extra = marker if i >= first_output_block else b""
             hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], extra))
         return hashes
 

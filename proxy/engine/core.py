@@ -69,13 +69,16 @@ class EngineCore:
             )
             max_model_len = kv_capacity
         self.max_model_len = max_model_len
+        # output tokens through other kernels than prompt tokens: their KV blocks are not prompt blocks
+        on_decode_path = self.runner.compiled_step is not None
         self.block_manager = BlockManager(
             self.runner.kv_cache.num_blocks, settings.block_size, settings.enable_prefix_caching,
-            output_blocks_apart=self.runner.dense_prefill,
+            output_blocks_apart=self.runner.dense_prefill or on_decode_path,
         )
         # a prefill chunk below one dense call's rows costs the whole call
         config = SchedulerConfig.from_settings(
-            settings, max_model_len, prefill_token_multiple=CALL_ROWS if self.runner.dense_prefill else 1)
+            settings, max_model_len, prefill_token_multiple=CALL_ROWS if self.runner.dense_prefill else 1,
+            outputs_on_decode_path=on_decode_path)
         self.scheduler = Scheduler(self.block_manager, config, self.eos_token_ids)
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         self.fault_injector: Callable[[], None] | None = None

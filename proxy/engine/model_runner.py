@@ -37,7 +37,6 @@ from proxy.engine.attention import (
     PagedKVCache,
     active_metadata,
     choose_num_blocks,
-    padded_key_length,
     probe_layers,
 )
 from proxy.engine.compiled_step import ARTIFACT_DIR as COMPILED_DIR
@@ -45,6 +44,7 @@ from proxy.engine.compiled_step import compile_decode_wanted, compiled_decode_st
 from proxy.engine.decode_graphs import DecodeGraphRunner
 from proxy.engine.graph_kinds import DecodeGraph
 from proxy.engine.scheduler import SchedulerOutput
+from proxy.engine.step_inputs import StepInputs, StepRows, build_step_inputs
 from proxy.models.source import cache_root
 from proxy.quant.dense_prefill import active_row_plan, dense_dtype_of, plan_rows
 from proxy.settings import Settings
@@ -128,94 +128,14 @@ class ModelRunner:
 
     # ------------------------------------------------------------------------------------------
 
-    def build_metadata(
-        self, scheduler_output: SchedulerOutput
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
-        """Flatten the step into CPU tensors (:meth:`execute` moves them to the model's device).
-
-        Returns:
-            ``input_ids [1, T]`` int64, ``position_ids [1, T]`` int64, ``logits_index [S]`` int64
-            (flat index of each sampling sequence's last token), and the attention metadata.
-        """
-        requests = scheduler_output.requests
-        nums = scheduler_output.num_new_tokens
-        bs = self.block_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        starts: list[int] = []  # num_computed_tokens of each row
-        max_blocks = 0
-        for request, n in zip(requests, nums):
-            c = request.num_computed_tokens
-            starts.append(c)
-            if n == 1:
-                token_ids.append(request.all_token_ids[c])
-                positions.append(c)
-            else:
-                token_ids.extend(request.all_token_ids[c : c + n])
-                positions.extend(range(c, c + n))
-            max_blocks = max(max_blocks, len(request.block_ids))
-        block_tables_list = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in requests]
-        block_tables = torch.tensor(block_tables_list, dtype=torch.long)
-        pos_t = torch.tensor(positions, dtype=torch.long)
-        nums_t = torch.tensor(nums, dtype=torch.long)
-        starts_t = torch.tensor(starts, dtype=torch.long)
-        row_of_token = torch.repeat_interleave(torch.arange(len(requests)), nums_t)
-        slot_mapping = block_tables[row_of_token, pos_t // bs] * bs + pos_t % bs
-        ends_t = torch.cumsum(nums_t, 0)  # flat end index of each row
-        logits_index = ends_t[scheduler_output.sample_indices] - 1
-
-        num_decodes = scheduler_output.num_decodes
-        num_tokens = len(token_ids)
-        meta = PagedAttentionMetadata(
-            kv_cache=self.kv_cache,
-            slot_mapping=slot_mapping,
-            num_decodes=num_decodes,
-            num_groups=self.num_groups,
-        )
-        if num_decodes:
-            ctx = starts_t[:num_decodes] + 1
-            meta.decode_context_lens = ctx
-            real_len = int(ctx.max())
-            max_len = padded_key_length(real_len)
-            ar = torch.arange(max_len)
-            ar_real = ar.clamp_max(real_len - 1)  # padding keys read a real slot and are masked
-            meta.decode_gather = block_tables[:num_decodes, ar_real // bs] * bs + ar_real % bs
-            if int(ctx.min()) != max_len:
-                meta.decode_mask = (ar[None, :] < ctx[:, None]).view(num_decodes, 1, 1, max_len)
-        if num_decodes < len(requests):
-            p_nums = nums_t[num_decodes:]
-            p_starts = starts_t[num_decodes:]
-            p_first = ends_t[num_decodes:] - p_nums  # flat index of each prefill row's first token
-            num_seqs = len(requests) - num_decodes
-            q_len = int(p_nums.max())
-            ctx = p_starts + p_nums
-            real_len = int(ctx.max())
-            max_len = padded_key_length(real_len)
-            qa = torch.arange(q_len)
-            ka = torch.arange(max_len)
-            ka_real = ka.clamp_max(real_len - 1)
-            q_clamped = torch.minimum(qa[None, :], p_nums[:, None] - 1)  # [B_p, Q_p]
-            meta.prefill_query_index = (p_first[:, None] + q_clamped).reshape(-1)
-            meta.prefill_gather = block_tables[num_decodes:, ka_real // bs] * bs + ka_real % bs
-            # bottom-right causal: query j of row i sees keys k <= start_i + j
-            meta.prefill_positions = p_starts[:, None] + q_clamped  # [B_p, Q_p]
-            mask = ka[None, None, :] <= meta.prefill_positions[:, :, None]  # [B_p, Q_p, L_p]
-            g = self.num_groups
-            meta.prefill_mask = (
-                mask[:, None].expand(num_seqs, g, q_len, max_len).reshape(num_seqs, 1, g * q_len, max_len)
-            )
-            meta.num_prefill_seqs = num_seqs
-            meta.prefill_query_len = q_len
-            if int(p_nums.min()) != q_len:
-                valid = (qa[None, :] < p_nums[:, None]).reshape(-1)
-                meta.prefill_valid = valid.nonzero().squeeze(1)
-                meta.prefill_token_index = meta.prefill_query_index[meta.prefill_valid]
-        if self.dense_prefill and any(r.is_in_prompt for r in requests):
-            prompt_lens = torch.tensor([r.num_prompt_tokens for r in requests], dtype=torch.long)
-            meta.row_plan = plan_rows(pos_t, pos_t < prompt_lens[row_of_token], self.dense_rows_by_position)
-        input_ids = torch.tensor(token_ids, dtype=torch.long).view(1, num_tokens)
-        position_ids = pos_t.view(1, num_tokens)
-        return input_ids, position_ids, logits_index, meta
+    def build_inputs(self, rows: StepRows) -> StepInputs:
+        """The CPU inputs of a forward pass over ``rows`` (:func:`build_step_inputs`), with the dense
+        prefill row plan where prompt tokens take the packed linears' dense copies."""
+        inputs = build_step_inputs(rows, self.kv_cache, self.block_size, self.num_groups)
+        if self.dense_prefill and inputs.prompt_tokens is not None:
+            inputs.meta.row_plan = plan_rows(inputs.position_ids[0], inputs.prompt_tokens,
+                                             self.dense_rows_by_position)
+        return inputs
 
     def _to_device(self, meta: PagedAttentionMetadata) -> None:
         """Move the metadata's tensors to the model's device (in place)."""
@@ -248,21 +168,61 @@ class ModelRunner:
             return logits
 
     def execute(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Run one forward pass over the scheduled tokens: on the CPU with :attr:`compiled_step`,
-        the rows that feed a generated token through it (a step with prompt rows too runs those
-        eager, as a second forward); on CUDA a pure-decode step through a captured graph when
-        :attr:`decode_graphs` is set and has its shape; else eager.
+        """Run one forward pass over the scheduled tokens.
+
+        With :attr:`compiled_step` (the CPU), every request past its prompt computes its tokens
+        through it (:meth:`_execute_compiled`): decodes, and the output tokens a preempted request
+        recomputes, so every generated token's K/V and logits come from the same kernels whatever
+        the load (the scheduler never mixes prompt and output tokens in one chunk:
+        ``SchedulerConfig.outputs_on_decode_path``); prompt rows run eager beside them. Else the
+        whole step runs eager (:meth:`_execute_eager`: a captured CUDA graph for a pure-decode step
+        where :attr:`decode_graphs` has its shape).
 
         Returns:
             logits ``[S, V]`` float32 on the model's device, one row per entry of
             ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
         """
-        num_generated = scheduler_output.num_generated_decodes if self.compiled_step is not None else 0
-        if num_generated:
-            return self._execute_split(scheduler_output, num_generated)
-        input_ids, position_ids, logits_index, meta = self.build_metadata(scheduler_output)
+        rows = StepRows.of(scheduler_output)
+        on_step = [i for i, r in enumerate(rows.requests) if not r.is_in_prompt]
+        if self.compiled_step is None or not on_step:
+            return self._execute_eager(rows)
+        compiled = self._execute_compiled(rows.select(on_step))
+        if compiled is None:  # the call failed (logged): this and every later step eager
+            self.compiled_step = None
+            return self._execute_eager(rows)
+        if len(on_step) == len(rows.requests):
+            return compiled
+        taken = set(on_step)
+        eager = self._execute_eager(rows.select([i for i in range(len(rows.requests)) if i not in taken]))
+        is_compiled = torch.tensor([i in taken for i in rows.sample_indices], dtype=torch.bool)
+        logits = torch.empty((len(rows.sample_indices), compiled.shape[1]), dtype=compiled.dtype,
+                             device=compiled.device)
+        logits[is_compiled] = compiled
+        logits[~is_compiled] = eager
+        return logits
+
+    def _execute_compiled(self, rows: StepRows) -> torch.Tensor | None:
+        """Logits ``[S, V]`` float32 of ``rows`` (all past their prompts) through
+        :attr:`compiled_step`, one token a row; None when the call failed."""
+        assert self.compiled_step is not None
+        split, sampled = rows.one_token_rows()
+        inputs = self.build_inputs(split)
+        logits = self.compiled_step(self.kv_cache, self.num_groups, inputs.input_ids, inputs.position_ids,
+                                    inputs.meta)
+        if logits is None:
+            return None
+        if len(sampled) != len(split.counts):  # some rows feed a token without sampling
+            logits = logits.index_select(0, torch.tensor(sampled, dtype=torch.long))
+        return logits.float()
+
+    def _execute_eager(self, rows: StepRows) -> torch.Tensor:
+        """Logits ``[S, V]`` float32 of ``rows`` through the eager forward, or a captured CUDA graph
+        for a pure-decode step."""
+        inputs = self.build_inputs(rows)
+        input_ids, position_ids, logits_index, meta = (inputs.input_ids, inputs.position_ids,
+                                                       inputs.logits_index, inputs.meta)
         dev = self.device
-        pure_decode = meta.num_decodes == len(scheduler_output.requests) and meta.row_plan is None
+        pure_decode = meta.num_decodes == len(rows.requests) and meta.row_plan is None
         if self.decode_graphs is not None and pure_decode:
             graph_logits = self.decode_graphs.run(input_ids, position_ids, meta)
             if graph_logits is not None:  # sampling rows selected outside the graph (a copy)
@@ -276,24 +236,3 @@ class ModelRunner:
             keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
             return self._forward(input_ids, position_ids, meta, keep)[:0].float()
         return self._forward(input_ids, position_ids, meta, logits_index).float()
-
-    def _execute_split(self, scheduler_output: SchedulerOutput, num_generated: int) -> torch.Tensor:
-        """:meth:`execute` with the first ``num_generated`` rows through :attr:`compiled_step` and the
-        rest eager. A generated token's numerics then never depend on whether prompt rows share its
-        step (the batch invariance of ``proxy.engine.attention.metadata``); every such row samples."""
-        so = scheduler_output
-        assert self.compiled_step is not None
-        decodes = SchedulerOutput(so.requests[:num_generated], so.num_new_tokens[:num_generated],
-                                  list(range(num_generated)), num_generated)
-        input_ids, position_ids, _, meta = self.build_metadata(decodes)
-        compiled = self.compiled_step(self.kv_cache, self.num_groups, input_ids, position_ids, meta)
-        if compiled is None:  # the call failed (logged): this and every later step eager
-            self.compiled_step = None
-            return self.execute(scheduler_output)
-        logits = compiled.float()
-        if num_generated == len(so.requests):
-            return logits
-        rest = SchedulerOutput(so.requests[num_generated:], so.num_new_tokens[num_generated:],
-                               [i - num_generated for i in so.sample_indices if i >= num_generated],
-                               so.num_decodes - num_generated)
-        return torch.cat([logits, self.execute(rest)])

@@ -122,3 +122,25 @@ def test_disabled_prefix_caching_shares_nothing() -> None:
     admit(bm, a)
     assert bm.num_cached_blocks == 0
     assert bm.find_cached_prefix(req("b", [1, 2, 3, 4, 5])) == []
+
+
+def test_output_blocks_hash_apart_with_their_prompt_length() -> None:
+    """With ``output_blocks_apart`` a block holding output tokens is keyed by the prompt length too:
+    the same tokens as a prompt's, or as another request's whose prompt ends elsewhere in the block,
+    are other K/V (written by the decode path)."""
+    from proxy.engine.block_manager import output_marker
+
+    bm = BlockManager(16, 4, output_blocks_apart=True)
+    a = Request("a", [1, 2, 3, 4, 5, 6], P)  # prompt of 6: block 1 holds outputs from position 6
+    a.append_token(7)
+    a.append_token(8)
+    b = Request("b", [1, 2, 3, 4, 5], P)  # the same 8 tokens, its prompt ending at 5
+    for t in (6, 7, 8):
+        b.append_token(t)
+    prompt = req("p", [1, 2, 3, 4, 5, 6, 7, 8])
+    ha, hb, hp = bm.block_hashes(a), bm.block_hashes(b), bm.block_hashes(prompt)
+    assert ha[0] == hb[0] == hp[0]  # all prompt tokens: shared
+    assert len({ha[1], hb[1], hp[1]}) == 3
+    assert ha[1] == hash_block(ha[0], [5, 6, 7, 8], output_marker(6))
+    plain = Request("a", a.prompt_token_ids, P, all_token_ids=a.all_token_ids)
+    assert BlockManager(16, 4).block_hashes(plain)[1] == hp[1]  # without the rule: one key

@@ -302,8 +302,8 @@ def test_step_budget_caps_prefill_only_beside_decodes_and_takes_back_a_preempted
 
 
 def test_generated_token_rows_come_first() -> None:
-    """One-token rows lead the step, those feeding a generated token first (the CPU's compiled
-    decode step takes them), then a prompt's last token, then the other chunks."""
+    """One-token rows lead the step (the runner attends them as decode rows), those feeding a
+    generated token first, then a prompt's last token, then the other chunks."""
     from proxy.engine.scheduler import SchedulerOutput
 
     prompt_tail = req("tail", 6)
@@ -315,7 +315,46 @@ def test_generated_token_rows_come_first() -> None:
     chunk = req("chunk", 9)
     out = SchedulerOutput.from_scheduled({prompt_tail: 1, chunk: 5, decode_a: 1, decode_b: 1})
     assert [r.request_id for r in out.requests] == ["a", "b", "tail", "chunk"]
-    assert out.num_decodes == 3 and out.num_generated_decodes == 2
+    assert out.num_decodes == 3
     assert out.sample_indices == [0, 1, 2]
-    assert SchedulerOutput.from_scheduled({prompt_tail: 1, decode_a: 1}).num_generated_decodes == 1
-    assert SchedulerOutput.from_scheduled({chunk: 5}).num_generated_decodes == 0
+    assert [r.request_id for r in SchedulerOutput.from_scheduled({prompt_tail: 1, decode_a: 1}).requests] == [
+        "a", "tail"]
+
+
+def test_recomputed_output_tokens_never_share_a_chunk_with_prompt_tokens() -> None:
+    """``outputs_on_decode_path`` (the CPU's compiled decode step): a preempted request recomputes
+    its prompt up to its end, then its output tokens in chunks that keep the step's output-token
+    rows (decodes included) within ``max_num_seqs``."""
+    bm = BlockManager(64, 4, enable_prefix_caching=False)
+    config = SchedulerConfig(3, 64, 64, outputs_on_decode_path=True)
+    sched = Scheduler(bm, config, (2,))
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    running = req("run", 3, params)
+    sched.add_request(running)
+    fake_step(sched)  # its prompt: from now on a decode
+    resumed = req("resumed", 6, params)
+    for t in range(9):
+        resumed.append_token(30 + t)  # 9 output tokens, none computed (as after a preemption)
+    sched.add_request(resumed)
+    chunks = []
+    while resumed.num_tokens_to_compute > 1:
+        out, _ = fake_step(sched)
+        assert running in out.requests  # the decode keeps its row
+        chunks.append(dict(zip((r.request_id for r in out.requests), out.num_new_tokens))["resumed"])
+    # the prompt (6) alone; then 2 output tokens a step beside the decode: 3 rows = max_num_seqs
+    assert chunks == [6, 2, 2, 2, 2]
+    assert (resumed.num_computed_tokens, resumed.num_tokens) == (14, 15)  # one left: a decode
+    limit = sched.chunk_limit
+    assert limit(resumed, 4, {}) == 2 and limit(resumed, 6, {running: 1}) == 2
+    assert limit(resumed, 6, {running: 1, req("other", 3): 3}) == 2  # prompt rows take no decode row
+
+
+def test_without_the_decode_path_rule_a_chunk_crosses_the_prompt_end() -> None:
+    bm = BlockManager(64, 4, enable_prefix_caching=False)
+    sched = Scheduler(bm, SchedulerConfig(3, 64, 64), (2,))
+    resumed = req("resumed", 6, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    for t in range(9):
+        resumed.append_token(30 + t)
+    sched.add_request(resumed)
+    out, _ = fake_step(sched)
+    assert out.num_new_tokens == [15]

@@ -44,6 +44,11 @@ class SchedulerConfig:
         prefill_token_multiple: the measured bound gives prefill tokens in multiples of this (the
             rows of one fixed-shape prefill call, ``proxy.quant.dense_prefill.CALL_ROWS``, where
             the model runs prompt tokens in such calls; else 1).
+        outputs_on_decode_path: the model runner computes every output token on its decode path
+            (the CPU's compiled decode step), also when a preempted request recomputes them: a
+            chunk then never holds prompt and output tokens together, and a step's output tokens
+            (decodes and recomputed chunks) stay within ``max_num_seqs`` rows, as a decode step's
+            (``Scheduler.chunk_limit``).
         watermark: share of the KV pool (at least one block) a waiting request may not take while
             others run, so running requests can grow without preempting at once (vLLM v0's
             ``watermark``).
@@ -61,6 +66,7 @@ class SchedulerConfig:
     max_prefill_step_ratio: float = 0.0
     max_long_gap_fraction: float = 0.0
     prefill_token_multiple: int = 1
+    outputs_on_decode_path: bool = False
     watermark: float = 0.01
 
     def __post_init__(self) -> None:
@@ -75,15 +81,15 @@ class SchedulerConfig:
         check_prefill_bound(self.max_prefill_step_ratio, self.max_long_gap_fraction)
 
     @classmethod
-    def from_settings(cls, settings: Settings, max_model_len: int,
-                      prefill_token_multiple: int = 1) -> SchedulerConfig:
+    def from_settings(cls, settings: Settings, max_model_len: int, prefill_token_multiple: int = 1,
+                      outputs_on_decode_path: bool = False) -> SchedulerConfig:
         """The server's scheduler knobs (``Settings``' fields of the same names).
 
         Args:
             settings: the server's settings.
             max_model_len: the context length in force (the engine lowers it to the KV pool's size).
-            prefill_token_multiple: see the class docstring (the engine passes ``CALL_ROWS`` when it
-                runs dense prefill).
+            prefill_token_multiple, outputs_on_decode_path: see the class docstring (the engine
+                passes ``CALL_ROWS`` when it runs dense prefill, and True with a compiled decode step).
         """
         return cls(
             max_num_seqs=settings.max_num_seqs,
@@ -94,6 +100,7 @@ class SchedulerConfig:
             max_prefill_step_ratio=settings.max_prefill_step_ratio,
             max_long_gap_fraction=settings.max_long_gap_fraction,
             prefill_token_multiple=prefill_token_multiple,
+            outputs_on_decode_path=outputs_on_decode_path,
         )
 
     def watermark_blocks(self, num_total_blocks: int) -> int:

@@ -32,8 +32,9 @@ class SchedulerOutput:
 
         Entries of one token come first: decodes of the answer (a generated token), then prompt
         tokens (a prompt with only its last token left, a one-token chunk), each in scheduling order
-        (a stable sort); then the other prefill chunks, as the model runner expects (its compiled
-        step takes the leading generated-token rows). ``num_decodes`` counts the one-token entries.
+        (a stable sort); then the other chunks, output tokens a preempted request recomputes before
+        prompt chunks. The model runner attends the leading one-token entries as decode rows;
+        ``num_decodes`` counts them.
         """
         out = cls()
         order = sorted(scheduled.items(), key=lambda item: (item[1] != 1, item[0].is_in_prompt))
@@ -45,17 +46,6 @@ class SchedulerOutput:
             if num_new == 1 and out.num_decodes == index:
                 out.num_decodes += 1
         return out
-
-    @property
-    def num_generated_decodes(self) -> int:
-        """How many leading rows feed one generated token each (decodes of the answer, not a
-        prompt's last token): the rows the CPU's compiled decode step computes."""
-        n = 0
-        for request in self.requests[: self.num_decodes]:
-            if request.is_in_prompt:
-                break
-            n += 1
-        return n
 
     @property
     def total_num_tokens(self) -> int:

@@ -169,7 +169,8 @@ class Scheduler:
         """Phase 2: the next chunk of each running request mid-prefill, as the budget allows."""
         for request in self._running_in_order(budget):
             if not request.is_decoding:
-                num_new = budget.prefill_chunk(request.num_tokens_to_compute, len(self.waiting))
+                limit = self.chunk_limit(request, request.num_computed_tokens, scheduled)
+                num_new = budget.prefill_chunk(limit, len(self.waiting))
                 if num_new:
                     self._schedule_running(request, num_new, scheduled, budget)
 
@@ -193,6 +194,20 @@ class Scheduler:
         scheduled[request] = num_new
         budget.take(num_new, request.is_decoding)
 
+    def chunk_limit(self, request: Request, num_computed: int, scheduled: dict[Request, int]) -> int:
+        """The most tokens ``request`` may compute this step, ``num_computed`` of its tokens having
+        K/V: all the rest; with ``config.outputs_on_decode_path`` (a preempted request recomputing),
+        no further than the end of its prompt while in it, and past it only as many output tokens
+        as keep the step's output-token rows (``scheduled``'s requests past their prompts) within
+        ``max_num_seqs`` (0: none this step)."""
+        remaining = request.num_tokens - num_computed
+        if not self.config.outputs_on_decode_path:
+            return remaining
+        if num_computed < request.num_prompt_tokens:
+            return request.num_prompt_tokens - num_computed
+        rows = sum(n for r, n in scheduled.items() if not r.is_in_prompt)
+        return min(remaining, max(0, self.config.max_num_seqs - rows))
+
     def _admit_waiting(self, scheduled: dict[Request, int], budget: StepBudget) -> None:
         """Phase 3: start waiting requests FCFS, each after its longest cached prefix, until one
         does not fit the budget, ``max_num_seqs`` or the KV pool (less the watermark while others run)."""
@@ -201,7 +216,9 @@ class Scheduler:
             request = self.waiting[0]
             cached = bm.find_cached_prefix(request) if not request.block_ids else []
             num_cached = len(cached) * bm.block_size
-            remaining = request.num_tokens_to_compute - num_cached
+            remaining = self.chunk_limit(request, request.num_computed_tokens + num_cached, scheduled)
+            if remaining == 0:
+                break
             # only the last token left (a full cache hit): as cheap as a decode
             num_new = 1 if remaining == 1 else budget.prefill_chunk(remaining, len(self.waiting))
             if num_new == 0:
