@@ -68,6 +68,8 @@ class StepRows:
             the split rows, and for each of this object's ``sample_indices`` the split row whose
             logits it samples (its last token's).
         """
+        if len(self.sample_indices) == len(self.counts) == self.num_decodes:  # decodes only, all sampling
+            return self, list(range(self.num_decodes))
         requests: list[Request] = []
         starts: list[int] = []
         last: list[int] = []
@@ -109,9 +111,15 @@ def build_step_inputs(rows: StepRows, kv_cache: PagedKVCache, block_size: int, n
             prefill mask is folded with.
     """
     token_ids: list[int] = []
+    positions: list[int] = []
     max_blocks = 0
     for request, start, count in zip(rows.requests, rows.starts, rows.counts):
-        token_ids.extend(request.all_token_ids[start : start + count])
+        if count == 1:
+            token_ids.append(request.all_token_ids[start])
+            positions.append(start)
+        else:
+            token_ids.extend(request.all_token_ids[start : start + count])
+            positions.extend(range(start, start + count))
         max_blocks = max(max_blocks, len(request.block_ids))
     block_tables = torch.tensor([r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in rows.requests],
                                 dtype=torch.long)
@@ -119,7 +127,7 @@ def build_step_inputs(rows: StepRows, kv_cache: PagedKVCache, block_size: int, n
     starts_t = torch.tensor(rows.starts, dtype=torch.long)
     row_of_token = torch.repeat_interleave(torch.arange(len(rows.counts)), nums_t)
     ends_t = torch.cumsum(nums_t, 0)  # flat end index of each row
-    pos_t = torch.arange(len(token_ids)) - (ends_t - nums_t)[row_of_token] + starts_t[row_of_token]
+    pos_t = torch.tensor(positions, dtype=torch.long)
     slot_mapping = block_tables[row_of_token, pos_t // block_size] * block_size + pos_t % block_size
     meta = PagedAttentionMetadata(kv_cache=kv_cache, slot_mapping=slot_mapping, num_decodes=rows.num_decodes,
                                   num_groups=num_groups)
@@ -129,7 +137,7 @@ def build_step_inputs(rows: StepRows, kv_cache: PagedKVCache, block_size: int, n
     if nd < len(rows.counts):
         _prefill_metadata(meta, block_tables[nd:], starts_t[nd:], nums_t[nd:], ends_t[nd:], block_size)
     prompt_tokens = None
-    if any(s < r.num_prompt_tokens for r, s in zip(rows.requests, rows.starts)):
+    if any(s < len(r.prompt_token_ids) for r, s in zip(rows.requests, rows.starts)):
         prompt_lens = torch.tensor([r.num_prompt_tokens for r in rows.requests], dtype=torch.long)
         prompt_tokens = pos_t < prompt_lens[row_of_token]
     logits_index = ends_t[rows.sample_indices] - 1
