@@ -156,6 +156,29 @@ def test_worker_batches_requests_and_checks_inputs(folders):
         worker.shutdown()
 
 
+def test_a_budget_of_one_token_embeds_every_input_alone(folders):
+    """``--embedding-max-num-batched-tokens 1``: every forward pass holds one input, so a text's
+    vector is the same bits alone and inside a request of three (docs/embeddings.md)."""
+    worker = _worker(folders["mean"], max_num_batched_tokens=1)
+    try:
+        model = worker.model
+        assert model is not None
+        sizes: list[int] = []
+        embed = model.embed
+
+        def counted(batch):
+            sizes.append(len(batch))
+            return embed(batch)
+
+        model.embed = counted  # type: ignore[method-assign]
+        alone = asyncio.run(worker.embed([TEXTS[1]], None)).vectors
+        three = asyncio.run(worker.embed(TEXTS[:3], None)).vectors
+        assert sizes == [1, 1, 1, 1]
+        assert np.array_equal(three[1], alone[0])
+    finally:
+        worker.shutdown()
+
+
 def test_lazy_worker_reports_a_failed_load_as_503():
     def fail():
         raise ModelLoadError("no such folder")
