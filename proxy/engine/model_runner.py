@@ -186,11 +186,12 @@ class ModelRunner:
         on_step = [i for i, r in enumerate(rows.requests) if not r.is_in_prompt]
         if self.compiled_step is None or not on_step:
             return self._execute_eager(rows)
-        compiled = self._execute_compiled(rows if len(on_step) == len(rows.requests) else rows.select(on_step))
+        every = len(on_step) == len(rows.requests)
+        compiled = self._execute_compiled(rows if every else rows.select(on_step))
         if compiled is None:  # the call failed (logged): this and every later step eager
             self.compiled_step = None
             return self._execute_eager(rows)
-        if len(on_step) == len(rows.requests):
+        if every:
             return compiled
         taken = set(on_step)
         eager = self._execute_eager(rows.select([i for i in range(len(rows.requests)) if i not in taken]))

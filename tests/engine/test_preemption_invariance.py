@@ -162,7 +162,8 @@ def test_a_prompt_resending_an_answer_is_computed_as_a_prompt(served: tuple[torc
 def test_default_model_preempted_requests_give_their_solo_text() -> None:
     """Issue 44's case on the default model as served: four requests (two greedy, two seeded) of
     100 tokens in a pool of 24 blocks of 16 tokens, alone and all at once (preempted and
-    recomputed): the same tokens. Before the fix two or three of the four differed."""
+    recomputed): the same tokens. Before the fix the seeded request 3 took another token at its
+    98th (one engine thread; the server with two threads: two or three of the four differed)."""
     from proxy.engine.loading import load_engine_model
 
     loaded = load_engine_model(Settings())

@@ -196,10 +196,9 @@ class Scheduler:
 
     def chunk_limit(self, request: Request, num_computed: int, scheduled: dict[Request, int]) -> int:
         """The most tokens ``request`` may compute this step, ``num_computed`` of its tokens having
-        K/V: all the rest; with ``config.outputs_on_decode_path`` (a preempted request recomputing),
-        no further than the end of its prompt while in it, and past it only as many output tokens
-        as keep the step's output-token rows (``scheduled``'s requests past their prompts) within
-        ``max_num_seqs`` (0: none this step)."""
+        K/V: all the rest; with ``config.outputs_on_decode_path``, up to its prompt's end while in
+        it, past it as many output tokens as keep the step's output-token rows (``scheduled``'s
+        requests past their prompts) within ``max_num_seqs`` (0: none this step)."""
         remaining = request.num_tokens - num_computed
         if not self.config.outputs_on_decode_path:
             return remaining
