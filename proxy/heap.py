@@ -5,7 +5,7 @@ Why: a loaded server holds ~400 000 long-lived Python objects (torch, transforme
 modules, the compiled step); a full collection (generation 2), which CPython starts now and then
 while requests allocate, walked them all in 90-110 ms with the GIL held (2-core Xeon, default model),
 stalling every stream's next token: the 16-stream benchmark's p99 inter-token latency was such a
-pause (``docs/benchmarks.md``). vLLM's engine does the same after its start-up (``gc.freeze``).
+pause (``docs/bench/2026-12-05-cpp-ops.md``). vLLM's engine does the same after its start-up (``gc.freeze``).
 """
 
 from __future__ import annotations

@@ -51,10 +51,11 @@ class Settings:
             prefilled at once (0: never).
         dense_prefill: prompt tokens run through dense copies of the packed (quantized) linears,
             in calls of fixed 64-row multiples; output tokens keep the packed kernel
-            (``proxy.quant.dense_prefill``). Several times faster prefill on CPUs with AMX (bf16
-            copies, +212 MB for the default model) and 1.6x on AVX2-only CPUs (computed in fp32,
-            kept in bf16: +212 MB). None: on for CPUs with ``amx_bf16`` and for CPUs without BF16
-            instructions; no effect without packed linears.
+            (``proxy.quant.dense_prefill``). The copies are held in bf16 (one more copy of those
+            weights in memory) and computed in bf16 on CPUs with BF16 instructions, in fp32 on CPUs
+            without; their speed and memory: ``docs/serving.md``, "Dense prefill". None: on for
+            CPUs with ``amx_bf16`` and for CPUs without BF16 instructions; no effect without packed
+            linears.
         enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
             (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.
@@ -102,10 +103,10 @@ class Settings:
             (``proxy.engine.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
         compile_decode: on the CPU, run pure-decode steps through one graph compiled ahead of time
             by ``torch.compile`` (inductor), for every batch size and context length, saved in the
-            cache folder so that later starts load it in seconds (``proxy.engine.compiled_step``;
-            the first start compiles for about 90 s on 2 cores). None (default): on for models
-            with packed (int4 / int8) CPU linears, such as the default GGUF; ``--enforce-eager``
-            turns it off.
+            cache folder: only the first start on a machine compiles it (logged), later starts load
+            it (``proxy.engine.compiled_step``; the times: ``docs/compile.md``). None (default): on
+            for models with packed (int4 / int8) CPU linears, such as the default GGUF;
+            ``--enforce-eager`` turns it off.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
             BERT sentence-transformer, pooling read from its ``modules.json``, or a decoder embedding
             model); None: the chat model embeds, pooled by ``embedding_pooling`` (a convenience, not a

@@ -3,11 +3,12 @@ with AMX-BF16 (:func:`kernel_available`); torch's int4 kernel elsewhere.
 
 Why: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) costs about one more weight pass per
 activation row: a 16-stream decode step spent 20.5 ms of ~46 ms in it on a 2-core AMX Xeon, against
-5.3 ms at 4 rows and 2.9 ms at one (``docs/benchmarks.md``). ``ext/kernels/amx_int4.h`` (built into
-``proxy.quant._amx_int4``) decodes each 16 x 32 block of codes once a call into an AMX tile of bf16
-``code - 8`` values and multiplies up to 16 rows at a time with ``TDPBF16PS``; the group's scale and
-zero are applied in fp32 to the tile's sums (the header gives the exact order). Its cost barely grows
-with the rows of a decode step. Measurements: ``docs/benchmarks.md`` ("The AMX int4 kernel").
+5.3 ms at 4 rows and 2.9 ms at one (``docs/bench/2026-12-04-amx-machine.md``).
+``ext/kernels/amx_int4.h`` (built into ``proxy.quant._amx_int4``) decodes each 16 x 32 block of
+codes once a call into an AMX tile of bf16 ``code - 8`` values and multiplies up to 16 rows at a
+time with ``TDPBF16PS``; the group's scale and zero are applied in fp32 to the tile's sums (the
+header gives the exact order). Its cost barely grows with the rows of a decode step. Measurements:
+``docs/bench/2026-12-04-amx-int4.md``.
 
 Numerics: each row's output is the same bits whatever the other rows of the call, the row count and
 the thread count (AMX computes each row alone; the batch-invariance promise of the README holds on

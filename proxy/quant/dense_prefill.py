@@ -33,9 +33,11 @@ unrounded); a prompt token's activations therefore differ from the packed path b
 well inside the int4 quantization error itself.
 
 Memory: one copy of every packed linear except the lm_head (which only ever sees the sampled
-rows), always held in bf16: +212 MB for SmolLM2-135M. fp32 copies are widened at each call
+rows), always held in bf16 (their size for the default model: the RSS table of
+``docs/bench/2026-12-03-memory.md``). fp32 copies are widened at each call
 (``PackedLinear.set_dense_weight``); measured on the AVX2 EPYC, widening the model's four layer
-shapes took 0.03-0.47 ms against 2-11 ms for their 512-row GEMMs, and held in fp32 they cost +424 MB.
+shapes took 0.03-0.47 ms against 2-11 ms for their 512-row GEMMs, and held in fp32 they would cost
+twice the memory.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ whose activations are rounded to bf16. ``ext/kernels/q8_matmul.h`` (built into
 ``proxy.quant._q8_matmul``, AVX2 + FMA or AVX-512, OpenMP over output features) reads the codes and scales as
 the GGUF stores them and computes in fp32: each weight ``codes[n, k] * scales[n, k / 32]`` is exact
 in fp32, so the layer computes the GGUF's own values with fp32 activations. Measurements:
-``docs/benchmarks.md`` ("A Q8_0 kernel for the lm_head"). The codes and scales are the same tensors
-as the :class:`~proxy.quant.embedding.Int8Embedding` of a tied model, held once.
+``docs/bench/2026-12-03-q8-lm-head.md`` (AVX2) and ``docs/bench/2026-12-04-amx-machine.md``
+(AVX-512). The codes and scales are the same tensors as the
+:class:`~proxy.quant.embedding.Int8Embedding` of a tied model, held once.
 
 In the kernel a row's output does not depend on the other rows of the call nor on the thread count
 (the kernel's header says why). There is no dense copy: calls of :data:`GEMM_ROWS` rows or more (a

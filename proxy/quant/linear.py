@@ -246,7 +246,7 @@ class PackedLinear(nn.Module):
     def _packed_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """``x2 [M, K] @ W.T`` through the packed kernel, no bias."""
         # ~120 calls a decode step: the buffers are read from ``_buffers`` once, not through
-        # Module.__getattr__ (docs/benchmarks.md, "Per-call overhead")
+        # Module.__getattr__ (docs/bench/2026-12-03-avx2-decode-step.md, "Per-call overhead")
         buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered, none None
         packed0 = buffers["packed0"]
         if self.amx:
