@@ -38,7 +38,8 @@ async def health(request: Request) -> Response:
     The body gives ``status`` (``loading``, ``ready``, ``failed``, ``draining``, ``dead``) and the
     engine counters (``num_running``, ``num_waiting``, ``num_free_blocks``, ``num_total_blocks``,
     ``num_tracked_outputs``, ``num_preemptions``: requests preempted so far because the KV cache
-    was full, as ``streamproxy:num_preemptions_total`` in ``/metrics``).
+    was full, as ``streamproxy:num_preemptions_total`` in ``/metrics``) and the engine's
+    ``execution`` plan (``proxy.engine.plan``).
     """
     state = _state(request)
     payload: dict[str, Any] = {"status": "draining" if state.is_draining else state.status}
@@ -55,6 +56,8 @@ async def health(request: Request) -> Response:
             payload["num_total_blocks"] = stats.num_total_blocks
         payload["num_tracked_outputs"] = stats.num_tracked_outputs
         payload["num_preemptions"] = stats.num_preemptions
+        if client.model.execution is not None:
+            payload["execution"] = client.model.execution
     if state.load_error:
         payload["error"] = state.load_error
     return json_response(payload, status=200 if state.is_healthy else 503)

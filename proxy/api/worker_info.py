@@ -39,7 +39,8 @@ def server_info_payload(state: ServerState, client: EngineClient) -> dict[str, A
     """``/server_info``'s body (SGLang's field names, plus vLLM's ``max_model_len``).
 
     ``max_total_tokens`` / ``max_total_num_tokens``: the KV cache's capacity in tokens (blocks x
-    ``block_size``; absent when the engine does not report its blocks).
+    ``block_size``; absent when the engine does not report its blocks). ``execution``: the engine's
+    execution plan (``proxy.engine.plan``: which kernels serve its steps and why the others do not).
     """
     settings = state.settings
     model = client.model
@@ -50,6 +51,8 @@ def server_info_payload(state: ServerState, client: EngineClient) -> dict[str, A
         "max_prefill_tokens": settings.max_num_batched_tokens, "tp_size": 1, "dp_size": 1,
         "disaggregation_mode": "null", "is_generation": True, "version": proxy.__version__,
     }
+    if model.execution is not None:
+        payload["execution"] = model.execution
     blocks = client.stats().num_total_blocks
     if blocks is not None:
         payload["max_total_tokens"] = payload["max_total_num_tokens"] = blocks * settings.block_size

@@ -14,6 +14,7 @@ import torch
 
 from proxy.engine.block_manager import BlockManager
 from proxy.engine.model_runner import ModelRunner
+from proxy.engine.plan import describe_execution
 from proxy.engine.request import Request, RequestOutput
 from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler, SchedulerConfig
@@ -44,6 +45,7 @@ class EngineCore:
 
     Attributes:
         max_model_len: the context length in force (what the API must check requests against).
+        execution: the kernels serving its steps (``proxy.engine.plan.ExecutionPlan``).
         fault_injector: test hook, a callable run before each forward pass; an exception from it
             fails that step's requests like any step failure.
     """
@@ -81,6 +83,8 @@ class EngineCore:
             outputs_on_decode_path=on_decode_path)
         self.scheduler = Scheduler(self.block_manager, config, self.eos_token_ids)
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
+        #: which kernels serve the steps, and why the others do not (logged once served)
+        self.execution = describe_execution(settings, model, self.runner)
         self.fault_injector: Callable[[], None] | None = None
         self.num_steps = 0
 

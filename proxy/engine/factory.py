@@ -82,7 +82,8 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     freeze_heap()  # the loaded engine's objects out of the collector's full passes (proxy.heap)
     trim_heap()  # the load's and the self-check's freed temporaries (1279 -> 1161 MiB measured)
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
-                      dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization)
+                      dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization,
+                      execution=core.execution.as_dict())
     return AsyncEngineClient(
         AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler
     )
@@ -104,7 +105,7 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
         core.shutdown()
         raise
     model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer),
-                      dtype=info.dtype, quantization=info.quantization)
+                      dtype=info.dtype, quantization=info.quantization, execution=info.execution)
     # grammars are compiled once, in the child, where the masks are applied (a bad one is still a 400
     # before the request is sent): see proxy.engine.core_proc.grammar
     compiler = ChildGrammarCompiler(core.compile_grammar)

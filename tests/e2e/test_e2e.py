@@ -159,3 +159,17 @@ def test_disconnect_aborts_and_frees_blocks(server: Server, stream: bool):
     assert server.health()["num_running"] == 1
     sock.close()
     assert _wait_idle(server, 1.0) < 1.0
+
+
+def test_health_server_info_and_the_log_show_the_execution_plan(server: Server):
+    """Which kernels serve the steps (``proxy.engine.plan``): one log line before the ready line, the
+    same plan under ``execution`` in ``/health`` and ``/server_info`` (the engine process's too)."""
+    health = server.health()["execution"]
+    info = httpx.get(f"{server.base_url}/server_info", timeout=10).json()["execution"]
+    assert health == info
+    assert info["step"] in ("compiled", "eager") and info["device"] == "cpu"
+    assert (info["step"] == "compiled") is ("compiled" not in info["off"])
+    assert info["linears"] and all(n > 0 for n in info["linears"].values())
+    log = server.log_path.read_text(errors="replace")
+    at = log.index(info["summary"])
+    assert 0 <= at < log.index("streamproxy ready")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from proxy.engine.client.core_client import EngineStats, FaultInjector
 from proxy.engine.generation import Generation
@@ -31,6 +31,8 @@ class ModelInfo:
         dtype: activation dtype served (``"bfloat16"``); None: not reported.
         quantization: what the weights are served as (``proxy.models.LoadedModel.quantization``,
             e.g. ``"gguf: Q4_1 -> int4 g32 x210, ..."`` or ``"none"``); None: not reported.
+        execution: the engine's execution plan (``proxy.engine.plan.ExecutionPlan.as_dict``); None:
+            not reported.
     """
 
     served_model_name: str
@@ -39,6 +41,7 @@ class ModelInfo:
     created: int = field(default_factory=lambda: int(time.time()))
     dtype: str | None = None
     quantization: str | None = None
+    execution: dict[str, Any] | None = None
 
 
 @runtime_checkable

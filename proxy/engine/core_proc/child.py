@@ -94,7 +94,8 @@ def child_main(settings: Settings, conn: Connection) -> None:
     conn.send(ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
                         tuple(sorted(loaded.eos_token_ids)), num_logits,
                         str(loaded.dtype).removeprefix("torch."), loaded.quantization,
-                        time.monotonic() - start, wait_policy, CoreStats.of(core, 0)))
+                        time.monotonic() - start, wait_policy, CoreStats.of(core, 0),
+                        core.execution.as_dict()))
     send_lock = threading.Lock()  # the compile thread answers while the engine loop sends steps
 
     def send(msg: Any) -> None:

@@ -90,7 +90,7 @@ class ReadyInfo:
         max_model_len: context length in tokens as the engine enforces it.
         eos_token_ids: the generation config's EOS ids (``LoadedModel.eos_token_ids``).
         logits_width: columns of the model's logits (grammar masks cover them all).
-        dtype, quantization: as in ``ModelInfo``.
+        dtype, quantization, execution: as in ``ModelInfo``.
         load_s: seconds from the child's start to ready.
         omp_wait_policy: ``OMP_WAIT_POLICY`` in the child's environment ("": unset, libgomp's
             default; see ``proxy.engine.core_proc.child``).
@@ -108,6 +108,7 @@ class ReadyInfo:
     load_s: float
     omp_wait_policy: str
     stats: CoreStats | None = None
+    execution: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
