@@ -193,8 +193,7 @@ _RENAMES = ((re.compile(r"^tools\[(\d+)\]\.function\.parameters"), r"tools[\1].i
             (re.compile(r"^reasoning_effort$"), "output_config.effort"),
             (re.compile(r"^chat_template_kwargs$"), "thinking"),
             (re.compile(r"^user$"), "metadata.user_id"))
-_MESSAGE_RENAMES = (("'stop[", "'stop_sequences["), ("'stop'", "'stop_sequences'"),
-                    ("'parallel_tool_calls'", "'tool_choice.disable_parallel_tool_use'"),
+_MESSAGE_RENAMES = (("'parallel_tool_calls'", "'tool_choice.disable_parallel_tool_use'"),
                     ("required' or a named function", "any' or a named tool"))
 
 
@@ -213,7 +212,7 @@ def messages_param(exc: InvalidRequestError, paths: tuple[str, ...]) -> InvalidR
             new = param
             for pattern, repl in _RENAMES:
                 new = pattern.sub(repl, new)
-        message = message.replace(param, new)
+        message = message.replace(f"'{param}", f"'{new}")
         param = new
     if (param, message) == (exc.param, exc.message):
         return exc
