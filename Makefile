@@ -25,7 +25,7 @@ testdata: $(STAMP)
 
 $(NODE_SDK): tests/node/package.json
 	@if command -v npm >/dev/null 2>&1; then \
-		echo "installing the openai npm package into tests/node/node_modules"; \
+		echo "installing the npm packages of tests/node/package.json into tests/node/node_modules"; \
 		cd tests/node && npm install --no-package-lock --no-audit --no-fund --loglevel=error && touch node_modules/openai/package.json; \
 	else echo "note: npm is not installed; tests/e2e/test_node_sdk.py will be skipped"; fi
 
