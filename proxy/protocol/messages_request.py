@@ -112,7 +112,7 @@ def _tool_choice(value: Any, chat: dict[str, Any]) -> None:
         if not isinstance(name, str) or not name:
             raise _bad("tool_choice.name", "'tool_choice.name' is required for tool_choice type 'tool'.")
         chat["tool_choice"] = {"type": "function", "function": {"name": name}}
-    elif kind in TOOL_CHOICES:
+    elif isinstance(kind, str) and kind in TOOL_CHOICES:
         chat["tool_choice"] = TOOL_CHOICES[kind]
     else:
         raise _bad("tool_choice.type", f"'tool_choice.type' must be one of 'auto', 'any', 'tool', 'none'; "
@@ -158,7 +158,7 @@ def _output_config(value: Any, chat: dict[str, Any]) -> None:
         raise _bad("output_config", f"'output_config' must be an object, not {_type_name(value)}.")
     effort = value.get("effort")
     if effort is not None:
-        if effort not in EFFORTS:
+        if not isinstance(effort, str) or effort not in EFFORTS:
             raise _bad("output_config.effort", f"'output_config.effort' must be one of {', '.join(EFFORTS)}; "
                        f"got {effort!r}.")
         chat.setdefault("reasoning_effort", EFFORTS[effort])
