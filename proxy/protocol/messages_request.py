@@ -28,6 +28,8 @@ Translation (Anthropic "Messages" reference, "Tool use", "Extended thinking"):
 - ``output_config.effort`` (``low`` / ``medium`` / ``high``; ``max`` -> ``high``) ->
   ``reasoning_effort``; ``output_config.format`` ``{type: "json_schema", schema}`` ->
   ``response_format`` (grammar-enforced).
+- A last message from the ``assistant`` is a prefill: the output continues it (the template renders
+  it open, ``continue_final_message``); one that ends with ``tool_use`` is a 400.
 - Refused by name (400): ``container``, non-empty ``mcp_servers``. Accepted and ignored:
   ``context_management`` (no context editing here: a conversation that outgrows the context is a
   400 "prompt is too long", which Claude Code answers by compacting), ``service_tier``,
@@ -66,6 +68,8 @@ class MessagesRequest:
         stop_sequences: ``stop_sequences`` (to report which one ended the output).
         paths: the Anthropic path of each chat message (``system``, ``messages[i]``), to rename errors.
         body: the body as sent.
+        prefill: the last message is the assistant's: the output continues it (Anthropic's
+            "prefill"), rendered with ``continue_final_message``.
     """
 
     chat: ChatCompletionRequest
@@ -73,6 +77,7 @@ class MessagesRequest:
     stop_sequences: tuple[str, ...]
     paths: tuple[str, ...]
     body: dict[str, Any]
+    prefill: bool = False
 
 
 def chat_tools(value: Any) -> list[dict[str, Any]]:
@@ -257,4 +262,9 @@ def parse_messages_request(body: dict[str, Any], *, vocab_size: int | None = Non
         parsed = parse_chat_request(chat, max_n=1, vocab_size=vocab_size)
     except InvalidRequestError as exc:
         raise messages_param(exc, tuple(paths)) from None
-    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body)
+    last = messages[-1]
+    prefill = last["role"] == "assistant"
+    if prefill and last.get("tool_calls"):
+        raise _bad(paths[-1], f"The last message ('{paths[-1]}') is an assistant turn with tool_use; send "
+                   "its tool_result in a user message to continue.")
+    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body, prefill)

@@ -231,3 +231,21 @@ def test_stream_events_carry_usage_and_utf8_whole_characters() -> None:
     assert start["message"]["usage"]["output_tokens"] == 0
     assert delta["usage"]["output_tokens"] > 0 and delta["usage"]["input_tokens"] > 0
     assert json.dumps(evts[1]) == '{"type": "ping"}'
+
+
+def test_a_last_assistant_message_is_continued() -> None:
+    async def main():
+        async with serve(_engine()) as s:
+            msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}]
+            r = await s.client.post("/v1/messages", json={**body(), "messages": msgs})
+            count = await s.client.post("/v1/messages/count_tokens", json={**body(), "messages": msgs})
+            call = {"type": "tool_use", "id": "t", "name": "f", "input": {}}
+            cut = {"role": "assistant", "content": [call]}
+            bad = await s.client.post("/v1/messages", json={**body(), "messages": [msgs[0], cut]})
+            return r, count.json(), bad, s.engine.submitted
+
+    r, count, bad, submitted = run(main())
+    assert r.status_code == 200, r.text
+    prompt = make_tokenizer().decode(submitted[0][1])
+    assert prompt.endswith("The answer is") and count["input_tokens"] == len(submitted[0][1])
+    assert bad.status_code == 400 and "messages[1]" in bad.json()["error"]["message"]

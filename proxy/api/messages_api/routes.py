@@ -35,6 +35,14 @@ async def _parse(request: Request, count_only: bool) -> tuple[ServerState, Engin
     return state, client, parsed
 
 
+async def _prompt_ids(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> list[int]:
+    """The prompt ids ``parsed`` renders to (the chat template, a prefill left open), as generated."""
+    prefill = parsed.prefill
+    _, ids, _ = await render_chat(parsed.chat, client, state.features, add_generation_prompt=not prefill,
+                                  continue_final_message=prefill)
+    return ids
+
+
 async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> PreparedRequest:
     """The chat pipeline's preparation of ``parsed``, with ``max_tokens`` lowered to what the context
     leaves (the chat request has none, so the pipeline resolves it to the rest of the context).
@@ -45,9 +53,10 @@ async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesReq
             error of the pipeline with the Messages field names.
     """
     try:
-        prepared = await prepare_chat(parsed.chat, client, state.features)
+        prepared = await prepare_chat(parsed.chat, client, state.features,
+                                      continue_final_message=parsed.prefill)
     except ContextLengthExceededError:
-        _, ids, _ = await render_chat(parsed.chat, client, state.features)
+        ids = await _prompt_ids(state, client, parsed)
         limit = client.model.max_model_len - 1
         raise InvalidRequestError(f"prompt is too long: {len(ids)} tokens > {limit} maximum",
                                   param="messages") from None
@@ -73,7 +82,7 @@ async def count_tokens(request: Request) -> Response:
     state, client, parsed = await _parse(request, count_only=True)
     check_model(client, parsed.chat.model)
     try:
-        _, ids, _ = await render_chat(parsed.chat, client, state.features)
+        ids = await _prompt_ids(state, client, parsed)
     except InvalidRequestError as exc:
         raise messages_param(exc, parsed.paths) from None
     return json_response({"input_tokens": len(ids)})
