@@ -38,8 +38,8 @@ def _strip(message: anthropic.types.Message) -> dict:
 
 
 def test_text_stream_equals_create_and_count_tokens(client: anthropic.Anthropic, server: Server) -> None:
-    kw = {"model": server.model, "max_tokens": 24, "temperature": 0, "system": "You are a storyteller.",
-          "messages": ASK}
+    kw = {"model": server.model, "max_tokens": 24, "system": "You are a storyteller.", "messages": ASK,
+          "extra_body": {"temperature": 0}}  # recent SDKs have no sampling arguments; the wire has them
     msg = client.messages.create(**kw)
     assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 24
     with client.messages.stream(**kw) as stream:
@@ -53,7 +53,7 @@ def test_text_stream_equals_create_and_count_tokens(client: anthropic.Anthropic,
 
 
 def test_forced_tool_input_streams_as_created(client: anthropic.Anthropic, server: Server) -> None:
-    kw = {"model": server.model, "max_tokens": 64, "temperature": 0, "tools": [WEATHER],
+    kw = {"model": server.model, "max_tokens": 64, "extra_body": {"temperature": 0}, "tools": [WEATHER],
           "tool_choice": {"type": "tool", "name": "get_weather"},
           "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}
     msg = client.messages.create(**kw)
@@ -65,8 +65,8 @@ def test_forced_tool_input_streams_as_created(client: anthropic.Anthropic, serve
 
 
 def test_context_rules(client: anthropic.Anthropic, server: Server) -> None:
-    msg = client.messages.create(model=server.model, max_tokens=32000, temperature=0, messages=ASK,
-                                 stop_sequences=["bread"])
+    msg = client.messages.create(model=server.model, max_tokens=32000, messages=ASK, stop_sequences=["bread"],
+                                 extra_body={"temperature": 0})
     assert msg.stop_reason in ("end_turn", "stop_sequence", "max_tokens")
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model=server.model, max_tokens=10,
