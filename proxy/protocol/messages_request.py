@@ -22,7 +22,9 @@ Translation (Anthropic "Messages" reference, "Tool use", "Extended thinking"):
   ``parallel_tool_calls: false``.
 - ``thinking``: ``enabled`` (``budget_tokens`` >= 1024 and < ``max_tokens``, as Anthropic checks
   them) and ``adaptive`` -> the template's thinking on (``enable_thinking: true``); ``disabled`` ->
-  off (``reasoning_effort: "none"``); absent: the model's default. ``budget_tokens`` is validated but
+  off (``reasoning_effort: "none"``); absent: the model's default. ``display: "omitted"`` sends
+  thinking blocks with their ``signature`` and no text (``summarized``: the whole thinking, as no
+  summarizer runs here). ``budget_tokens`` is validated but
   NOT enforced: the thinking ends when the model ends it, within ``max_tokens`` (closing it at the
   budget needs the engine to force the close marker; docs/api.md says so).
 - ``output_config.effort`` (``low`` / ``medium`` / ``high``; ``max`` -> ``high``) ->
@@ -49,6 +51,7 @@ from .messages_content import chat_messages
 from .requests import ChatCompletionRequest, parse_chat_request
 
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
+THINKING_DISPLAYS = ("summarized", "omitted")
 MIN_THINKING_BUDGET = 1024
 """Anthropic's smallest ``thinking.budget_tokens``."""
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -70,6 +73,8 @@ class MessagesRequest:
         body: the body as sent.
         prefill: the last message is the assistant's: the output continues it (Anthropic's
             "prefill"), rendered with ``continue_final_message``.
+        omit_thinking: ``thinking.display`` is ``omitted``: thinking blocks keep their ``signature``
+            and carry no text (no ``thinking_delta`` is streamed).
     """
 
     chat: ChatCompletionRequest
@@ -78,6 +83,7 @@ class MessagesRequest:
     paths: tuple[str, ...]
     body: dict[str, Any]
     prefill: bool = False
+    omit_thinking: bool = False
 
 
 def chat_tools(value: Any) -> list[dict[str, Any]]:
@@ -130,12 +136,17 @@ def _tool_choice(value: Any, chat: dict[str, Any]) -> None:
         chat["parallel_tool_calls"] = not disable
 
 
-def _thinking(value: Any, max_tokens: int | None, chat: dict[str, Any]) -> None:
-    """``thinking`` -> the template's thinking switch (into ``chat``)."""
+def _thinking(value: Any, max_tokens: int | None, chat: dict[str, Any]) -> bool:
+    """``thinking`` -> the template's thinking switch (into ``chat``); returns whether the thinking
+    text is omitted from the response (``display: "omitted"``)."""
     if value is None:
-        return
+        return False
     if not isinstance(value, dict):
         raise _bad("thinking", f"'thinking' must be an object, not {_type_name(value)}.")
+    display = value.get("display")
+    if display is not None and display not in THINKING_DISPLAYS:
+        raise _bad("thinking.display", f"'thinking.display' must be one of {', '.join(THINKING_DISPLAYS)}; "
+                   f"got {display!r}.")
     kind = value.get("type")
     if kind not in THINKING_TYPES:
         raise _bad("thinking.type",
@@ -143,7 +154,7 @@ def _thinking(value: Any, max_tokens: int | None, chat: dict[str, Any]) -> None:
     if kind == "disabled":
         chat["chat_template_kwargs"] = {"enable_thinking": False}
         chat["reasoning_effort"] = "none"
-        return
+        return False
     chat["chat_template_kwargs"] = {"enable_thinking": True}
     if kind == "enabled":
         budget = _opt_int(value, "budget_tokens", None, lo=MIN_THINKING_BUDGET)
@@ -153,6 +164,7 @@ def _thinking(value: Any, max_tokens: int | None, chat: dict[str, Any]) -> None:
         if max_tokens is not None and budget >= max_tokens:
             raise _bad("thinking.budget_tokens", f"'thinking.budget_tokens' ({budget}) must be less than "
                        f"'max_tokens' ({max_tokens}).")
+    return display == "omitted"
 
 
 def _output_config(value: Any, chat: dict[str, Any]) -> None:
@@ -255,7 +267,7 @@ def parse_messages_request(body: dict[str, Any], *, vocab_size: int | None = Non
         chat["tools"] = chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
         _tool_choice(body["tool_choice"], chat)
-    _thinking(body.get("thinking"), max_tokens, chat)
+    omit_thinking = _thinking(body.get("thinking"), max_tokens, chat)
     _output_config(body.get("output_config"), chat)
     _metadata(body.get("metadata"), chat)
     try:
@@ -267,4 +279,4 @@ def parse_messages_request(body: dict[str, Any], *, vocab_size: int | None = Non
     if prefill and last.get("tool_calls"):
         raise _bad(paths[-1], f"The last message ('{paths[-1]}') is an assistant turn with tool_use; send "
                    "its tool_result in a user message to continue.")
-    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body, prefill)
+    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body, prefill, omit_thinking)

@@ -249,3 +249,19 @@ def test_a_last_assistant_message_is_continued() -> None:
     prompt = make_tokenizer().decode(submitted[0][1])
     assert prompt.endswith("The answer is") and count["input_tokens"] == len(submitted[0][1])
     assert bad.status_code == 400 and "messages[1]" in bad.json()["error"]["message"]
+
+
+def test_thinking_display_omitted_keeps_the_signature_and_drops_the_text() -> None:
+    async def main():
+        async with serve(_engine(THINK_CALL), tool_call_parser="hermes", reasoning_parser="qwen3",
+                         max_model_len=2048) as s:
+            shown = await s.client.post("/v1/messages", json=body(tools=[TOOL]))
+            omitted = await _both(s, body(tools=[TOOL], thinking={"type": "adaptive", "display": "omitted"}))
+            return shown.json(), omitted
+
+    shown, (msg, folded) = run(main())
+    assert msg["content"][0] == {"type": "thinking", "thinking": "",
+                                 "signature": shown["content"][0]["signature"]}
+    assert [b["type"] for b in msg["content"]] == ["thinking", "text", "tool_use"]
+    assert msg["content"][1] == shown["content"][1] == {"type": "text", "text": "Sure."}
+    assert same_message(msg, folded)

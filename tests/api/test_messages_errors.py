@@ -80,6 +80,7 @@ BAD = [  # (body, status, words the message must contain)
     (_with(thinking={"type": "enabled", "budget_tokens": 2000}), 400, "must be less than 'max_tokens'"),
     (_with(thinking={"type": "on"}), 400, "'thinking.type' must be one of"),
     (_with(thinking=True), 400, "'thinking' must be an object"),
+    (_with(thinking={"type": "adaptive", "display": "full"}), 400, "'thinking.display' must be one of"),
     (_with(output_config={"effort": "extreme"}), 400, "'output_config.effort' must be one of"),
     (_with(output_config={"format": {"type": "xml"}}), 400, "'output_config.format' must be"),
     (_with(container="c1"), 400, "'container' is not supported"),

@@ -63,13 +63,19 @@ def tool_input(arguments: str) -> dict[str, Any]:
 class MessageOutput:
     """The content blocks of one message, and (``stream``) their events.
 
+    Args:
+        stream: build the stream events.
+        omit_thinking: thinking blocks carry their ``signature`` and no text, and no
+            ``thinking_delta`` is streamed (``thinking.display: "omitted"``).
+
     Attributes:
         content: the blocks so far, in Anthropic's non-stream shapes.
     """
 
-    def __init__(self, stream: bool) -> None:
+    def __init__(self, stream: bool, omit_thinking: bool = False) -> None:
         self.content: list[dict[str, Any]] = []
         self._stream = stream
+        self._omit_thinking = omit_thinking
         self._open: dict[str, Any] | None = None
         self._pieces: list[str] = []
 
@@ -84,6 +90,8 @@ class MessageOutput:
 
     def _delta(self, out: list[bytes], kind: str, key: str, text: str) -> None:
         self._pieces.append(text)
+        if kind == "thinking_delta" and self._omit_thinking:
+            return
         self._events(out, "content_block_delta",
                      {"index": len(self.content), "delta": {"type": kind, key: text}})
 
@@ -97,7 +105,7 @@ class MessageOutput:
             sig = signature(text)
             self._events(out, "content_block_delta",
                          {"index": index, "delta": {"type": "signature_delta", "signature": sig}})
-            block = {"type": "thinking", "thinking": text, "signature": sig}
+            block = {"type": "thinking", "thinking": "" if self._omit_thinking else text, "signature": sig}
         elif block["type"] == "text":
             block = {"type": "text", "text": text}
         else:

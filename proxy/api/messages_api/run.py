@@ -75,7 +75,7 @@ class MessageRun:
         return stop_reason(finish, output.has_tool_use, seq), seq
 
     async def _whole(self, generation: Generation) -> dict[str, object]:
-        output = MessageOutput(stream=False)
+        output = MessageOutput(stream=False, omit_thinking=self.request.omit_thinking)
         finish = None
         async for deltas in generation:
             finish = self._feed(output, deltas)[1] or finish
@@ -104,7 +104,7 @@ class MessageRun:
 
     async def _events(self, generation: Generation, first: Sequence[ChoiceDelta] | None,
                       keepalive_s: float | None) -> AsyncIterator[bytes]:
-        output = MessageOutput(stream=True)
+        output = MessageOutput(stream=True, omit_thinking=self.request.omit_thinking)
         try:
             start = message_object(self.head, [], {**messages_usage(generation.usage), "output_tokens": 0})
             out = [sse_event("message_start", {"message": start}), PING]
