@@ -92,8 +92,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 async def _root_head(request: Request) -> Response:
-    """``HEAD /``: 200 with no body, what Claude Code probes first (the chat page, when on, answers
-    ``GET /`` and so ``HEAD /`` itself)."""
+    """``/`` without the chat page: ``HEAD`` answers 200 with no body (Claude Code probes it first),
+    ``GET`` is the 404 it was before (the chat page, when on, answers both itself)."""
+    if request.method != "HEAD":
+        raise HTTPException(404)
     return Response(status_code=200)
 
 
@@ -228,7 +230,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
     if settings.ui:
         table += [Route("/", _ui_page, methods=["GET"]), Route("/ui/{name}", _ui_page, methods=["GET"])]
     else:
-        table.append(Route("/", _root_head, methods=["HEAD"]))
+        table.append(Route("/", _root_head, methods=["GET"]))  # Starlette adds HEAD to GET routes
     if enable_test_faults:
         log.warning("TEST-ONLY fault injection is enabled (POST /_test/fault); never use this in production")
         table.append(Route("/_test/fault", routes.arm_fault, methods=["POST"]))
