@@ -16,8 +16,9 @@ NODE_SDK := tests/node/node_modules/openai/package.json
 .PHONY: setup testdata serve test test-fast soak bench lint check
 
 # Test data a fresh clone lacks: the tokenizer zoo (downloaded and converted once into
-# ~/.cache/streamproxy/tokenizers; later runs only check it) and the OpenAI Node SDK for
-# tests/e2e/test_node_sdk.py (into the ignored tests/node/node_modules; skipped where npm is absent).
+# ~/.cache/streamproxy/tokenizers; later runs only check it) and the npm packages of tests/node/package.json
+# (the OpenAI and Anthropic Node SDKs, the Vercel AI SDK, Claude Code: about 400 MB) for tests/node/ (into
+# the ignored tests/node/node_modules; skipped where npm is absent).
 setup: $(STAMP) testdata $(NODE_SDK)
 
 testdata: $(STAMP)
