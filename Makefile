@@ -16,8 +16,9 @@ NODE_SDK := tests/node/node_modules/openai/package.json
 .PHONY: setup testdata serve test test-fast soak bench lint check
 
 # Test data a fresh clone lacks: the tokenizer zoo (downloaded and converted once into
-# ~/.cache/streamproxy/tokenizers; later runs only check it) and the OpenAI Node SDK for
-# tests/e2e/test_node_sdk.py (into the ignored tests/node/node_modules; skipped where npm is absent).
+# ~/.cache/streamproxy/tokenizers; later runs only check it) and the npm packages of tests/node/package.json
+# (the OpenAI and Anthropic Node SDKs, the Vercel AI SDK, Claude Code: about 400 MB) for tests/node/ (into
+# the ignored tests/node/node_modules; skipped where npm is absent).
 setup: $(STAMP) testdata $(NODE_SDK)
 
 testdata: $(STAMP)
@@ -25,7 +26,7 @@ testdata: $(STAMP)
 
 $(NODE_SDK): tests/node/package.json
 	@if command -v npm >/dev/null 2>&1; then \
-		echo "installing the openai npm package into tests/node/node_modules"; \
+		echo "installing the npm packages of tests/node/package.json into tests/node/node_modules"; \
 		cd tests/node && npm install --no-package-lock --no-audit --no-fund --loglevel=error && touch node_modules/openai/package.json; \
 	else echo "note: npm is not installed; tests/e2e/test_node_sdk.py will be skipped"; fi
 

@@ -29,7 +29,8 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
                                               constrained them (json_schema, json_object, regex, choice,
                                               grammar, tool_required, tool_named); no vLLM equivalent
     streamproxy:api_requests_total            counter, label endpoint: generating requests received, by
-                                              route (/v1/chat/completions, /v1/completions, /v1/responses)
+                                              route (/v1/chat/completions, /v1/completions, /v1/responses,
+                                              /v1/messages)
     streamproxy:responses_store_entries       gauge, stored Responses API responses (previous_response_id)
     streamproxy:responses_store_bytes         gauge, bytes of JSON they take
     streamproxy:embedding_requests_total      counter, served ``/v1/embeddings`` requests; label model_name is

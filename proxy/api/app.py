@@ -5,7 +5,8 @@ The model is loaded in the app's lifespan, in a worker thread, so the server ans
 meanwhile. The "ready" line is logged when loading finishes.
 
 Errors: a :class:`~proxy.errors.StreamproxyError` from any route becomes its OpenAI error object
-and status (429 adds ``Retry-After``); Starlette's 404/405 become OpenAI errors too; a client that
+and status (429 adds ``Retry-After``), or on the Anthropic Messages paths Anthropic's envelope
+(``proxy.api.messages_api.errors``); Starlette's 404/405 become such errors too; a client that
 left before its response started gets a 499 nobody reads; anything else is a 500 JSON error
 (logged with its traceback). Middleware, outermost first: CORS (``--allowed-origins``), then the
 bearer-key check (``--api-key``).
@@ -40,6 +41,8 @@ from proxy.threads import start_in_own_thread
 from . import embeddings, render, routes, tokenize, worker_info
 from .auth import ApiKeyMiddleware
 from .faults import FaultInjector
+from .messages_api import routes as messages_api
+from .messages_api.errors import anthropic_error_response, is_messages_path
 from .responses import error_response
 from .responses_api import routes as responses_api
 from .state import ServerState
@@ -53,9 +56,17 @@ EmbeddingFactory = Callable[[Settings, ModelInfo], EmbeddingClient]
 Loaded = TypeVar("Loaded")
 
 
+def _error(request: Request, exc: StreamproxyError, headers: dict[str, str] | None = None) -> Response:
+    """The error response of ``exc`` in the wire format of the request's endpoint: Anthropic's
+    envelope on the Messages endpoints, OpenAI's error object everywhere else."""
+    if is_messages_path(request.url.path):
+        return anthropic_error_response(exc, headers)
+    return error_response(exc, headers)
+
+
 async def _streamproxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StreamproxyError)
-    return error_response(exc)
+    return _error(request, exc)
 
 
 async def _client_disconnect(request: Request, exc: Exception) -> Response:
@@ -72,12 +83,20 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
         err = StreamproxyError(str(exc.detail))
         err.status = exc.status_code
         err.type = "invalid_request_error"
-    return error_response(err, dict(exc.headers or {}))
+    return _error(request, err, dict(exc.headers or {}))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.error("unhandled error in %s %s", request.method, request.url.path)
-    return error_response(StreamproxyError("Internal server error."))
+    return _error(request, StreamproxyError("Internal server error."))
+
+
+async def _root_head(request: Request) -> Response:
+    """``/`` without the chat page: ``HEAD`` answers 200 with no body (Claude Code probes it first),
+    ``GET`` is the 404 it was before (the chat page, when on, answers both itself)."""
+    if request.method != "HEAD":
+        raise HTTPException(404)
+    return Response(status_code=200)
 
 
 def ready_message(settings: Settings, model_name: str, served_as: str = "") -> str:
@@ -206,10 +225,14 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses_api.list_input_items, methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", responses_api.cancel_response, methods=["POST"]),
+        Route("/v1/messages", messages_api.create_message, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_api.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"]),
     ]
     if settings.ui:
         table += [Route("/", _ui_page, methods=["GET"]), Route("/ui/{name}", _ui_page, methods=["GET"])]
+    else:
+        table.append(Route("/", _root_head, methods=["GET"]))  # Starlette adds HEAD to GET routes
     if enable_test_faults:
         log.warning("TEST-ONLY fault injection is enabled (POST /_test/fault); never use this in production")
         table.append(Route("/_test/fault", routes.arm_fault, methods=["POST"]))

@@ -1,4 +1,5 @@
-"""Bearer API keys on ``/v1/*`` (``--api-key``); ``/health`` and ``/metrics`` stay open."""
+"""API keys on ``/v1/*`` (``--api-key``): ``Authorization: Bearer <key>`` (OpenAI's) or ``x-api-key:
+<key>`` (Anthropic's), either on every endpoint; ``/health``, ``/metrics`` and ``/`` stay open."""
 
 from __future__ import annotations
 
@@ -8,25 +9,32 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import AuthenticationError
 
+from .messages_api.errors import anthropic_error_response, is_messages_path
 from .responses import error_response
 
 
-def is_authorized(header: str, api_keys: tuple[str, ...]) -> bool:
-    """Whether an ``Authorization`` header value carries one of ``api_keys`` as a bearer token.
-
-    Compared with every key in constant time per key (no early exit on a match); keys are never logged.
-    """
-    scheme, _, key = header.partition(" ")
-    given = key.strip().encode("utf-8", "surrogateescape")
+def _is_key(given: str, api_keys: tuple[str, ...]) -> bool:
+    """``given`` is one of ``api_keys``, compared with every key in constant time per key (no early
+    exit on a match); keys are never logged."""
+    raw = given.strip().encode("utf-8", "surrogateescape")
     ok = False
     for accepted in api_keys:
-        ok |= hmac.compare_digest(given, accepted.encode("utf-8", "surrogateescape"))
-    return scheme.lower() == "bearer" and ok
+        ok |= hmac.compare_digest(raw, accepted.encode("utf-8", "surrogateescape"))
+    return ok
+
+
+def is_authorized(header: str, api_keys: tuple[str, ...], x_api_key: str | None = None) -> bool:
+    """Whether an ``Authorization`` header value carries one of ``api_keys`` as a bearer token, or
+    the ``x-api-key`` header value (Anthropic's SDKs send it; None: absent) is one of them."""
+    scheme, _, key = header.partition(" ")
+    bearer = _is_key(key, api_keys) and scheme.lower() == "bearer"
+    return bearer or (x_api_key is not None and _is_key(x_api_key, api_keys))
 
 
 class ApiKeyMiddleware:
-    """Pure ASGI middleware: 401 with an OpenAI error object (``invalid_api_key``) for a ``/v1``
-    request without a valid key. Sits inside the CORS middleware, so preflights pass."""
+    """Pure ASGI middleware: 401 for a ``/v1`` request without a valid key, with an OpenAI error
+    object (``invalid_api_key``), or Anthropic's envelope (``authentication_error``) on the Messages
+    paths. Sits inside the CORS middleware, so preflights pass."""
 
     def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
         self.app = app
@@ -34,13 +42,17 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            header = b""
+            header, x_api_key = b"", None
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     header = value
-                    break
-            if not is_authorized(header.decode("latin-1"), self.api_keys):
-                err = AuthenticationError("Missing or invalid API key (send 'Authorization: Bearer <key>').")
-                await error_response(err)(scope, receive, send)
+                elif name == b"x-api-key":
+                    x_api_key = value.decode("latin-1")
+            if not is_authorized(header.decode("latin-1"), self.api_keys, x_api_key):
+                err = AuthenticationError("Missing or invalid API key (send 'Authorization: Bearer <key>' "
+                                          "or 'x-api-key: <key>').")
+                path = scope["path"]
+                reply = anthropic_error_response(err) if is_messages_path(path) else error_response(err)
+                await reply(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -172,14 +172,17 @@ async def render_chat(chat: ChatCompletionRequest, client: EngineClient, feature
 
 async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures, *,
                        compile_grammar: bool = True,
-                       context_names: tuple[str, str] = ("messages", "max_tokens")) -> PreparedRequest:
+                       context_names: tuple[str, str] = ("messages", "max_tokens"),
+                       continue_final_message: bool = False) -> PreparedRequest:
     """A validated chat request -> its :class:`PreparedRequest`.
 
     ``required`` / named tool choices and ``response_format`` are enforced with a grammar compiled
     off the event loop here, before the request is submitted. ``compile_grammar=False`` (the render
     endpoints, which generate nothing) skips that compile; the prompt ids are the same.
     ``context_names``: the request's names of the prompt and of ``max_tokens`` in a context-length
-    error (the Responses API's ``("input", "max_output_tokens")``).
+    error (the Responses API's ``("input", "max_output_tokens")``). ``continue_final_message``: the
+    output continues the last (assistant) message instead of starting a new turn (the Messages API's
+    prefill; :func:`render_chat`).
 
     Raises:
         ModelNotFoundError: ``model`` is not the served model (404).
@@ -187,7 +190,9 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, featur
             grammar cannot be enforced, or prompt + ``max_tokens`` exceed the context (400).
     """
     check_model(client, chat.model)
-    text, prompt_ids, parser = await render_chat(chat, client, features)
+    text, prompt_ids, parser = await render_chat(chat, client, features,
+                                                 add_generation_prompt=not continue_final_message,
+                                                 continue_final_message=continue_final_message)
     tokenizer = client.tokenizer
     prompt_name, max_tokens_name = context_names
     max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len,

@@ -1,6 +1,8 @@
 """The OpenAI wire format: request schemas and validation (``requests``, ``fields``, ``embeddings``),
 the context check (``context``) and the response bodies and logprob formatting (``responses``).
-Import names from here."""
+Import names from here. The Responses API (``responses_request``, ``responses_items``) and
+Anthropic's Messages API (``messages_request``, ``messages_content``) are translations into the chat
+request, imported from their modules."""
 
 from __future__ import annotations
 

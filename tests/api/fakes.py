@@ -236,17 +236,17 @@ def grammar_compiler() -> Any:
 
 @contextlib.contextmanager
 def thread_server(
-    engine: FakeEngine, model: str = "test-model", **settings: Any
+    engine: FakeEngine, model: str = "test-model", client: AsyncEngineClient | None = None, **settings: Any
 ) -> Iterator[tuple[int, Any]]:
     """The real app over ``engine`` in uvicorn on a thread, on a free 127.0.0.1 port; yields ``(port,
-    app)``."""
+    app)``. ``client``: the engine client to serve (over ``engine``; default :func:`fake_client`)."""
     import uvicorn
 
     from proxy.api.app import create_app
     from proxy.settings import Settings
 
     settings.setdefault("served_model_name", model)
-    app = create_app(Settings(**settings), lambda _: fake_client(engine, model))
+    app = create_app(Settings(**settings), lambda _: client or fake_client(engine, model))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

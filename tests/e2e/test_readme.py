@@ -30,7 +30,7 @@ def blocks(lang: str, needle: str) -> list[str]:
 
 
 PYTHON_EXAMPLES = ["stream=True", "llm.stream(", "chat.completions.parse(", "bind_tools(",
-                   "embeddings.create(", "responses.stream("]
+                   "embeddings.create(", "responses.stream(", "messages.stream("]
 """One needle per Python example of the README, each in exactly one block."""
 
 

@@ -43,7 +43,8 @@ def test_auth_and_keys_never_logged(server: Proc):
     for r in (missing, wrong, basic):
         assert r.status_code == 401
         assert r.json() == {"error": {
-            "message": "Missing or invalid API key (send 'Authorization: Bearer <key>').",
+            "message": "Missing or invalid API key (send 'Authorization: Bearer <key>' or "
+                       "'x-api-key: <key>').",
             "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
     # the command line wins over the environment: only KEY1 is accepted
     assert httpx.post(url, json=body, headers=auth(KEY2), timeout=30).status_code == 401

@@ -1,0 +1,88 @@
+"""The Messages API routes (Anthropic "Messages"): create a message, count its tokens."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.engine.client import EngineClient
+from proxy.errors import ContextLengthExceededError, InvalidRequestError
+from proxy.pipeline import PreparedRequest, check_model, prepare_chat, render_chat
+from proxy.protocol.messages_request import MessagesRequest, messages_param, parse_messages_request
+
+from ..body import read_json_body
+from ..responses import json_response
+from ..state import ServerState
+from .run import MessageRun
+
+ENDPOINT = "/v1/messages"
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    return state
+
+
+async def _parse(request: Request, count_only: bool) -> tuple[ServerState, EngineClient, MessagesRequest]:
+    state = _state(request)
+    body = await read_json_body(request, state.settings.max_body_bytes)
+    client = state.require_ready()
+    if not count_only:
+        client.metrics.observe_request(ENDPOINT)
+    parsed = parse_messages_request(body, vocab_size=client.model.vocab_size, count_only=count_only)
+    return state, client, parsed
+
+
+async def _prompt_ids(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> list[int]:
+    """The prompt ids ``parsed`` renders to (the chat template, a prefill left open), as generated."""
+    prefill = parsed.prefill
+    _, ids, _ = await render_chat(parsed.chat, client, state.features, add_generation_prompt=not prefill,
+                                  continue_final_message=prefill)
+    return ids
+
+
+async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> PreparedRequest:
+    """The chat pipeline's preparation of ``parsed``, with ``max_tokens`` lowered to what the context
+    leaves (the chat request has none, so the pipeline resolves it to the rest of the context).
+
+    Raises:
+        InvalidRequestError: a prompt that does not fit, as Anthropic words it (``prompt is too long:
+            N tokens > M maximum``, M the context less the one token the answer needs); any other
+            error of the pipeline with the Messages field names.
+    """
+    try:
+        prepared = await prepare_chat(parsed.chat, client, state.features,
+                                      continue_final_message=parsed.prefill)
+    except ContextLengthExceededError:
+        ids = await _prompt_ids(state, client, parsed)
+        limit = client.model.max_model_len - 1
+        raise InvalidRequestError(f"prompt is too long: {len(ids)} tokens > {limit} maximum",
+                                  param="messages") from None
+    except InvalidRequestError as exc:
+        raise messages_param(exc, parsed.paths) from None
+    if parsed.max_tokens is not None and parsed.max_tokens < prepared.params.max_tokens:
+        prepared = replace(prepared, params=replace(prepared.params, max_tokens=parsed.max_tokens))
+    return prepared
+
+
+async def create_message(request: Request) -> Response:
+    """``POST /v1/messages`` (Anthropic "Create a Message"), stream and non-stream: parse
+    (``proxy.protocol.messages_request``, as the chat request it means), prepare, generate, respond."""
+    state, client, parsed = await _parse(request, count_only=False)
+    prepared = await _prepare(state, client, parsed)
+    return await MessageRun(client, parsed, prepared).respond(request, state.settings)
+
+
+async def count_tokens(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens`` (Anthropic "Count tokens in a Message"): ``{"input_tokens":
+    N}``, the prompt's length as the same body would be generated (system, tools and thinking
+    switch rendered by the chat template): a message's ``input_tokens + cache_read_input_tokens``."""
+    state, client, parsed = await _parse(request, count_only=True)
+    check_model(client, parsed.chat.model)
+    try:
+        ids = await _prompt_ids(state, client, parsed)
+    except InvalidRequestError as exc:
+        raise messages_param(exc, parsed.paths) from None
+    return json_response({"input_tokens": len(ids)})
