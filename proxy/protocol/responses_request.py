@@ -52,6 +52,10 @@ INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search
 Only ``message.output_text.logprobs`` changes a response here: the others name outputs of built-in
 tools (refused by name when asked for), image inputs (refused) or encrypted reasoning, which this
 server does not produce (its reasoning items carry the text itself)."""
+ECHOED_STRINGS = {"safety_identifier": 128, "prompt_cache_key": None}
+"""String fields that are only echoed in the response object, with OpenAI's length limit (None: none
+documented): ``safety_identifier`` (abuse detection at OpenAI; nothing to detect here) and
+``prompt_cache_key`` (the prefix cache here is automatic: a key changes nothing)."""
 _PASSTHROUGH = ("temperature", "top_p", "seed", "logit_bias", "stop", "top_k", "min_p", "repetition_penalty",
                 "presence_penalty", "frequency_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
                 "parallel_tool_calls", "user", "chat_template_kwargs", "guided_json", "guided_regex",
@@ -203,6 +207,12 @@ def parse_responses_request(body: dict[str, Any], prior_items: list[dict[str, An
             for k, v in metadata.items())):
         raise _bad("metadata", "'metadata' must be an object of at most 16 string values (keys of at "
                    "most 64 characters, values of at most 512), as OpenAI's.")
+    for name, limit in ECHOED_STRINGS.items():
+        value = body.get(name)
+        if value is not None and not isinstance(value, str):
+            raise _bad(name, f"'{name}' must be a string, not {_type_name(value)}.")
+        if value is not None and limit is not None and len(value) > limit:
+            raise _bad(name, f"'{name}' must be at most {limit} characters; got {len(value)}.")
     include = body.get("include") or []
     if not isinstance(include, list):
         raise _bad("include", f"'include' must be an array, not {_type_name(include)}.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,25 @@ def responses_usage(usage: Usage) -> dict[str, Any]:
             "total_tokens": usage.total_tokens}
 
 
+TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
+"""The fields of a function tool in the response's ``tools`` (openai-python ``FunctionTool``): each
+present, null when the request left it out, so strict validators (Open Responses) accept it."""
+
+
+def echo_tools(tools: Any) -> list[dict[str, Any]]:
+    """The request's function ``tools`` as the response shows them: :data:`TOOL_FIELDS`, in that
+    order, a missing one null. ``strict`` is echoed as sent (null when absent, not OpenAI's default
+    true): it changes nothing here; under ``tool_choice: "auto"`` the arguments are parsed from the
+    model's text, and ``required`` or a named function constrains them by a grammar either way."""
+    return [{k: tool.get(k) for k in TOOL_FIELDS} for tool in tools or [] if isinstance(tool, dict)]
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> Any:
+    """A sampling parameter as used: the request's value, or the default when absent or null."""
+    value = body.get(name)
+    return default if value is None else value
+
+
 @dataclass(frozen=True)
 class ResponseHead:
     """What names one response: ``id`` (``resp_...``), ``created_at`` (Unix seconds), ``model``."""
@@ -37,6 +57,11 @@ def response_object(head: ResponseHead, request: ResponsesRequest, *, status: st
                     output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                     finish_reason: str | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole ``response`` object.
+
+    ``completed_at`` (Unix seconds) is now when ``status`` is ``completed`` and null otherwise, as
+    OpenAI's ("only present when the status is completed"); ``safety_identifier`` and
+    ``prompt_cache_key`` are echoed (the prefix cache here is automatic: the key changes nothing);
+    ``presence_penalty`` / ``frequency_penalty`` as used (default 0), beside ``temperature`` / ``top_p``.
 
     Args:
         status: ``in_progress``, ``completed``, ``incomplete`` or ``failed``.
@@ -53,6 +78,7 @@ def response_object(head: ResponseHead, request: ResponsesRequest, *, status: st
         "id": head.id,
         "object": "response",
         "created_at": head.created_at,
+        "completed_at": int(time.time()) if status == "completed" else None,
         "status": status,
         "background": False,
         "error": error,
@@ -67,15 +93,19 @@ def response_object(head: ResponseHead, request: ResponsesRequest, *, status: st
         "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
         "service_tier": "default",
         "store": request.store,
-        "temperature": body.get("temperature", 1.0),
+        "temperature": _number(body, "temperature", 1.0),
         "text": {"format": text.get("format") or {"type": "text"}},
         "tool_choice": body.get("tool_choice", "auto"),
-        "tools": body.get("tools") or [],
-        "top_logprobs": body.get("top_logprobs", 0),
-        "top_p": body.get("top_p", 1.0),
+        "tools": echo_tools(body.get("tools")),
+        "top_logprobs": _number(body, "top_logprobs", 0),
+        "top_p": _number(body, "top_p", 1.0),
+        "presence_penalty": _number(body, "presence_penalty", 0.0),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0),
         "truncation": body.get("truncation") or "disabled",
         "usage": usage,
         "user": body.get("user"),
+        "safety_identifier": body.get("safety_identifier"),
+        "prompt_cache_key": body.get("prompt_cache_key"),
         "metadata": body.get("metadata") or {},
     }
 
