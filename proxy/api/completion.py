@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -97,6 +97,35 @@ def _split_messages(body: dict[str, Any], outputs: list[ChoiceOutput]) -> dict[s
     return body
 
 
+async def serve_generation(
+    request: Request, generation: Generation, settings: Settings, stream: bool,
+    whole: Callable[[], Awaitable[Any]],
+    events: Callable[[list[ChoiceDelta] | None], AsyncIterator[bytes]],
+    unanswered: Callable[[], None] | None = None,
+) -> Response:
+    """Answer ``generation`` as one JSON body (``whole()``'s value) or as SSE (``events(first)``,
+    ``first`` the deltas that came before the headers went out, or None), every wire format's one
+    shape of a request's life: the generation is closed here unless the streamed body took it over
+    (then the body's own ``finally`` closes it); ``unanswered`` runs first then (a stored response
+    that will never end is dropped).
+
+    Raises (before any byte is sent): as :func:`respond`.
+    """
+    handed_to_body = False
+    try:
+        if not stream:
+            return json_response(await unless_disconnected(request, whole()))
+        first = await unless_disconnected(request, first_deltas(generation, headers_wait_s(settings)))
+        body = events(first)
+        handed_to_body = True
+        return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
+    finally:
+        if not handed_to_body:
+            if unanswered is not None:
+                unanswered()
+            await generation.aclose()
+
+
 async def respond(request: Request, client: EngineClient, fmt: CompletionFormat, prepared: PreparedRequest,
                   settings: Settings) -> Response:
     """Generate the choices of ``prepared`` and answer in ``fmt``, as SSE or as one JSON body.
@@ -119,18 +148,15 @@ async def respond(request: Request, client: EngineClient, fmt: CompletionFormat,
     keepalive_s = settings.keepalive_interval_s or None
     generation = client.generate(prepared.prompt_ids, params, n, request_id=response_id)
     outputs = [prepared.choice_output() for _ in range(n)]
-    handed_to_body = False
-    try:
-        if not stream.stream:
-            results = await unless_disconnected(request, collect(generation, params.logprobs))
-            reply = fmt.body(response_id, created, model, results, generation.usage)
-            return json_response(_split_messages(reply, outputs) if fmt.is_chat else reply)
-        first = await unless_disconnected(request, first_deltas(generation, headers_wait_s(settings)))
+
+    async def whole() -> dict[str, Any]:
+        results = await collect(generation, params.logprobs)
+        reply = fmt.body(response_id, created, model, results, generation.usage)
+        return _split_messages(reply, outputs) if fmt.is_chat else reply
+
+    def events(first: list[ChoiceDelta] | None) -> AsyncIterator[bytes]:
         framer = fmt.framer(response_id, created, model, stream.include_usage)
-        body = sse_body(generation, fmt, framer, outputs, keepalive_s=keepalive_s,
+        return sse_body(generation, fmt, framer, outputs, keepalive_s=keepalive_s,
                         include_usage=stream.include_usage, first=first)
-        handed_to_body = True
-        return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
-    finally:
-        if not handed_to_body:
-            await generation.aclose()
+
+    return await serve_generation(request, generation, settings, stream.stream, whole, events)

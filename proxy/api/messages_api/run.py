@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.engine.client import ChoiceDelta, EngineClient, Generation
 from proxy.errors import StreamproxyError
@@ -25,8 +25,7 @@ from proxy.pipeline import ChoiceParts, PreparedRequest
 from proxy.protocol.messages_request import MessagesRequest
 from proxy.settings import Settings
 
-from ..completion import first_deltas, headers_wait_s, unless_disconnected
-from ..responses import SSE_HEADERS, SSE_MEDIA_TYPE, json_response
+from ..completion import serve_generation
 from ..streaming import KEEPALIVE, paced
 from .body import MessageHead, matched_stop, message_object, messages_usage, stop_reason
 from .errors import anthropic_error
@@ -90,17 +89,10 @@ class MessageRun:
         """
         prepared = self.prepared
         generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id)
-        handed_to_body = False
-        try:
-            if not prepared.stream.stream:
-                return json_response(await unless_disconnected(request, self._whole(generation)))
-            first = await unless_disconnected(request, first_deltas(generation, headers_wait_s(settings)))
-            body = self._events(generation, first, settings.keepalive_interval_s or None)
-            handed_to_body = True
-            return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
-        finally:
-            if not handed_to_body:
-                await generation.aclose()
+        keepalive_s = settings.keepalive_interval_s or None
+        return await serve_generation(request, generation, settings, prepared.stream.stream,
+                                      lambda: self._whole(generation),
+                                      lambda first: self._events(generation, first, keepalive_s))
 
     async def _events(self, generation: Generation, first: Sequence[ChoiceDelta] | None,
                       keepalive_s: float | None) -> AsyncIterator[bytes]:

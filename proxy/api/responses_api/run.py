@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.engine.client import ChoiceDelta, EngineClient, Generation
 from proxy.errors import StreamproxyError
@@ -28,8 +28,7 @@ from proxy.pipeline import PreparedRequest
 from proxy.protocol.responses_request import ResponsesRequest
 from proxy.settings import Settings
 
-from ..completion import collect, first_deltas, headers_wait_s, unless_disconnected
-from ..responses import SSE_HEADERS, SSE_MEDIA_TYPE, json_response
+from ..completion import collect, serve_generation
 from ..streaming import KEEPALIVE, paced
 from .body import ResponseHead, response_object, responses_usage, status_of
 from .output import ResponseOutput
@@ -87,25 +86,25 @@ class ResponseRun:
         """
         prepared = self.prepared
         generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id)
-        handed_to_body = False
         try:
             self._store(self._object(ResponseOutput(None, False), "in_progress"), [])
-            if not prepared.stream.stream:
-                (result,) = await unless_disconnected(request, collect(generation, prepared.params.logprobs))
-                output = ResponseOutput(None, self.request.include_logprobs)
-                output.feed(self.choice.feed(result.text), list(result.logprobs or ()))
-                last, finish = self.choice.finish(result.finish_reason)
-                output.feed(last)
-                output.close(finish)
-                return json_response(self._finished(output, generation, finish))
-            first = await unless_disconnected(request, first_deltas(generation, headers_wait_s(settings)))
-            body = self._events(generation, first, settings.keepalive_interval_s or None)
-            handed_to_body = True
-            return StreamingResponse(body, headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
-        finally:
-            if not handed_to_body:
-                self._drop_unfinished()
-                await generation.aclose()
+        except BaseException:
+            await generation.aclose()
+            raise
+
+        async def whole() -> dict[str, Any]:
+            (result,) = await collect(generation, prepared.params.logprobs)
+            output = ResponseOutput(None, self.request.include_logprobs)
+            output.feed(self.choice.feed(result.text), list(result.logprobs or ()))
+            last, finish = self.choice.finish(result.finish_reason)
+            output.feed(last)
+            output.close(finish)
+            return self._finished(output, generation, finish)
+
+        keepalive_s = settings.keepalive_interval_s or None
+        return await serve_generation(request, generation, settings, prepared.stream.stream, whole,
+                                      lambda first: self._events(generation, first, keepalive_s),
+                                      unanswered=self._drop_unfinished)
 
     def _frame(self, deltas: Sequence[ChoiceDelta], output: ResponseOutput, out: list[bytes]) -> str | None:
         finish = None
