@@ -115,6 +115,17 @@ def _bad(param: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param)
 
 
+def array_of_objects(value: Any, param: str) -> list[tuple[str, dict[str, Any]]]:
+    """``value`` as ``(param[i], object)`` pairs (the path names the object's fields in errors).
+    Raises InvalidRequestError naming ``param`` (not an array) or ``param[i]`` (not an object)."""
+    if not isinstance(value, list):
+        raise _bad(param, f"'{param}' must be an array, not {_type_name(value)}.")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise _bad(f"{param}[{i}]", f"'{param}[{i}]' must be an object, not {_type_name(entry)}.")
+    return [(f"{param}[{i}]", entry) for i, entry in enumerate(value)]
+
+
 def _opt_number(body: dict[str, Any], name: str, default: float, lo: float, hi: float,
                 *, lo_open: bool = False) -> float:
     value = body.get(name)

@@ -72,14 +72,20 @@ def system_text(value: Any, param: str = "system") -> str | None:
         return value or None
     if not isinstance(value, list):
         raise _bad(param, f"'{param}' must be a string or an array of text blocks, not {_type_name(value)}.")
+    return _text_blocks(value, param, "") or None
+
+
+def _text_blocks(blocks: list[Any], param: str, where: str) -> str:
+    """The texts of ``text`` blocks joined with ``"\n"`` (``param[i]`` in errors; ``where`` ends the
+    message of a block of another type, e.g. ``" in a tool_result"``)."""
     texts = []
-    for i, block in enumerate(value):
+    for i, block in enumerate(blocks):
         p = f"{param}[{i}]"
         kind = _block_type(block, p)
         if kind != "text":
-            raise _bad(f"{p}.type", f"'{p}.type' must be 'text'; got {kind!r}.")
+            raise _bad(f"{p}.type", f"'{p}.type' must be 'text'{where}; got {kind!r}.")
         texts.append(_string(block, "text", p))
-    return "\n".join(texts) or None
+    return "\n".join(texts)
 
 
 def _tool_result(block: dict[str, Any], p: str) -> dict[str, Any]:
@@ -88,14 +94,7 @@ def _tool_result(block: dict[str, Any], p: str) -> dict[str, Any]:
     if content is None:
         content = ""
     if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            q = f"{p}.content[{j}]"
-            kind = _block_type(part, q)
-            if kind != "text":
-                raise _bad(f"{q}.type", f"'{q}.type' must be 'text' in a tool_result; got {kind!r}.")
-            texts.append(_string(part, "text", q))
-        content = "\n".join(texts)
+        content = _text_blocks(content, f"{p}.content", " in a tool_result")
     elif not isinstance(content, str):
         raise _bad(f"{p}.content", f"'{p}.content' must be a string or an array of text blocks, not "
                    f"{_type_name(content)}.")

@@ -46,7 +46,7 @@ from typing import Any
 
 from proxy.errors import InvalidRequestError
 
-from .fields import _bad, _opt_int, _opt_number, _type_name
+from .fields import _bad, _opt_int, _opt_number, _type_name, array_of_objects
 from .messages_content import chat_messages
 from .requests import ChatCompletionRequest, parse_chat_request
 
@@ -92,13 +92,8 @@ def chat_tools(value: Any) -> list[dict[str, Any]]:
     Raises:
         InvalidRequestError: not an array, a server tool (its type named), or a malformed tool.
     """
-    if not isinstance(value, list):
-        raise _bad("tools", f"'tools' must be an array, not {_type_name(value)}.")
     out = []
-    for i, tool in enumerate(value):
-        p = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise _bad(p, f"'{p}' must be an object, not {_type_name(tool)}.")
+    for p, tool in array_of_objects(value, "tools"):
         kind = tool.get("type")
         if kind not in (None, "custom"):
             raise _bad(f"{p}.type", f"Server tool {kind!r} is not supported by this server; only custom "

@@ -35,7 +35,7 @@ from typing import Any
 
 from proxy.errors import InvalidRequestError
 
-from .fields import _bad, _type_name
+from .fields import _bad, _type_name, array_of_objects
 from .requests import ChatCompletionRequest, parse_chat_request
 from .responses_items import ItemResolver, chat_messages, input_items
 
@@ -88,13 +88,8 @@ def chat_tools(value: Any) -> list[dict[str, Any]]:
     Raises:
         InvalidRequestError: not an array, a built-in tool type (named), or a malformed tool.
     """
-    if not isinstance(value, list):
-        raise _bad("tools", f"'tools' must be an array, not {_type_name(value)}.")
     out = []
-    for i, tool in enumerate(value):
-        p = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise _bad(p, f"'{p}' must be an object, not {_type_name(tool)}.")
+    for p, tool in array_of_objects(value, "tools"):
         kind = tool.get("type")
         if kind != "function":
             if isinstance(kind, str) and (kind in BUILTIN_TOOLS or kind.startswith(BUILTIN_TOOLS)):
