@@ -86,6 +86,10 @@ class MessagesRequest:
     omit_thinking: bool = False
 
 
+SAMPLING_EXTRAS = ("seed", "ignore_eos", "min_tokens", "min_p", "repetition_penalty", "stop_token_ids")
+"""vLLM's sampling extras (not Anthropic fields) a Messages body may carry, as on chat completions."""
+
+
 def chat_tools(value: Any) -> list[dict[str, Any]]:
     """Anthropic custom tools -> chat function ``tools``.
 
@@ -254,7 +258,8 @@ def parse_messages_request(body: dict[str, Any], *, vocab_size: int | None = Non
     messages, paths = chat_messages(body.get("system"), body.get("messages"))
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     if not count_only:
-        chat.update({k: body[k] for k in ("temperature", "top_p", "top_k", "stream") if k in body})
+        chat.update({k: body[k] for k in ("temperature", "top_p", "top_k", "stream", *SAMPLING_EXTRAS)
+                     if k in body})
     stop = body.get("stop_sequences")
     if stop is not None:
         chat["stop"] = stop

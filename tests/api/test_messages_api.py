@@ -265,3 +265,19 @@ def test_thinking_display_omitted_keeps_the_signature_and_drops_the_text() -> No
     assert [b["type"] for b in msg["content"]] == ["thinking", "text", "tool_use"]
     assert msg["content"][1] == shown["content"][1] == {"type": "text", "text": "Sure."}
     assert same_message(msg, folded)
+
+
+def test_vllm_sampling_extras_reach_the_engine() -> None:
+    """``seed``, ``ignore_eos`` and vLLM's other sampling extras act as on chat completions (they are
+    not Anthropic fields); a bad one is a 400 naming it."""
+    async def main():
+        async with serve(FakeEngine(reply_ids=reply_ids(make_tokenizer(), REPLY))) as s:
+            ok = await s.client.post("/v1/messages", json=body(seed=7, ignore_eos=True, min_tokens=2))
+            bad = await s.client.post("/v1/messages", json=body(seed="x"))
+            return ok, bad, s.engine.submitted
+
+    ok, bad, submitted = run(main())
+    assert ok.status_code == 200, ok.text
+    params = submitted[0][2]
+    assert (params.seed, params.ignore_eos, params.min_tokens) == (7, True, 2)
+    assert bad.status_code == 400 and "'seed'" in bad.json()["error"]["message"]

@@ -118,8 +118,10 @@ def test_stream_completed_at_only_on_the_final_object() -> None:
         ({"safety_identifier": "x" * 129}, "safety_identifier"),
         ({"safety_identifier": 7}, "safety_identifier"),
         ({"prompt_cache_key": {"k": 1}}, "prompt_cache_key"),
+        ({"tools": [{**TOOL, "strict": "yes"}]}, "tools[0].strict"),
     ],
-    ids=["safety_identifier too long", "safety_identifier number", "prompt_cache_key object"],
+    ids=["safety_identifier too long", "safety_identifier number", "prompt_cache_key object",
+         "strict not a boolean"],
 )
 def test_malformed_echoed_strings_are_400s(fields: dict[str, Any], param: str) -> None:
     status, body = run(_post(fields))

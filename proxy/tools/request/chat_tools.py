@@ -155,6 +155,10 @@ def _tool_spec(value: Any, i: int) -> ToolSpec:
     description = fn.get("description") or ""
     if not isinstance(description, str):
         raise bad_field(f"{p}.function.description", f"'{p}.function.description' must be a string.")
+    strict = fn.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_field(f"{p}.function.strict", f"'{p}.function.strict' must be a boolean, not "
+                        f"{json_kind(strict)}.")
     parameters = fn.get("parameters")
     if parameters is None:
         parameters = {"type": "object", "properties": {}}
