@@ -68,14 +68,17 @@ class ExecutionPlan:
     off: dict[str, str]
 
     def summary(self) -> str:
-        """The one log line: ``execution: step compiled, decode attention pools_op, linears int4 amx
-        x210 + int8 q8 avx512 x1, prompt tokens dense bfloat16 copies, op kernels c++, hot path
-        compiled (cpu: avx2 avx512f avx512_bf16 amx_bf16)``."""
+        """The one log line: ``execution: step compiled, decode attention pools_op, linear modules
+        (after fusion) int4 amx x120 + int8 q8 avx512 x1, prompt tokens dense bfloat16 copies, op
+        kernels c++, detokenizer/SSE hot path compiled (cpu: avx2 avx512f avx512_bf16 amx_bf16,
+        bfloat16)``, then ``; not taken: PATH: WHY; ...`` when a path is off."""
         linears = " + ".join(f"{kind} x{n}" for kind, n in self.linears.items()) or "none"
         where = f"cpu: {' '.join(self.cpu_flags) or 'no avx2'}" if self.device == "cpu" else self.device
-        return (f"execution: step {self.step}, decode attention {self.decode_attention}, linears {linears}, "
-                f"prompt tokens {self.prompt_linears}, op kernels {self.op_kernels}, hot path "
-                f"{self.hot_path} ({where}, {self.dtype})")
+        off = "; ".join(f"{path}: {why}" for path, why in self.off.items())
+        return (f"execution: step {self.step}, decode attention {self.decode_attention}, linear modules "
+                f"(after fusion) {linears}, prompt tokens {self.prompt_linears}, op kernels "
+                f"{self.op_kernels}, detokenizer/SSE hot path {self.hot_path} ({where}, {self.dtype})"
+                + (f"; not taken: {off}" if off else ""))
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as JSON-able fields and its :meth:`summary` (``/server_info``'s and

@@ -36,7 +36,9 @@ def test_a_dense_fp32_model_runs_eager_and_says_why(tmp_path: Path) -> None:
     payload = plan.as_dict()
     assert payload["summary"] == plan.summary() and payload["linears"] == {"dense": 15}
     assert plan.summary().startswith(
-        "execution: step eager, decode attention gather_sdpa, linears dense x15, ")
+        "execution: step eager, decode attention gather_sdpa, linear modules (after fusion) dense x15, ")
+    assert plan.summary().endswith("; not taken: compiled: off by default for dense models (--compile-decode "
+                                   "turns it on); pools_op: runs inside the compiled step only")
 
 
 def test_a_packed_bf16_model_names_its_kernels(tmp_path: Path) -> None:
