@@ -74,24 +74,31 @@ def supported(layers: list[LayerSpec]) -> str | None:
     return None
 
 
-def compile_decode_wanted(settings: Settings, model: torch.nn.Module, layers: list[LayerSpec]) -> bool:
-    """Whether a CPU model's decode steps run compiled: ``settings.compile_decode`` True, or None
-    (the default) and the model has packed CPU linears (int4 / int8 codes, where transformers' small
-    ops are most of a step); never under ``settings.enforce_eager`` or for layers
-    :func:`supported` refuses (logged)."""
+def why_not_compiled(settings: Settings, model: torch.nn.Module, layers: list[LayerSpec]) -> str | None:
+    """None when a CPU model's decode steps run compiled, else why not: ``settings.enforce_eager``,
+    ``settings.compile_decode`` False, or None (the default) and the model has no packed CPU linears
+    (int4 / int8 codes, where transformers' small ops are most of a step), or layers
+    :func:`supported` refuses."""
     from proxy.quant.int8_linear import Int8Linear
     from proxy.quant.linear import PackedLinear
 
-    wanted = settings.compile_decode
-    if settings.enforce_eager or wanted is False:
-        return False
-    if wanted is None and not any(isinstance(m, (PackedLinear, Int8Linear)) for m in model.modules()):
-        return False
-    reason = supported(layers)
-    if reason is not None:
+    if settings.enforce_eager:
+        return "--enforce-eager"
+    if settings.compile_decode is False:
+        return "--no-compile-decode"
+    if settings.compile_decode is None and not any(isinstance(m, (PackedLinear, Int8Linear))
+                                                   for m in model.modules()):
+        return "off by default for dense models (--compile-decode turns it on)"
+    return supported(layers)
+
+
+def compile_decode_wanted(settings: Settings, model: torch.nn.Module, layers: list[LayerSpec]) -> bool:
+    """Whether a CPU model's decode steps run compiled (:func:`why_not_compiled` says no reason); a
+    model whose layers :func:`supported` refuses is logged."""
+    reason = why_not_compiled(settings, model, layers)
+    if reason is not None and reason == supported(layers):
         logger.info("decode steps run eager: %s", reason)
-        return False
-    return True
+    return reason is None
 
 
 def artifact_key(model: torch.nn.Module) -> str:

@@ -115,7 +115,7 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
     """The plan of an engine built over ``model`` by ``runner`` with ``settings`` (module docstring)."""
     from proxy import hotpath
     from proxy.engine.attention.kernels import paged_decode_kernel_available
-    from proxy.engine.compiled_step import supported
+    from proxy.engine.compiled_step import why_not_compiled
     from proxy.quant import amx_int4, kernels
     from proxy.quant.dense_prefill import dense_dtype_of
 
@@ -131,7 +131,8 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
         if step != "cuda_graphs":
             off["cuda_graphs"] = "--enforce-eager"
     elif step != "compiled":
-        off["compiled"] = _why_not_compiled(settings, model, supported(runner.layers))
+        off["compiled"] = (why_not_compiled(settings, model, runner.layers)
+                           or "compiling or loading it failed (logged)")
     if step == "compiled" and paged_decode_kernel_available():
         decode_attention = "pools_op"
     else:
@@ -157,21 +158,4 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
         prompt_linears=prompt_linears, op_kernels="c++" if kernels.cpp_kernels_loaded() else "python",
         hot_path="compiled" if hotpath.IS_COMPILED else "python", off=off,
     )
-
-
-def _why_not_compiled(settings: Settings, model: nn.Module, unsupported: str | None) -> str:
-    """Why a CPU engine's steps run eager (``proxy.engine.compiled_step.compile_decode_wanted``)."""
-    from proxy.quant.int8_linear import Int8Linear
-    from proxy.quant.linear import PackedLinear
-
-    if settings.enforce_eager:
-        return "--enforce-eager"
-    if settings.compile_decode is False:
-        return "--no-compile-decode"
-    if unsupported is not None:
-        return unsupported
-    if settings.compile_decode is None and not any(isinstance(m, (PackedLinear, Int8Linear))
-                                                   for m in model.modules()):
-        return "off by default for dense models (--compile-decode turns it on)"
-    return "compiling or loading it failed (logged)"
 
