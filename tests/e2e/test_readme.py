@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -14,9 +13,9 @@ import httpx
 import pytest
 from api.fakes import make_tiny_model
 
-from proxy.ports import free_port
+from proxy.ports import start_serve
 
-from .server import REPO, Server, sse_chunks, wait_until_healthy
+from .server import REPO, Server, sse_chunks
 
 pytestmark = pytest.mark.slow
 
@@ -67,20 +66,14 @@ def test_serve_another_model(tmp_path: Path):
     (code,) = blocks("bash", "streamproxy serve --model")
     folder = tmp_path / "tiny-llama"
     make_tiny_model(folder)
-    port = free_port()
     argv = shlex.split(code.strip())
     assert argv[:3] == ["streamproxy", "serve", "--model"]
     argv[3] = str(folder)
     name = argv[argv.index("--served-model-name") + 1]
-    cmd = [sys.executable, "-m", "proxy", *argv[1:], "--port", str(port), "--num-threads", "1",
-           "--max-model-len", "256", "--num-kv-blocks", "64"]
-    log = tmp_path / "server.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    srv = start_serve([*argv[2:], "--num-threads", "1", "--max-model-len", "256", "--num-kv-blocks", "64"],
+                      tmp_path / "server.log", timeout_s=300)
+    log, base, port = srv.log_path, srv.base_url, srv.port
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until_healthy(proc, base, log, 300)
         assert httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"] == name
         body = {"model": name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5,
                 "temperature": 0, "ignore_eos": True}
@@ -92,5 +85,4 @@ def test_serve_another_model(tmp_path: Path):
         assert text == full["choices"][0]["message"]["content"]
         assert "ready" in log.read_text() and f"127.0.0.1:{port}" in log.read_text()
     finally:
-        proc.terminate()
-        proc.wait(30)
+        srv.stop(30.0)
