@@ -24,9 +24,12 @@ Translation (Anthropic "Messages" reference, "Tool use", "Extended thinking"):
   them) and ``adaptive`` -> the template's thinking on (``enable_thinking: true``); ``disabled`` ->
   off (``reasoning_effort: "none"``); absent: the model's default. ``display: "omitted"`` sends
   thinking blocks with their ``signature`` and no text (``summarized``: the whole thinking, as no
-  summarizer runs here). ``budget_tokens`` is validated but
-  NOT enforced: the thinking ends when the model ends it, within ``max_tokens`` (closing it at the
-  budget needs the engine to force the close marker; docs/api.md says so).
+  summarizer runs here). ``budget_tokens`` is enforced: it becomes vLLM's
+  ``thinking_token_budget`` (:class:`proxy.sampling.ThinkingBudget`): after that many thinking
+  tokens the reasoning parser's end marker is forced and the answer follows. On a model without a
+  reasoning parser (or harmony's, which has no end tag to force) ``enabled`` is a 400 naming
+  ``thinking.budget_tokens``, as Anthropic refuses thinking on a model without it; ``adaptive``
+  there only switches the template (no budget to honour).
 - ``output_config.effort`` (``low`` / ``medium`` / ``high``; ``max`` -> ``high``) ->
   ``reasoning_effort``; ``output_config.format`` ``{type: "json_schema", schema}`` ->
   ``response_format`` (grammar-enforced).
@@ -156,13 +159,18 @@ def _thinking(value: Any, max_tokens: int | None, chat: dict[str, Any]) -> bool:
         return False
     chat["chat_template_kwargs"] = {"enable_thinking": True}
     if kind == "enabled":
-        budget = _opt_int(value, "budget_tokens", None, lo=MIN_THINKING_BUDGET)
+        try:
+            budget = _opt_int(value, "budget_tokens", None, lo=MIN_THINKING_BUDGET)
+        except InvalidRequestError as exc:
+            raise _bad("thinking.budget_tokens", exc.message.replace("'budget_tokens'",
+                                                                    "'thinking.budget_tokens'")) from None
         if budget is None:
             raise _bad("thinking.budget_tokens", "'thinking.budget_tokens' is required for thinking type "
                        "'enabled'.")
         if max_tokens is not None and budget >= max_tokens:
             raise _bad("thinking.budget_tokens", f"'thinking.budget_tokens' ({budget}) must be less than "
                        f"'max_tokens' ({max_tokens}).")
+        chat["thinking_token_budget"] = budget  # enforced: the end marker is forced at the budget
     return display == "omitted"
 
 
@@ -208,6 +216,7 @@ _RENAMES = ((re.compile(r"^tools\[(\d+)\]\.function\.parameters"), r"tools[\1].i
             (re.compile(r"^response_format(\.json_schema)?"), "output_config.format"),
             (re.compile(r"^reasoning_effort$"), "output_config.effort"),
             (re.compile(r"^chat_template_kwargs$"), "thinking"),
+            (re.compile(r"^thinking_token_budget$"), "thinking.budget_tokens"),
             (re.compile(r"^user$"), "metadata.user_id"))
 _MESSAGE_RENAMES = (("'parallel_tool_calls'", "'tool_choice.disable_parallel_tool_use'"),
                     ("required' or a named function", "any' or a named tool"))
