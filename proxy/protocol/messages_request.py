@@ -35,10 +35,10 @@ Translation (Anthropic "Messages" reference, "Tool use", "Extended thinking"):
   ``response_format`` (grammar-enforced).
 - A last message from the ``assistant`` is a prefill: the output continues it (the template renders
   it open, ``continue_final_message``); one that ends with ``tool_use`` is a 400.
+- ``context_management``: its edits validated here (:mod:`proxy.protocol.messages_context`) and
+  applied by the route before the body is translated (they need token counts).
 - Refused by name (400): ``container``, non-empty ``mcp_servers``. Accepted and ignored:
-  ``context_management`` (no context editing here: a conversation that outgrows the context is a
-  400 "prompt is too long", which Claude Code answers by compacting), ``service_tier``,
-  ``inference_geo``, ``speed``, unknown fields.
+  ``service_tier``, ``inference_geo``, ``speed``, unknown fields.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from proxy.errors import InvalidRequestError
 
 from .fields import _bad, _opt_int, _opt_number, _type_name, array_of_objects
 from .messages_content import chat_messages
+from .messages_context import ContextEdit, parse_context_management
 from .requests import ChatCompletionRequest, parse_chat_request
 
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
@@ -78,6 +79,7 @@ class MessagesRequest:
             "prefill"), rendered with ``continue_final_message``.
         omit_thinking: ``thinking.display`` is ``omitted``: thinking blocks keep their ``signature``
             and carry no text (no ``thinking_delta`` is streamed).
+        context_edits: the ``context_management`` edits, in order (not yet applied).
     """
 
     chat: ChatCompletionRequest
@@ -87,6 +89,7 @@ class MessagesRequest:
     body: dict[str, Any]
     prefill: bool = False
     omit_thinking: bool = False
+    context_edits: tuple[ContextEdit, ...] = ()
 
 
 SAMPLING_EXTRAS = ("seed", "ignore_eos", "min_tokens", "min_p", "repetition_penalty", "stop_token_ids")
@@ -288,4 +291,5 @@ def parse_messages_request(body: dict[str, Any], *, vocab_size: int | None = Non
     if prefill and last.get("tool_calls"):
         raise _bad(paths[-1], f"The last message ('{paths[-1]}') is an assistant turn with tool_use; send "
                    "its tool_result in a user message to continue.")
-    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body, prefill, omit_thinking)
+    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body, prefill, omit_thinking,
+                           parse_context_management(body.get("context_management")))
