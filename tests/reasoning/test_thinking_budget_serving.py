@@ -118,6 +118,33 @@ def test_batch_invariance_and_refusals(model_dir: Path) -> None:
     assert "no reasoning parser" in response.json()["error"]["message"]
 
 
+def test_a_marker_of_several_tokens_is_forced_whole(tmp_path: Path) -> None:
+    """``</think>`` not in the vocabulary (several plain tokens): all of them are forced, one a step;
+    the thinking is the unbudgeted output cut at N tokens and the parser splits at the whole marker."""
+    from reasoning.fixtures import make_qwen3_style_tokenizer
+
+    plain = write_qwen3_style_model(tmp_path / "plain", think_tokens="plain")
+    width = len(make_qwen3_style_tokenizer("plain").encode(CLOSE, add_special_tokens=False))
+    assert width > 1
+
+    async def run(client: httpx.AsyncClient) -> list[Any]:
+        out = []
+        for n in (0, 4, 9):
+            capped = (await client.post("/v1/chat/completions", json=chat(PROMPTS[0], thinking_token_budget=n,
+                                                                           logprobs=False))).json()
+            cut = (await client.post("/v1/chat/completions", json=chat(PROMPTS[0], max_tokens=max(n, 1),
+                                                                        logprobs=False))).json()
+            out.append((n, capped, cut))
+        return out
+
+    for n, capped, cut in asyncio.run(with_app(plain, run)):
+        msg = capped["choices"][0]["message"]
+        thinking = cut["choices"][0]["message"]["reasoning_content"] if n else ""
+        assert msg.get("reasoning_content", "") == thinking
+        assert msg["content"] and CLOSE not in msg["content"]
+        assert capped["usage"]["completion_tokens_details"]["reasoning_tokens"] == n + width
+
+
 MESSAGES_BUDGET = 1024  # Anthropic's smallest budget_tokens
 
 
