@@ -29,6 +29,8 @@ Order of processing, as in vLLM's sampler:
    generators (low half, high half) each draw ``U ~ U[0, 1)`` per token and ``E = -log(1 - frac(U1 +
    U2))`` (the fractional sum of two independent uniforms is uniform), so every 64-bit seed has its
    own stream.
+5. **Thinking budget** (:mod:`proxy.engine.thinking_budget`): a row whose thinking has used its
+   ``thinking_budget`` gets the end marker's next token instead of its draw (vLLM's forcing).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from proxy.engine.request import Request, TokenLogprob
+from proxy.engine.thinking_budget import ThinkingBudgets
 
 if TYPE_CHECKING:
     from proxy.engine.structured import GrammarCompiler, ReasoningEnd, RequestGrammar
@@ -81,9 +84,11 @@ class Sampler:
         self.grammar_compiler = grammar_compiler
         self._grammars: dict[str, RequestGrammar] = {}
         self._reasoning: dict[str, ReasoningEnd] = {}
+        self._budgets = ThinkingBudgets()
 
     def forget(self, request_id: str) -> None:
-        """Drop a finished request's generator and grammar state."""
+        """Drop a finished request's generator, grammar and thinking budget state."""
+        self._budgets.forget(request_id)
         self._generators.pop(request_id, None)
         self._grammars.pop(request_id, None)
         self._reasoning.pop(request_id, None)
@@ -274,6 +279,7 @@ class Sampler:
             r_rows = torch.tensor(rows, device=logits.device)
             tokens[r_rows] = self._sample_random(processed[r_rows], [requests[i] for i in rows])
         token_list: list[int] = tokens.tolist()
+        self._budgets.force(requests, token_list)
         if raw_lp is None:
             return token_list, None
         logprobs: list[TokenLogprob | None] = [None] * len(requests)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,6 +16,7 @@ from proxy.protocol.messages_request import MessagesRequest, messages_param, par
 from ..body import read_json_body
 from ..responses import json_response
 from ..state import ServerState
+from .context import ManagedContext, manage_context
 from .run import MessageRun
 
 ENDPOINT = "/v1/messages"
@@ -25,14 +27,27 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-async def _parse(request: Request, count_only: bool) -> tuple[ServerState, EngineClient, MessagesRequest]:
+async def _parse(request: Request, count_only: bool) -> tuple[ServerState, EngineClient, ManagedContext]:
+    """Read, validate and apply the ``context_management`` edits (:mod:`.context`)."""
     state = _state(request)
     body = await read_json_body(request, state.settings.max_body_bytes)
     client = state.require_ready()
     if not count_only:
         client.metrics.observe_request(ENDPOINT)
-    parsed = parse_messages_request(body, vocab_size=client.model.vocab_size, count_only=count_only)
-    return state, client, parsed
+
+    def parse(b: dict[str, Any]) -> MessagesRequest:
+        return parse_messages_request(b, vocab_size=client.model.vocab_size, count_only=count_only)
+
+    async def count(parsed: MessagesRequest) -> int:
+        try:
+            return len(await _prompt_ids(state, client, parsed))
+        except InvalidRequestError as exc:
+            raise messages_param(exc, parsed.paths) from None
+
+    parsed = parse(body)
+    if parsed.context_edits:
+        check_model(client, parsed.chat.model)
+    return state, client, await manage_context(parsed, parse, count)
 
 
 async def _prompt_ids(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> list[int]:
@@ -70,19 +85,27 @@ async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesReq
 async def create_message(request: Request) -> Response:
     """``POST /v1/messages`` (Anthropic "Create a Message"), stream and non-stream: parse
     (``proxy.protocol.messages_request``, as the chat request it means), prepare, generate, respond."""
-    state, client, parsed = await _parse(request, count_only=False)
-    prepared = await _prepare(state, client, parsed)
-    return await MessageRun(client, parsed, prepared).respond(request, state.settings)
+    state, client, managed = await _parse(request, count_only=False)
+    prepared = await _prepare(state, client, managed.request)
+    run = MessageRun(client, managed.request, prepared, managed.response_field())
+    return await run.respond(request, state.settings)
 
 
 async def count_tokens(request: Request) -> Response:
     """``POST /v1/messages/count_tokens`` (Anthropic "Count tokens in a Message"): ``{"input_tokens":
     N}``, the prompt's length as the same body would be generated (system, tools and thinking
-    switch rendered by the chat template): a message's ``input_tokens + cache_read_input_tokens``."""
-    state, client, parsed = await _parse(request, count_only=True)
+    switch rendered by the chat template): a message's ``input_tokens + cache_read_input_tokens``.
+    With ``context_management``: the count after the edits, and ``context_management.
+    original_input_tokens`` the count before them (Anthropic's ``BetaMessageTokensCount``)."""
+    state, client, managed = await _parse(request, count_only=True)
+    parsed = managed.request
     check_model(client, parsed.chat.model)
     try:
         ids = await _prompt_ids(state, client, parsed)
     except InvalidRequestError as exc:
         raise messages_param(exc, parsed.paths) from None
-    return json_response({"input_tokens": len(ids)})
+    body: dict[str, Any] = {"input_tokens": len(ids)}
+    if parsed.context_edits:
+        original = managed.original_input_tokens
+        body["context_management"] = {"original_input_tokens": len(ids) if original is None else original}
+    return json_response(body)
