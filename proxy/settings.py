@@ -119,6 +119,12 @@ class Settings:
             pass; an input alone may exceed it up to the model's length.
         embedding_num_threads: torch intra-op threads of the embedding worker thread; None: 1 on CPU
             (the chat engine keeps its cores; ``docs/embeddings.md``).
+        allowed_media_domains: host names http(s) image URLs may be fetched from (vLLM's option);
+            empty: any host.
+        allowed_local_media_path: a folder whose files ``file://`` image URLs may name (vLLM's
+            option); "": ``file://`` URLs are refused.
+        media_fetch_timeout_s: the most seconds fetching one image URL may take (vLLM's
+            ``VLLM_IMAGE_FETCH_TIMEOUT``).
     """
 
     model: str | None = None
@@ -168,6 +174,9 @@ class Settings:
     embedding_pooling: str = "last"
     embedding_max_num_batched_tokens: int = 2048
     embedding_num_threads: int | None = None
+    allowed_media_domains: tuple[str, ...] = ()
+    allowed_local_media_path: str = ""
+    media_fetch_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         """Refuse the scheduling ratios that no engine could use, before a model is loaded (the CLI

@@ -1,7 +1,7 @@
 """Layering rules of the architecture (README "Layout", docs/internals.md), checked by walking every
 import in proxy/ (AST, incl. lazy ones).
 
-Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer -> models,
+Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer, media -> models,
 quant -> engine -> api -> cli. No module imports itself back through others (no import circle, lazy
 imports and the package ``__init__`` an import runs included). Nothing imports api or cli; scheduler
 and block manager never import torch; only the proxy.api package imports starlette and only cli.py
@@ -25,7 +25,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("proxy", 0),
     ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
     ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2), ("proxy.reasoning", 2),
-    ("proxy.decode_table", 2),
+    ("proxy.decode_table", 2), ("proxy.media", 2),
     ("proxy.models", 3), ("proxy.quant", 3),
     ("proxy.engine", 4),
     ("proxy.pipeline", 5),

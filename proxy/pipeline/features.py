@@ -28,6 +28,8 @@ class ModelFeatures:
             detected in the template (``proxy.reasoning.resolve_reasoning_parser``); None: off.
         reasoning_detected: ``reasoning_parser`` came from the template, not the setting.
         template_thinks: the template reads ``enable_thinking`` (Qwen3-style thinking switch).
+        accepts_images: the model is a vision-language model served with its images; False: an
+            image part is a 400 naming it (:func:`proxy.pipeline.prepare.render_chat`).
     """
 
     has_chat_template: bool = False
@@ -36,6 +38,7 @@ class ModelFeatures:
     reasoning_parser: str | None = None
     reasoning_detected: bool = False
     template_thinks: bool = False
+    accepts_images: bool = False
 
     @classmethod
     def detect(cls, tokenizer: Tokenizer, tool_call_parser: str = "",

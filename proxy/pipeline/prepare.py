@@ -147,6 +147,18 @@ async def _with_grammar(chat: ChatCompletionRequest, client: EngineClient, param
     return params
 
 
+def check_images(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures) -> None:
+    """Refuse the request's images when the served model reads text only.
+
+    Raises:
+        InvalidRequestError: naming the first image part (``messages[0].content[1]``).
+    """
+    if chat.images and not features.accepts_images:
+        param = chat.images[0].param
+        raise InvalidRequestError(f"'{param}' is an image, but the model '{client.model.served_model_name}' "
+                                  "reads text only (it is not a vision-language model).", param=param)
+
+
 async def render_chat(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures, *,
                       add_generation_prompt: bool = True, continue_final_message: bool = False,
                       add_special_tokens: bool = False) -> tuple[str, list[int], str | None]:
@@ -157,8 +169,10 @@ async def render_chat(chat: ChatCompletionRequest, client: EngineClient, feature
     ``add_special_tokens`` adds the tokenizer's BOS etc. on top of the template's.
 
     Raises:
-        InvalidRequestError: the template rejects the messages, or ``auto`` tools cannot be parsed (400).
+        InvalidRequestError: the template rejects the messages, ``auto`` tools cannot be parsed, or an
+            image is sent to a model that reads text only (400, :func:`check_images`).
     """
+    check_images(chat, client, features)
     messages, template_kwargs, parser = _tool_prompt(chat, features)
     if continue_final_message:
         template_kwargs["continue_final_message"] = True

@@ -6,6 +6,7 @@ request, imported from their modules."""
 
 from __future__ import annotations
 
+from .chat_messages import CHAT_ROLES
 from .context import resolve_max_tokens
 from .embeddings import (
     ENCODING_FORMATS,
@@ -15,8 +16,8 @@ from .embeddings import (
     parse_embedding_request,
 )
 from .fields import StreamOptions, parse_json_body
+from .images import ImagePart
 from .requests import (
-    CHAT_ROLES,
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     MAX_TOP_LOGPROBS,
     UNSUPPORTED_CHAT_FIELDS,
@@ -55,6 +56,7 @@ __all__ = [
     "CompletionFormat",
     "CompletionRequest",
     "EmbeddingRequest",
+    "ImagePart",
     "LogprobEntry",
     "StreamOptions",
     "Usage",

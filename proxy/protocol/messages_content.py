@@ -16,8 +16,11 @@ translation into the chat message that means the same to the chat template:
   - ``thinking`` (assistant, sent back with its ``signature``) -> the turn's ``reasoning_content``
     (templates that render past thinking read it; most drop it); ``redacted_thinking`` is accepted
     and left out (its ``data`` is another provider's encrypted thinking: there is no text to render);
-  - ``image``, ``document``, ``search_result``, ``server_tool_use``, ``web_search_tool_result``,
-    ``container_upload`` ... -> a 400 naming the block type (no images or server tools are served).
+  - ``image`` (user) -> an image part of the user message (:func:`proxy.protocol.images.anthropic_image`;
+    its ``param`` is made so that :func:`~proxy.protocol.messages_request.messages_param` turns it back
+    into ``messages[i].content[j]``); elsewhere (assistant, ``system``, ``tool_result``) a 400;
+  - ``document``, ``search_result``, ``server_tool_use``, ``web_search_tool_result``,
+    ``container_upload`` ... -> a 400 naming the block type (no documents or server tools are served).
 - ``role: "system"`` messages inside ``messages`` (Claude Code sends one last) -> a ``system``
   message at that place; the chat template decides how to render it.
 
@@ -30,14 +33,15 @@ import json
 from typing import Any
 
 from .fields import _bad, _type_name
+from .images import ImagePart, anthropic_image
 
 ROLES = ("user", "assistant", "system")
-UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "container_upload", "server_tool_use",
+UNSUPPORTED_BLOCKS = ("document", "search_result", "container_upload", "server_tool_use",
                       "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
                       "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
                       "mcp_tool_use", "mcp_tool_result", "tool_search_tool_result", "tool_reference")
-"""Content block types this server cannot serve: a 400 naming the type (no images, documents or
-server-side tools)."""
+"""Content block types this server cannot serve: a 400 naming the type (no documents or server-side
+tools)."""
 ERROR_PREFIX = "Error: "
 """What a ``tool_result`` with ``is_error: true`` starts with in the rendered tool message."""
 
@@ -50,7 +54,7 @@ def _block_type(block: Any, p: str) -> str:
         raise _bad(f"{p}.type", f"'{p}.type' is required and must be a string.")
     if kind in UNSUPPORTED_BLOCKS:
         raise _bad(f"{p}.type", f"Content block type '{kind}' is not supported by this server; only "
-                   "'text', 'tool_use', 'tool_result', 'thinking' and 'redacted_thinking' are.")
+                   "'text', 'image', 'tool_use', 'tool_result', 'thinking' and 'redacted_thinking' are.")
     return kind
 
 
@@ -114,26 +118,39 @@ def _tool_use(block: dict[str, Any], p: str) -> dict[str, Any]:
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-def _user_blocks(blocks: list[Any], p: str) -> list[dict[str, Any]]:
+def _user_message(parts: list[str | ImagePart]) -> dict[str, Any]:
+    """A user message of text and images: the text joined when there is no image, else chat parts
+    (``text`` parts and the :class:`ImagePart` objects the chat validator takes as they are)."""
+    if all(isinstance(part, str) for part in parts):
+        return {"role": "user", "content": "\n".join(part for part in parts if isinstance(part, str))}
+    content = [part if isinstance(part, ImagePart) else {"type": "text", "text": part} for part in parts]
+    return {"role": "user", "content": content}
+
+
+def _user_blocks(blocks: list[Any], p: str, base: int) -> list[dict[str, Any]]:
     """A user turn's blocks -> ``tool`` messages (its ``tool_result`` blocks) and user messages (its
-    text), in the order sent."""
+    text and images), in the order sent; ``base``: the chat index of the first message made. An image
+    at ``content[j]`` is named ``messages[k].content[j]`` with ``k`` its chat message's index, which
+    ``messages_param`` renames to this message's path."""
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[str | ImagePart] = []
     for j, block in enumerate(blocks):
         q = f"{p}.content[{j}]"
         kind = _block_type(block, q)
         if kind == "text":
-            texts.append(_string(block, "text", q))
+            parts.append(_string(block, "text", q))
+        elif kind == "image":
+            parts.append(anthropic_image(block, q, f"messages[{base + len(out)}].content[{j}]"))
         elif kind == "tool_result":
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
+            if parts:
+                out.append(_user_message(parts))
+                parts = []
             out.append(_tool_result(block, q))
         else:
             raise _bad(f"{q}.type", f"Content block type {kind!r} is not allowed in a user message; use "
-                       "'text' or 'tool_result'.")
-    if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+                       "'text', 'image' or 'tool_result'.")
+    if parts or not out:
+        out.append(_user_message(parts))
     return out
 
 
@@ -198,7 +215,7 @@ def chat_messages(system: Any, messages: Any) -> tuple[list[dict[str, Any]], lis
         elif role == "assistant":
             converted = [_assistant_blocks(content, p)]
         elif role == "user":
-            converted = _user_blocks(content, p)
+            converted = _user_blocks(content, p, len(out))
         else:
             converted = [{"role": "system", "content": system_text(content, f"{p}.content") or ""}]
         out += converted

@@ -11,8 +11,8 @@ Policies (documented in the README):
   :data:`UNSUPPORTED_COMPLETION_FIELDS`, which get a 400 naming the field.
 - ``stream_options`` with ``stream: false`` is a 400 (as vLLM does; OpenAI defines it for streaming
   only).
-- Text content parts of one message are joined with a newline, as vLLM joins them (OpenAI does not
-  document a separator; joining with nothing glued words of consecutive parts together).
+- ``messages``: :mod:`proxy.protocol.chat_messages` (text parts joined with a newline, as vLLM joins
+  them; ``image_url`` parts in user messages).
 - Chat without ``max_tokens``/``max_completion_tokens``: the rest of the context
   (``max_model_len - prompt_tokens``, like vLLM). Completions without ``max_tokens``: 16 (OpenAI's
   documented default).
@@ -26,6 +26,7 @@ from typing import Any
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tools.request import ChatTools, parse_chat_tools, parse_structured_outputs
 
+from .chat_messages import chat_messages
 from .fields import (
     StreamOptions,
     _bad,
@@ -37,9 +38,9 @@ from .fields import (
     _stream,
     _type_name,
 )
+from .images import ImagePart
 
 # value -> None when the value is harmless (the feature is not used), else an error message.
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOP_LOGPROBS = 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -63,8 +64,9 @@ class ChatCompletionRequest:
     """A validated ``POST /v1/chat/completions`` body.
 
     Attributes:
-        messages: ``({"role", "content"}, ...)`` with text content only (parts joined);
-            ``developer`` is passed to the chat template as ``system``.
+        messages: ``({"role", "content"}, ...)``, content a string (text parts joined) or, in a
+            message with images, the parts vision templates read; ``developer`` is passed to the chat
+            template as ``system``.
         max_tokens: ``max_completion_tokens`` or ``max_tokens``; None: the rest of the context.
         params: sampling parameters; ``max_tokens`` is a placeholder until
             :func:`~proxy.protocol.context.resolve_max_tokens`.
@@ -76,10 +78,11 @@ class ChatCompletionRequest:
         template_kwargs: ``chat_template_kwargs`` (vLLM's extra), passed to the chat template.
         reasoning_effort: ``none`` / ``minimal`` / ``low`` / ``medium`` / ``high``; None: not given.
         thinking_token_budget: the most thinking tokens (``proxy.sampling.ThinkingBudget``); None: no cap.
+        images: the request's images in the order the prompt shows them (``proxy.protocol.images``).
     """
 
     model: str
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     n: int
     max_tokens: int | None
     stream: StreamOptions
@@ -91,6 +94,7 @@ class ChatCompletionRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_effort: str | None = None
     thinking_token_budget: int | None = None
+    images: tuple[ImagePart, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,73 +114,6 @@ class CompletionRequest:
     params: SamplingParams
 
 
-def _content(value: Any, param: str, role: str) -> str:
-    if isinstance(value, str):
-        return value
-    if value is None:
-        raise _bad(param, f"'{param}' is required for role '{role}'.")
-    if not isinstance(value, list):
-        raise _bad(
-            param, f"'{param}' must be a string or an array of content parts, not {_type_name(value)}."
-        )
-    if not value and role != "assistant":  # as OpenAI (an assistant's may be empty beside its calls)
-        raise _bad(param,
-                   f"'{param}' must not be an empty array: send a string or at least one content part.")
-    texts = []
-    for j, part in enumerate(value):
-        p = f"{param}[{j}]"
-        if not isinstance(part, dict):
-            raise _bad(p, f"'{p}' must be an object, not {_type_name(part)}.")
-        kind = part.get("type")
-        if kind != "text":
-            if isinstance(kind, str):
-                raise _bad(f"{p}.type", f"Content part type '{kind}' is not supported; only 'text' is.")
-            raise _bad(f"{p}.type", f"'{p}.type' must be 'text'.")
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise _bad(f"{p}.text", f"'{p}.text' must be a string, not {_type_name(text)}.")
-        texts.append(text)
-    return "\n".join(texts)
-
-
-def _messages(body: dict[str, Any]) -> tuple[dict[str, str], ...]:
-    if "messages" not in body or body["messages"] is None:
-        raise _bad("messages", "'messages' is required.")
-    messages = body["messages"]
-    if not isinstance(messages, list):
-        raise _bad("messages", f"'messages' must be an array, not {_type_name(messages)}.")
-    if not messages:
-        raise _bad("messages", "'messages' must contain at least one message.")
-    out = []
-    for i, message in enumerate(messages):
-        p = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _bad(p, f"'{p}' must be an object, not {_type_name(message)}.")
-        role = message.get("role")
-        if role is None:
-            raise _bad(f"{p}.role", f"'{p}.role' is required.")
-        if not isinstance(role, str):
-            raise _bad(f"{p}.role", f"'{p}.role' must be a string, not {_type_name(role)}.")
-        if role == "function":
-            raise _bad(f"{p}.role", "Role 'function' is deprecated and not supported; use 'tool'.")
-        if role not in CHAT_ROLES:
-            raise _bad(f"{p}.role", f"'{p}.role' must be one of {', '.join(CHAT_ROLES)}; got {role!r}.")
-        for unsupported in ("function_call", "audio"):
-            if message.get(unsupported) not in (None, []):
-                raise _bad(f"{p}.{unsupported}", f"'{p}.{unsupported}' is not supported by this server.")
-        if message.get("tool_calls") not in (None, []) and role != "assistant":
-            raise _bad(f"{p}.tool_calls", f"'{p}.tool_calls' is only allowed on assistant messages.")
-        name = message.get("name")
-        if name is not None and not isinstance(name, str):
-            raise _bad(f"{p}.name", f"'{p}.name' must be a string, not {_type_name(name)}.")
-        if role == "assistant" and message.get("content") is None and message.get("tool_calls"):
-            content = ""  # the ordinary agent loop: a call without text (templates need a string)
-        else:
-            content = _content(message.get("content"), f"{p}.content", role)
-        out.append({"role": "system" if role == "developer" else role, "content": content})
-    return tuple(out)
-
-
 def parse_chat_request(
     body: dict[str, Any], *, max_n: int, vocab_size: int | None = None
 ) -> ChatCompletionRequest:
@@ -191,7 +128,7 @@ def parse_chat_request(
         InvalidRequestError: with ``param`` naming the field.
     """
     model = _model(body)
-    messages = _messages(body)
+    messages, images = chat_messages(body)
     _reject_unsupported(body, UNSUPPORTED_CHAT_FIELDS)
     n = _opt_int(body, "n", 1, lo=1, hi=max_n)
     assert n is not None
@@ -226,6 +163,7 @@ def parse_chat_request(
         structured,
         structured_param,
         *_reasoning_controls(body),
+        images=images,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .fields import _bad, _type_name
+from .images import ImagePart, responses_image
 
 ROLES = ("user", "system", "developer", "assistant")
 ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -86,12 +87,12 @@ def input_items(body: dict[str, Any], resolve: ItemResolver | None = None) -> li
     return out
 
 
-def _text(content: Any, p: str) -> str | list[dict[str, Any]]:
+def _text(content: Any, p: str) -> str | list[dict[str, Any] | ImagePart]:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _bad(p, f"'{p}' must be a string or an array of content parts, not {_type_name(content)}.")
-    parts = []
+    parts: list[dict[str, Any] | ImagePart] = []
     for j, part in enumerate(content):
         q = f"{p}[{j}]"
         if not isinstance(part, dict):
@@ -101,11 +102,14 @@ def _text(content: Any, p: str) -> str | list[dict[str, Any]]:
             if not isinstance(part.get("text"), str):
                 raise _bad(f"{q}.text", f"'{q}.text' must be a string.")
             parts.append({"type": "text", "text": part["text"]})
-        elif kind in ("input_image", "input_file", "input_audio", "refusal"):
-            raise _bad(f"{q}.type",
-                       f"Content part type '{kind}' is not supported by this server; only text is.")
+        elif kind == "input_image":
+            parts.append(responses_image(part, q))
+        elif kind in ("input_file", "input_audio", "refusal"):
+            raise _bad(f"{q}.type", f"Content part type '{kind}' is not supported by this server; only text "
+                       "and images are.")
         else:
-            raise _bad(f"{q}.type", f"'{q}.type' must be 'input_text' or 'output_text'; got {kind!r}.")
+            raise _bad(f"{q}.type", f"'{q}.type' must be 'input_text', 'output_text' or 'input_image'; "
+                       f"got {kind!r}.")
     return parts
 
 

@@ -10,8 +10,9 @@ Translation (OpenAI "Conversation state" and "Function calling" guides):
 
 - ``instructions`` -> a leading system message (not carried over from ``previous_response_id``).
 - ``message`` items (``type`` optional) with roles ``user``, ``system``, ``developer``, ``assistant``;
-  content a string or ``input_text`` / ``output_text`` parts. ``input_image`` / ``input_file`` /
-  ``input_audio`` are a 400 naming them (no images are served).
+  content a string or ``input_text`` / ``output_text`` / ``input_image`` parts (an image becomes a
+  :class:`~proxy.protocol.images.ImagePart` naming ``input[i].content[j]``). ``input_file`` /
+  ``input_audio`` are a 400 naming them.
 - ``function_call`` items -> an assistant message's ``tool_calls`` (consecutive calls, and an assistant
   message right before them, form one assistant turn); ``function_call_output`` -> a ``tool`` message.
 - ``reasoning`` items -> ``reasoning_content`` of the assistant turn that follows (templates that
@@ -50,8 +51,8 @@ INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search
               "code_interpreter_call.outputs", "reasoning.encrypted_content", LOGPROBS_INCLUDE)
 """OpenAI's ``include`` values (openai-python ``ResponseIncludable``); any other is a 400, as there.
 Only ``message.output_text.logprobs`` changes a response here: the others name outputs of built-in
-tools (refused by name when asked for), image inputs (refused) or encrypted reasoning, which this
-server does not produce (its reasoning items carry the text itself)."""
+tools (refused by name when asked for), image inputs (the stored input items keep the images as sent)
+or encrypted reasoning, which this server does not produce (its reasoning items carry the text itself)."""
 ECHOED_STRINGS = {"safety_identifier": 128, "prompt_cache_key": None}
 """String fields that are only echoed in the response object, with OpenAI's length limit (None: none
 documented): ``safety_identifier`` (abuse detection at OpenAI; nothing to detect here) and

@@ -41,7 +41,7 @@ CHAT_CASES = [
         "image part",
         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         400,
-        "messages[0].content[0].type",
+        "messages[0].content[0].image_url.url",
     ),
     (
         "tool role without tool_call_id",

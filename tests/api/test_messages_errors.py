@@ -34,7 +34,17 @@ BAD = [  # (body, status, words the message must contain)
     (_with(messages=[{"role": "tool", "content": "x"}]), 400, "'messages[0].role' must be one of"),
     (_with(messages=[{"role": "user", "content": 3}]), 400, "'messages[0].content' must be a string"),
     (_with(messages=[{"role": "user", "content": [{"type": "image", "source": {
-        "type": "base64", "media_type": "image/png", "data": "AA=="}}]}]), 400, "'image' is not supported"),
+        "type": "base64", "media_type": "image/png", "data": "AA=="}}]}]), 400,
+     "'messages[0].content[0]' is an image, but the model 'test-model' reads text only"),
+    (_with(system="Be brief.", messages=[{"role": "user", "content": [{"type": "text", "text": "Look"}, {
+        "type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]), 400,
+     "'messages[0].content[1]' is an image, but the model 'test-model' reads text only"),
+    (_with(messages=[{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/svg+xml", "data": "AA=="}}]}]), 400,
+     "'messages[0].content[0].source.media_type' must be one of image/jpeg"),
+    (_with(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "file",
+                                                                               "file_id": "f"}}]}]), 400,
+     "'messages[0].content[0].source.type' 'file' is not supported"),
     (_with(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]), 400,
      "'document' is not supported"),
     (_with(messages=[{"role": "user", "content": [
@@ -43,7 +53,7 @@ BAD = [  # (body, status, words the message must contain)
      "'messages[0].content[0].tool_use_id' is required"),
     (_with(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                                                    "content": [{"type": "image", "source": {}}]}]}]),
-     400, "'image' is not supported"),
+     400, "'messages[0].content[0].content[0].type' must be 'text' in a tool_result; got 'image'"),
     (_with(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                                                    "is_error": "yes"}]}]), 400,
      "is_error' must be a boolean"),
@@ -51,7 +61,7 @@ BAD = [  # (body, status, words the message must contain)
                                                         "input": "{}"}]}]), 400, ".input' must be an object"),
     (_with(messages=[{"role": "user", "content": [{"text": "no type"}]}]), 400, ".type' is required"),
     (_with(system=5), 400, "'system' must be a string or an array"),
-    (_with(system=[{"type": "image"}]), 400, "'image' is not supported"),
+    (_with(system=[{"type": "image"}]), 400, "'system[0].type' must be 'text'; got 'image'"),
     (_with(system=[{"type": "text"}]), 400, "'system[0].text' is required"),
     (_with(temperature=1.5), 400, "'temperature' must be in [0, 1]"),
     (_with(top_p=2), 400, "'top_p' must be in"),

@@ -82,7 +82,8 @@ def test_sdk_errors_are_typed(client: anthropic.Anthropic, served: tuple[str, Fa
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(**{**ASK, "messages": [{"role": "user", "content": [image]}]})
-    assert bad.value.status_code == 400 and "'image' is not supported" in bad.value.message
+    assert bad.value.status_code == 400 and "'messages[0].content[0]' is an image" in bad.value.message
+    assert "reads text only" in bad.value.message
     assert bad.value.body["error"]["type"] == "invalid_request_error"
     server_tool = {**ASK, "tools": [{"type": "web_search_20250305", "name": "w"}]}
     with pytest.raises(anthropic.BadRequestError), client.messages.stream(**server_tool) as s:

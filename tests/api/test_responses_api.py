@@ -48,7 +48,7 @@ BAD = [
             ]
         },
         400,
-        "input[0].content[1].type",
+        "input[0].content[1]",
     ),
     (
         "function_call_output without call_id",

@@ -62,7 +62,7 @@ def test_anthropic_node_sdk() -> None:
     err = out["error"]
     assert err["class"] == "BadRequestError" and err["status"] == 400
     assert err["type"] == "invalid_request_error"
-    assert "'image' is not supported" in err["message"]
+    assert "is an image, but the model" in err["message"] and "reads text only" in err["message"]
 
 
 def test_ai_sdk_anthropic_provider() -> None:

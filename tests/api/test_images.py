@@ -1,0 +1,87 @@
+"""Images sent to a model that reads text only, and malformed image parts, on every endpoint that
+takes a chat: each a 400 naming the part in the endpoint's own error envelope, never a 5xx; the
+server stays healthy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .conftest import MODEL, run, serve
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+TEXT_ONLY = f"is an image, but the model '{MODEL}' reads text only"
+
+
+def _chat(content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "system", "content": "s"},
+                                         {"role": "user", "content": content}]}
+
+
+def _responses(content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": MODEL, "input": [{"role": "user", "content": content}]}
+
+
+def _messages(content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 8, "system": "s",
+            "messages": [{"role": "user", "content": content}]}
+
+
+LOOK = {"type": "text", "text": "What is this?"}
+CHAT_IMAGE = {"type": "image_url", "image_url": {"url": PNG}}
+RESP_IMAGE = {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "auto"}
+MSG_IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+CASES = [  # (name, path, body, param, words)
+    ("chat", "/v1/chat/completions", _chat([LOOK, CHAT_IMAGE]), "messages[1].content[1]", TEXT_ONLY),
+    ("chat stream", "/v1/chat/completions", {**_chat([CHAT_IMAGE]), "stream": True}, "messages[1].content[0]",
+     TEXT_ONLY),
+    ("chat render", "/v1/chat/completions/render", _chat([CHAT_IMAGE]), "messages[1].content[0]", TEXT_ONLY),
+    ("tokenize", "/tokenize", _chat([LOOK, CHAT_IMAGE]), "messages[1].content[1]", TEXT_ONLY),
+    ("responses", "/v1/responses", _responses([LOOK, RESP_IMAGE]), "input[0].content[1]", TEXT_ONLY),
+    ("responses stream", "/v1/responses", {**_responses([RESP_IMAGE]), "stream": True}, "input[0].content[0]",
+     TEXT_ONLY),
+    ("responses input_tokens", "/v1/responses/input_tokens", _responses([RESP_IMAGE]), "input[0].content[0]",
+     TEXT_ONLY),
+    ("responses render", "/v1/responses/render", _responses([LOOK, RESP_IMAGE]), "input[0].content[1]",
+     TEXT_ONLY),
+    ("messages", "/v1/messages", _messages([LOOK, MSG_IMAGE]), "messages[0].content[1]", TEXT_ONLY),
+    ("messages stream", "/v1/messages", {**_messages([MSG_IMAGE]), "stream": True}, "messages[0].content[0]",
+     TEXT_ONLY),
+    ("count_tokens", "/v1/messages/count_tokens", _messages([MSG_IMAGE]), "messages[0].content[0]",
+     TEXT_ONLY),
+    ("chat no url", "/v1/chat/completions", _chat([{"type": "image_url", "image_url": {}}]),
+     "messages[1].content[0].image_url.url", "must be a non-empty URL string"),
+    ("chat svg scheme", "/v1/chat/completions",
+     _chat([{"type": "image_url", "image_url": {"url": "javascript:alert(1)"}}]),
+     "messages[1].content[0].image_url.url", "must be a data: URL"),
+    ("chat assistant image", "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "assistant", "content": [CHAT_IMAGE]}]},
+     "messages[0].content[0]", "only allowed in user messages"),
+    ("responses file_id", "/v1/responses", _responses([{"type": "input_image", "file_id": "file-1"}]),
+     "input[0].content[0].file_id", "no Files API"),
+    ("messages svg", "/v1/messages", _messages([{"type": "image", "source": {
+        "type": "base64", "media_type": "image/svg+xml", "data": "PHN2Zz4="}}]),
+     "messages[0].content[0].source.media_type", "must be one of"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "words"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_images_are_a_400_naming_the_part(path: str, body: dict[str, Any], param: str, words: str) -> None:
+    async def main() -> tuple[Any, Any]:
+        async with serve() as s:
+            response = await s.client.post(path, json=body)
+            health = await s.client.get("/health")
+            return response, health
+
+    response, health = run(main())
+    assert response.status_code == 400, response.text
+    assert health.status_code == 200
+    err = response.json()["error"]
+    assert err["type"] == "invalid_request_error" and f"'{param}'" in err["message"], err
+    assert words in err["message"], err["message"]
+    if path.startswith("/v1/messages"):  # Anthropic's envelope: the field is named in the message only
+        assert response.json()["type"] == "error" and "param" not in err
+    else:
+        assert err["param"] == param
