@@ -146,7 +146,8 @@ async def respond(request: Request, client: EngineClient, fmt: CompletionFormat,
     model = client.model.served_model_name
     params, n, stream = prepared.params, prepared.n, prepared.stream
     keepalive_s = settings.keepalive_interval_s or None
-    generation = client.generate(prepared.prompt_ids, params, n, request_id=response_id)
+    generation = client.generate(prepared.prompt_ids, params, n, request_id=response_id,
+                                 images=prepared.images)
     outputs = [prepared.choice_output() for _ in range(n)]
 
     async def whole() -> dict[str, Any]:

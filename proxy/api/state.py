@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any
 
 from proxy import protocol
 from proxy.engine.client import EmbeddingClient, EngineClient
 from proxy.errors import ServiceUnavailableError
+from proxy.media.fetch import MediaPolicy
 from proxy.pipeline import ModelFeatures
 from proxy.settings import Settings
 
@@ -56,8 +58,10 @@ class ServerState:
     def set_ready(self, client: EngineClient) -> None:
         """The model is loaded and its engine started: serve it (its features are read now)."""
         settings = self.settings
-        self.features = ModelFeatures.detect(client.tokenizer, settings.tool_call_parser,
-                                             settings.reasoning_parser)
+        features = ModelFeatures.detect(client.tokenizer, settings.tool_call_parser,
+                                        settings.reasoning_parser)
+        self.features = replace(features, accepts_images=client.vision is not None,
+                                media=MediaPolicy.from_settings(settings))
         if self.features.reasoning_parser is not None:
             how = ("detected from the chat template" if self.features.reasoning_detected
                    else "--reasoning-parser")

@@ -63,10 +63,10 @@ async def _chat_ids(body: dict[str, Any], model: str, state: ServerState, client
     fields: dict[str, Any] = {k: body[k] for k in keys if k in body}
     chat = protocol.parse_chat_request({**fields, "model": model}, max_n=state.max_n,
                                        vocab_size=client.model.vocab_size)
-    _, ids, _ = await render_chat(chat, client, state.features, add_generation_prompt=generation_prompt,
-                                  continue_final_message=continue_final,
-                                  add_special_tokens=_flag(body, "add_special_tokens", False))
-    return ids
+    rendered = await render_chat(chat, client, state.features, add_generation_prompt=generation_prompt,
+                                 continue_final_message=continue_final,
+                                 add_special_tokens=_flag(body, "add_special_tokens", False))
+    return rendered.prompt_ids
 
 
 async def tokenize(request: Request) -> Response:

@@ -7,7 +7,8 @@ Two gates, both before the server reports ready:
    linear attention, short convolutions: ``STATEFUL``), attention kinds the paged cache does not
    implement (indexer-based sparse attention, ``layer_types`` such as ``indexed_attention``),
    architectures that bypass transformers' ``AttentionInterface`` (``REFUSED``), bidirectional and
-   encoder-decoder models.
+   encoder-decoder models, vision-language models not served with their images
+   (``proxy.models.vision.refusal``).
 2. :func:`layer_specs` (called by the model runner after a probe pass, see
    ``attention.probe_layers``): every decoder layer must call the attention function exactly once
    with its own ``layer_idx`` and grouped-query head counts; the per-layer shapes, windows,
@@ -25,6 +26,7 @@ from typing import Any
 
 from proxy.engine.attention import LayerProbe, LayerSpec
 from proxy.models.loaded import ModelLoadError
+from proxy.models.vision import refusal as vision_refusal
 
 STATEFUL_REASON = (
     "has Mamba / linear-attention / recurrent layers whose state lives outside the KV cache, which "
@@ -93,6 +95,9 @@ def check_config(config: Any) -> None:
             raise _refuse(mt, STATEFUL_REASON)
         if mt in REFUSED:
             raise _refuse(mt, REFUSED[mt])
+    vision = vision_refusal(config)
+    if vision is not None:
+        raise _refuse(str(config.model_type), vision)
     if getattr(config, "is_encoder_decoder", False):
         raise _refuse(model_type, "is an encoder-decoder model; only decoder-only models are served")
     if getattr(text, "use_bidirectional_attention", False):

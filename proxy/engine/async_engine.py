@@ -31,6 +31,7 @@ from proxy.engine.core_proc.messages import AbortRequests, AddRequest, CoreStats
 from proxy.engine.driver import CoreDriver
 from proxy.engine.request import RequestOutput
 from proxy.errors import EngineDeadError
+from proxy.media.prompt import PromptImages
 from proxy.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ class AsyncEngine:
 
     # ---- event-loop API ---------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    images: PromptImages | None = None) -> None:
         """Queue a request; its outputs go to the ``on_outputs`` handler given to ``start``.
 
         The context check happens in ``EngineCore.add_request`` on the engine thread (a refused
@@ -142,7 +144,7 @@ class AsyncEngine:
             raise ValueError(f"duplicate request id {request_id!r}")
         self._live.add(request_id)
         self._num_adds_sent += 1
-        self._commands.append(AddRequest(request_id, list(prompt_token_ids), params))
+        self._commands.append(AddRequest(request_id, list(prompt_token_ids), params, images))
         self._wake.set()
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:

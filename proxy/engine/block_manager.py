@@ -11,8 +11,10 @@ Automatic prefix caching (vLLM v1's design, ``vllm/v1/core/kv_cache_utils.py`` a
 - A *full* block's identity is a hash chained over its parent's hash and its token ids:
   ``h_i = sha256(h_{i-1} || token ids of block i)`` (``h_{-1}`` = the empty digest). Equal hashes
   mean equal token prefixes, so equal K/V: the pool belongs to one model, dtype and attention
-  implementation, and positions are implied by the chain (nothing else changes a block's K/V here;
-  a multimodal input or a LoRA adapter would have to enter the hash). SHA-256 rather than Python's
+  implementation, and positions are implied by the chain. A block holding image placeholder tokens
+  adds the content hashes of those images (``PromptImages.block_extra``, vLLM's extra keys): the same
+  image reuses its K/V, another image behind the same tokens does not (a LoRA adapter would have to
+  enter the hash too). SHA-256 rather than Python's
   ``hash()`` because the prompts are client-controlled (vLLM moved to SHA-256 after a collision
   attack on the built-in hash, GHSA-rm76-4mrf-v9r8).
 - With ``output_blocks_apart`` (set when output tokens run through other kernels than prompt
@@ -63,7 +65,7 @@ def output_marker(num_prompt_tokens: int) -> bytes:
 
 def hash_block(parent: BlockHash, token_ids: list[int], extra: bytes = b"") -> BlockHash:
     """The chained hash of one full block: ``sha256(parent || token ids as little-endian int64 ||
-    extra)`` (``extra``: an :func:`output_marker` or nothing)."""
+    extra)`` (``extra``: the block's image hashes and an :func:`output_marker`, or nothing)."""
     return hashlib.sha256(parent + array("q", token_ids).tobytes() + extra).digest()
 
 
@@ -141,9 +143,12 @@ class BlockManager:
         # blocks from this index on hold an output token
         first_output_block = request.num_prompt_tokens // bs if self.output_blocks_apart else len(tokens)
         marker = output_marker(request.num_prompt_tokens)
+        images = request.images
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[i - 1] if i else _ROOT_HASH
-            extra = marker if i >= first_output_block else b""
+            extra = images.block_extra(i * bs, (i + 1) * bs) if images is not None else b""
+            if i >= first_output_block:
+                extra += marker
             hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], extra))
         return hashes
 

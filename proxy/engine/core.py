@@ -19,6 +19,7 @@ from proxy.engine.request import Request, RequestOutput
 from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler, SchedulerConfig
 from proxy.errors import InvalidRequestError
+from proxy.media.prompt import PromptImages
 from proxy.protocol import resolve_max_tokens
 from proxy.quant.dense_prefill import CALL_ROWS
 from proxy.sampling import SamplingParams
@@ -141,7 +142,8 @@ class EngineCore:
         """
         resolve_max_tokens(None, num_prompt_tokens, self.max_model_len, prompt_name="prompt")
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    images: PromptImages | None = None) -> None:
         """Queue a request.
 
         Raises:
@@ -154,7 +156,7 @@ class EngineCore:
             raise InvalidRequestError(
                 "structured outputs are not enabled on this engine", param="response_format"
             )
-        self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params))
+        self.scheduler.add_request(Request(request_id, list(prompt_token_ids), params, images=images))
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a live request and free its blocks now (idempotent).

@@ -85,10 +85,10 @@ class CoreDriver:
         core = self.core
         for command in commands:
             match command:
-                case AddRequest(request_id, prompt_token_ids, params):
+                case AddRequest(request_id, prompt_token_ids, params, images):
                     self.num_adds_taken += 1
                     try:
-                        core.add_request(request_id, prompt_token_ids, params)
+                        core.add_request(request_id, prompt_token_ids, params, images)
                     except Exception as exc:  # noqa: BLE001 - reported to that request only
                         outputs.append(RequestOutput.failed(request_id, str(exc), len(prompt_token_ids)))
                 case AbortRequests(request_ids):

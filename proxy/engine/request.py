@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from proxy.media.prompt import PromptImages
 from proxy.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -105,6 +106,10 @@ class Request:
         num_cached_blocks: leading blocks of ``block_ids`` already offered to the prefix cache.
         num_cached_tokens: prompt tokens served from the prefix cache at its first scheduling
             (-1 until then; a preempted request's later hits are not counted, as in vLLM).
+        images: the prompt's images (placeholder positions, hashes, encoder inputs), or None.
+        image_embeds: the images' embeddings (a tensor ``[placeholders, hidden]``), computed by the
+            model runner before the first prompt chunk that holds a placeholder and dropped once the
+            prompt is computed; None otherwise.
     """
 
     request_id: str
@@ -125,6 +130,8 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = -1
+    images: PromptImages | None = None
+    image_embeds: Any = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

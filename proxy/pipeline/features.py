@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from proxy.media.fetch import MediaPolicy
 from proxy.reasoning import resolve_reasoning_parser
 from proxy.tokenizer import Tokenizer
 from proxy.tools import detect_parser
@@ -30,6 +31,8 @@ class ModelFeatures:
         template_thinks: the template reads ``enable_thinking`` (Qwen3-style thinking switch).
         accepts_images: the model is a vision-language model served with its images; False: an
             image part is a 400 naming it (:func:`proxy.pipeline.prepare.render_chat`).
+        media: where image URLs may be fetched from and how big images may be (the server's
+            ``--allowed-media-domains``, ``--allowed-local-media-path``, ``--media-fetch-timeout-s``).
     """
 
     has_chat_template: bool = False
@@ -39,6 +42,7 @@ class ModelFeatures:
     reasoning_detected: bool = False
     template_thinks: bool = False
     accepts_images: bool = False
+    media: MediaPolicy = field(default_factory=MediaPolicy)
 
     @classmethod
     def detect(cls, tokenizer: Tokenizer, tool_call_parser: str = "",

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 from proxy import protocol
 from proxy.engine.client import EngineClient
 from proxy.errors import InvalidRequestError, ModelNotFoundError
+from proxy.media.fetch import load_images
+from proxy.media.prompt import PromptImages
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from proxy.reasoning import get_reasoning_format, get_reasoning_parser, starts_in_reasoning
 from proxy.sampling import SamplingParams, StructuredOutputParams
@@ -48,6 +50,7 @@ class PreparedRequest:
         tool_parser: the parser of ``tool_choice: "auto"`` output; None for other choices.
         reasoning_parser: the model's reasoning format (``proxy.reasoning``); None: off.
         starts_in_reasoning: the rendered prompt opened the thinking (the output starts inside it).
+        images: the prompt's images (placeholder positions, hashes, encoder inputs); None: none.
     """
 
     prompt_ids: list[int]
@@ -58,6 +61,7 @@ class PreparedRequest:
     tool_parser: str | None = None
     reasoning_parser: str | None = None
     starts_in_reasoning: bool = False
+    images: PromptImages | None = None
 
     def choice_output(self) -> ChoiceOutput:
         """A fresh splitter for one choice's text (reasoning, content, tool calls)."""
@@ -159,18 +163,42 @@ def check_images(chat: ChatCompletionRequest, client: EngineClient, features: Mo
                                   "reads text only (it is not a vision-language model).", param=param)
 
 
+@dataclass(frozen=True)
+class RenderedChat:
+    """A chat through the template: ``text`` (the rendered prompt), ``prompt_ids``, ``parser`` (the
+    ``auto`` tool parser) and ``images`` (its images, their placeholders expanded in ``prompt_ids``;
+    None without images)."""
+
+    text: str
+    prompt_ids: list[int]
+    parser: str | None
+    images: PromptImages | None = None
+
+
+async def _with_images(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures,
+                       text: str) -> tuple[list[int], PromptImages]:
+    """The prompt ids of ``text`` with the chat's images fetched, decoded and expanded into their
+    placeholder tokens by the model's processor (off the event loop)."""
+    vision = client.vision
+    assert vision is not None  # check_images refused images for a text model
+    loaded = await load_images(chat.images, features.media)
+    return await asyncio.to_thread(vision.prompt, text, loaded)
+
+
 async def render_chat(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures, *,
                       add_generation_prompt: bool = True, continue_final_message: bool = False,
-                      add_special_tokens: bool = False) -> tuple[str, list[int], str | None]:
-    """``(prompt text, prompt ids, the auto tool parser)`` of a chat: its messages and tools through the
-    chat template (:func:`_tool_prompt`), then tokenized; the one rendering :func:`prepare_chat` (and so
-    generation), the render endpoints and ``/tokenize`` share. The defaults are generation's;
-    ``continue_final_message`` leaves the last message open (transformers' flag, vLLM's name);
-    ``add_special_tokens`` adds the tokenizer's BOS etc. on top of the template's.
+                      add_special_tokens: bool = False) -> RenderedChat:
+    """A chat's messages and tools through the chat template (:func:`_tool_prompt`), then tokenized,
+    its images (a vision model's) fetched, decoded and expanded into placeholder tokens by the model's
+    processor; the one rendering :func:`prepare_chat` (and so generation), the render endpoints and
+    ``/tokenize`` share. The defaults are generation's; ``continue_final_message`` leaves the last
+    message open (transformers' flag, vLLM's name); ``add_special_tokens`` adds the tokenizer's BOS
+    etc. on top of the template's (text-only prompts).
 
     Raises:
-        InvalidRequestError: the template rejects the messages, ``auto`` tools cannot be parsed, or an
-            image is sent to a model that reads text only (400, :func:`check_images`).
+        InvalidRequestError: the template rejects the messages, ``auto`` tools cannot be parsed, an
+            image is sent to a model that reads text only (400, :func:`check_images`), or an image
+            cannot be fetched or decoded (``proxy.media``; naming its part).
     """
     check_images(chat, client, features)
     messages, template_kwargs, parser = _tool_prompt(chat, features)
@@ -180,8 +208,11 @@ async def render_chat(chat: ChatCompletionRequest, client: EngineClient, feature
     tokenizer = client.tokenizer
     text = await _tokenize(lambda: tokenizer.render_chat_template(
         messages, add_generation_prompt=add_generation_prompt, **template_kwargs), size)
+    if chat.images:
+        prompt_ids, images = await _with_images(chat, client, features, text)
+        return RenderedChat(text, prompt_ids, parser, images)
     prompt_ids = await _tokenize(lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens), size)
-    return text, prompt_ids, parser
+    return RenderedChat(text, prompt_ids, parser)
 
 
 async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures, *,
@@ -205,9 +236,9 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, featur
             the context (400).
     """
     check_model(client, chat.model)
-    text, prompt_ids, parser = await render_chat(chat, client, features,
-                                                 add_generation_prompt=not continue_final_message,
-                                                 continue_final_message=continue_final_message)
+    rendered = await render_chat(chat, client, features, add_generation_prompt=not continue_final_message,
+                                 continue_final_message=continue_final_message)
+    text, prompt_ids, parser = rendered.text, rendered.prompt_ids, rendered.parser
     tokenizer = client.tokenizer
     prompt_name, max_tokens_name = context_names
     max_tokens = protocol.resolve_max_tokens(chat.max_tokens, len(prompt_ids), client.model.max_model_len,
@@ -234,7 +265,7 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, featur
         params = await _with_grammar(chat, client, params, reasoning, text)
     active = tools if tools is not None and tools.choice.mode != "none" else None
     return PreparedRequest(prompt_ids, params, chat.n, chat.stream, active, parser if active else None,
-                           reasoning, starts_inside)
+                           reasoning, starts_inside, rendered.images)
 
 
 async def prepare_completion(cmpl: CompletionRequest, client: EngineClient) -> PreparedRequest:

@@ -117,6 +117,7 @@ class FakeEngine:
         step_s: seconds per step (0: next loop iteration).
         fail_after: when set, a request fails (``finish_reason="error"``) after this many tokens.
         max_waiting: ``add_request`` raises RateLimitError past this many live requests.
+        images: the ``images`` of each ``add_request``, in order.
     """
 
     reply_ids: list[int] = field(default_factory=list)
@@ -131,6 +132,7 @@ class FakeEngine:
     draining: bool = False
     running: dict[str, _Running] = field(default_factory=dict)
     submitted: list[tuple[str, list[int], SamplingParams]] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)  # the PromptImages (or None) of each add_request
     aborted: list[str] = field(default_factory=list)
 
     on_outputs: OutputsHandler | None = None
@@ -152,7 +154,9 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         return EngineStats(num_running=len(self.running), num_waiting=0, kv_cache_usage=0.0)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    images: Any = None) -> None:
+        self.images.append(images)
         if not self.is_healthy:
             raise EngineDeadError("The engine is not running.")
         if len(self.running) >= self.max_waiting:

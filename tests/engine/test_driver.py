@@ -38,7 +38,8 @@ class ScriptedCore:
     def has_unfinished(self) -> bool:
         return bool(self.live)
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    images: object = None) -> None:
         self.calls.append(f"add {request_id}")
         if not prompt_token_ids:
             raise ValueError("empty prompt")

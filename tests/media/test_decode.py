@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from proxy.errors import InvalidRequestError
-from proxy.media import decode_image
+from proxy.media.decode import decode_image
 
 from .images import encode, picture, png_header
 

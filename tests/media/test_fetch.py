@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from proxy.errors import InvalidRequestError
-from proxy.media import MediaPolicy, image_bytes, load_images
+from proxy.media.fetch import MediaPolicy, image_bytes, load_images
 from proxy.protocol.images import ImagePart
 from proxy.settings import Settings
 

@@ -53,9 +53,9 @@ async def _parse(request: Request, count_only: bool) -> tuple[ServerState, Engin
 async def _prompt_ids(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> list[int]:
     """The prompt ids ``parsed`` renders to (the chat template, a prefill left open), as generated."""
     prefill = parsed.prefill
-    _, ids, _ = await render_chat(parsed.chat, client, state.features, add_generation_prompt=not prefill,
-                                  continue_final_message=prefill)
-    return ids
+    rendered = await render_chat(parsed.chat, client, state.features, add_generation_prompt=not prefill,
+                                 continue_final_message=prefill)
+    return rendered.prompt_ids
 
 
 async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> PreparedRequest:

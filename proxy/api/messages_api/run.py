@@ -92,7 +92,8 @@ class MessageRun:
         Raises (before any byte is sent): as :func:`proxy.api.completion.respond`.
         """
         prepared = self.prepared
-        generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id)
+        generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id,
+                                          images=prepared.images)
         keepalive_s = settings.keepalive_interval_s or None
         return await serve_generation(request, generation, settings, prepared.stream.stream,
                                       lambda: self._whole(generation),

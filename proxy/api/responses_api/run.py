@@ -85,7 +85,8 @@ class ResponseRun:
         Raises (before any byte is sent): as :func:`proxy.api.completion.respond`.
         """
         prepared = self.prepared
-        generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id)
+        generation = self.client.generate(prepared.prompt_ids, prepared.params, 1, request_id=self.head.id,
+                                          images=prepared.images)
         try:
             self._store(self._object(ResponseOutput(None, False), "in_progress"), [])
         except BaseException:

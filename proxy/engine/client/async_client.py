@@ -19,7 +19,9 @@ from proxy.engine.output import OutputProcessor
 from proxy.engine.request import RequestOutput
 from proxy.engine.stats import MetricsRecorder
 from proxy.errors import InvalidRequestError, RateLimitError
+from proxy.media.prompt import PromptImages
 from proxy.metrics import Metrics
+from proxy.models.vision import VisionProcessor
 from proxy.protocol import choice_params, resolve_max_tokens
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tokenizer import Tokenizer
@@ -34,11 +36,14 @@ class AsyncEngineClient:
         model: facts of the served model.
         grammar_compiler: compiles grammars for the engine core (structured outputs): its
             ``GrammarCompiler``, or a ``ChildGrammarCompiler`` in engine-process mode; None: none served.
+        vision: the processor of a vision-language model served with its images; None: text only.
     """
 
     def __init__(self, core: EngineCoreClient, tokenizer: Tokenizer, model: ModelInfo,
-                 grammar_compiler: StructuredOutputCompiler | None = None) -> None:
+                 grammar_compiler: StructuredOutputCompiler | None = None,
+                 vision: VisionProcessor | None = None) -> None:
         self.core = core
+        self.vision = vision
         self.grammar_compiler = grammar_compiler
         self.tokenizer = tokenizer
         self.model = model
@@ -89,7 +94,7 @@ class AsyncEngineClient:
         await self.grammar_compiler.compile_async(so, param)
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1,
-                 request_id: str | None = None) -> Generation:
+                 request_id: str | None = None, images: PromptImages | None = None) -> Generation:
         """See :meth:`EngineClient.generate`; engine request ids are ``f"{request_id}-{i}"``."""
         resolve_max_tokens(
             params.max_tokens, len(prompt_token_ids), self.model.max_model_len, prompt_name="prompt"
@@ -104,7 +109,7 @@ class AsyncEngineClient:
                 p = choice_params(params, i)
                 self._processor.add(rid, mailbox, i, p, len(prompt))
                 added.append(rid)
-                self.core.add_request(rid, prompt, p)
+                self.core.add_request(rid, prompt, p, images)
         except BaseException as exc:
             self._abort(added, observe=False)
             if isinstance(exc, RateLimitError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from proxy.engine.request import RequestOutput
+from proxy.media.prompt import PromptImages
 from proxy.sampling import SamplingParams
 
 OutputsHandler = Callable[[list[RequestOutput]], None]
@@ -90,8 +91,10 @@ class EngineCoreClient(Protocol):
 
     def shutdown(self) -> None: ...
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Queue a request. Raises RateLimitError (queue full) or EngineDeadError."""
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    images: PromptImages | None = None) -> None:
+        """Queue a request (``images``: its prompt's images). Raises RateLimitError (queue full) or
+        EngineDeadError."""
 
     def abort_requests(self, request_ids: Sequence[str]) -> None: ...
 

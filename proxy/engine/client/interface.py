@@ -14,7 +14,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from proxy.engine.client.core_client import EngineStats, FaultInjector
 from proxy.engine.generation import Generation
+from proxy.media.prompt import PromptImages
 from proxy.metrics import Metrics
+from proxy.models.vision import VisionProcessor
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tokenizer import Tokenizer
 
@@ -50,6 +52,8 @@ class EngineClient(Protocol):
 
     model: ModelInfo
     tokenizer: Tokenizer
+    #: the processor of a vision-language model served with its images; None: the model reads text only
+    vision: VisionProcessor | None
     metrics: Metrics
     fault_injector: FaultInjector | None
 
@@ -65,8 +69,9 @@ class EngineClient(Protocol):
     def shutdown(self) -> None: ...
 
     def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams, n: int = 1,
-                 request_id: str | None = None) -> Generation:
-        """Start ``n`` choices of one prompt (choice ``i`` seeded ``seed + i``).
+                 request_id: str | None = None, images: PromptImages | None = None) -> Generation:
+        """Start ``n`` choices of one prompt (choice ``i`` seeded ``seed + i``); ``images``: the
+        prompt's images (a vision-language model's, :attr:`vision`).
 
         Raises (before anything is generated): ContextLengthExceededError, RateLimitError,
         EngineDeadError.

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from proxy.engine.client.core_client import EngineStats
 from proxy.engine.request import RequestOutput
+from proxy.media.prompt import PromptImages
 from proxy.sampling import SamplingParams, StructuredOutputParams
 
 
@@ -33,6 +34,7 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    images: PromptImages | None = None
 
 
 @dataclass(frozen=True)

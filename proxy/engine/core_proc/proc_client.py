@@ -34,6 +34,7 @@ from proxy.engine.core_proc.messages import (
 )
 from proxy.engine.request import RequestOutput
 from proxy.errors import EngineDeadError
+from proxy.media.prompt import PromptImages
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings
 
@@ -220,7 +221,8 @@ class EngineProcClient:
 
     # ---- event-loop API ---------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    images: PromptImages | None = None) -> None:
         """Send a request to the child (see ``AsyncEngine.add_request`` for the admission rule).
 
         Raises:
@@ -235,7 +237,7 @@ class EngineProcClient:
         if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
         try:
-            self._send(AddRequest(request_id, list(prompt_token_ids), params))
+            self._send(AddRequest(request_id, list(prompt_token_ids), params, images))
         except OSError as exc:  # the child is dying; the reader reports it
             raise EngineDeadError(f"the engine process is not reachable: {exc}") from exc
         self._adds_sent += 1
