@@ -43,9 +43,11 @@ from proxy.engine.compiled_step import ARTIFACT_DIR as COMPILED_DIR
 from proxy.engine.compiled_step import compile_decode_wanted, compiled_decode_step
 from proxy.engine.decode_graphs import DecodeGraphRunner
 from proxy.engine.graph_kinds import DecodeGraph
+from proxy.engine.image_embeds import ImageEncoder
 from proxy.engine.scheduler import SchedulerOutput
-from proxy.engine.step_inputs import StepInputs, StepRows, build_step_inputs
+from proxy.engine.step_inputs import ImageSlots, StepInputs, StepRows, build_step_inputs
 from proxy.models.source import cache_root
+from proxy.models.vision import decoder_attention, is_served_vision
 from proxy.quant.dense_prefill import active_row_plan, dense_dtype_of, plan_rows
 from proxy.settings import Settings
 
@@ -73,11 +75,12 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, settings: Settings, max_model_len: int) -> None:
         self.model = model
-        if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        text_config = model.config.get_text_config()  # type: ignore[union-attr, operator]
+        if getattr(text_config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
             from proxy.engine.attention import register
 
             register()
-            model.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
+            model.set_attn_implementation(decoder_attention(model.config, ATTN_IMPLEMENTATION))  # type: ignore[operator]
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
@@ -88,6 +91,8 @@ class ModelRunner:
             logger.warning("attention layers pass keyword arguments the paged attention ignores: %s", odd)
         self.num_groups = self.layers[0].num_heads // self.layers[0].num_kv_heads
         self.block_size = settings.block_size
+        #: a vision-language model's image encoder (``proxy.engine.image_embeds``); None: text only
+        self.images = ImageEncoder(model, self.device, self.dtype) if is_served_vision(model.config) else None
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         num_blocks = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
         self.kv_cache = PagedKVCache(
@@ -132,6 +137,8 @@ class ModelRunner:
         """The CPU inputs of a forward pass over ``rows`` (:func:`build_step_inputs`), with the dense
         prefill row plan where prompt tokens take the packed linears' dense copies."""
         inputs = build_step_inputs(rows, self.kv_cache, self.block_size, self.num_groups)
+        if self.images is not None:
+            inputs.image_slots = self.images.slots(rows)
         if self.dense_prefill and inputs.prompt_tokens is not None:
             inputs.meta.row_plan = plan_rows(inputs.position_ids[0], inputs.prompt_tokens,
                                              self.dense_rows_by_position)
@@ -153,12 +160,17 @@ class ModelRunner:
         position_ids: torch.Tensor,
         meta: PagedAttentionMetadata,
         keep: torch.Tensor | int = 0,
+        image_slots: ImageSlots | None = None,
     ) -> torch.Tensor:
         """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all), under
-        ``torch.inference_mode``."""
+        ``torch.inference_mode``; with ``image_slots``, as ``inputs_embeds`` whose image positions take
+        the images' embeddings (``proxy.engine.image_embeds``)."""
         with torch.inference_mode(), active_metadata(meta), active_row_plan(meta.row_plan):
+            tokens: dict[str, torch.Tensor] = {"input_ids": input_ids}
+            if image_slots is not None and self.images is not None:
+                tokens = {"inputs_embeds": self.images.embed(input_ids, image_slots)}
             out = self.model(
-                input_ids=input_ids,
+                **tokens,
                 position_ids=position_ids,
                 use_cache=False,
                 logits_to_keep=keep,
@@ -235,5 +247,5 @@ class ModelRunner:
             self._to_device(meta)
         if logits_index.numel() == 0:
             keep = torch.tensor([input_ids.shape[1] - 1], device=input_ids.device)
-            return self._forward(input_ids, position_ids, meta, keep)[:0].float()
-        return self._forward(input_ids, position_ids, meta, logits_index).float()
+            return self._forward(input_ids, position_ids, meta, keep, inputs.image_slots)[:0].float()
+        return self._forward(input_ids, position_ids, meta, logits_index, inputs.image_slots).float()

@@ -39,6 +39,7 @@ import torch
 
 from proxy.engine.architectures import layer_specs
 from proxy.engine.attention import ATTN_IMPLEMENTATION, probe_layers
+from proxy.models.vision import decoder_attention
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -162,7 +163,7 @@ def _reference(model: Any, prompts: list[list[int]]) -> list[tuple[list[int], li
         return [greedy_reference(model, p, NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS) for p in prompts]
     finally:
         model.generation_config = saved_generation_config
-        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        model.set_attn_implementation(decoder_attention(model.config, ATTN_IMPLEMENTATION))
 
 
 def _engine_run(

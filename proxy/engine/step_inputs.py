@@ -82,6 +82,19 @@ class StepRows:
         return split, [last[i] for i in self.sample_indices]
 
 
+@dataclass(frozen=True)
+class ImageSlots:
+    """The positions of one step that take image embeddings (``proxy.engine.image_embeds``).
+
+    Attributes:
+        flat_index: ``[K]`` int64, indices into the step's ``T`` flat tokens (CPU).
+        embeds: ``[K, hidden]`` in the model's dtype, on its device, in ``flat_index`` order.
+    """
+
+    flat_index: torch.Tensor
+    embeds: torch.Tensor
+
+
 @dataclass
 class StepInputs:
     """The flat CPU inputs of one forward pass over :class:`StepRows` of ``T`` tokens and ``S``
@@ -93,6 +106,8 @@ class StepInputs:
         meta: the attention metadata (``row_plan`` unset: the model runner's).
         prompt_tokens: ``[T]`` bool, True where a token is a prompt token of its request; None when
             no row holds one.
+        image_slots: the positions that take image embeddings instead of their token's (set by the
+            model runner of a vision-language model); None: none.
     """
 
     input_ids: torch.Tensor
@@ -100,6 +115,7 @@ class StepInputs:
     logits_index: torch.Tensor
     meta: PagedAttentionMetadata
     prompt_tokens: torch.Tensor | None
+    image_slots: ImageSlots | None = None
 
 
 def build_step_inputs(rows: StepRows, kv_cache: PagedKVCache, block_size: int, num_groups: int) -> StepInputs:

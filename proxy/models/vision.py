@@ -54,6 +54,13 @@ def refusal(config: Any) -> str | None:
             f"{', '.join(sorted(SERVED))})")
 
 
+def decoder_attention(config: Any, attn: str) -> str | dict[str, str]:
+    """The ``attn_implementation`` that puts ``attn`` on the decoder of ``config`` only: a model in
+    :data:`SERVED` keeps its vision tower on SDPA (the paged attention serves the decoder's cache; the
+    vision tower attends within one image), any other model takes ``attn`` whole."""
+    return {"text_config": attn, "vision_config": "sdpa"} if is_served_vision(config) else attn
+
+
 def load_model_class(config: Any) -> Any:
     """The transformers class that loads a :data:`SERVED` config."""
     import transformers

@@ -1,0 +1,167 @@
+"""A tiny random LLaVA through the engine: greedy ids equal transformers' ``generate()`` with the same
+processor for one and two images, alone and batched with a text-only request, with prefill chunks
+that cut images; the prefix cache reuses an image's blocks for the same image only."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from proxy.engine.core import EngineCore
+from proxy.media.decode import LoadedImage, decode_image
+from proxy.media.prompt import PromptImages
+from proxy.models.vision import VisionProcessor
+from proxy.sampling import SamplingParams
+from proxy.settings import Settings
+from tests.media.images import encode, picture
+from tests.vision_fixtures import NUM_IMAGE_TOKENS, build_tiny_llava, llava_processor, llava_tokenizer
+
+from .engine_helpers import assert_blocks_conserved, assert_greedy_matches
+
+NEW_TOKENS = 12
+PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llava() -> Any:
+    return build_tiny_llava()
+
+
+@pytest.fixture(scope="module")
+def vision() -> VisionProcessor:
+    return VisionProcessor(llava_processor(), llava_tokenizer().convert_tokens_to_ids("<image>"))
+
+
+def image(seed: int, size: tuple[int, int] = (40, 30)) -> LoadedImage:
+    return decode_image(encode(picture(size, seed=seed)), f"messages[0].content[{seed}]")
+
+
+def text_of(*parts: str | None) -> str:
+    """The chat template's prompt of one user turn (``None``: an image part)."""
+    content = [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]
+    out: str = llava_tokenizer().apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                     add_generation_prompt=True)
+    return out
+
+
+def reference(model: Any, text: str, images: list[LoadedImage]) -> tuple[list[int], list[float]]:
+    """``generate(do_sample=False)`` of one prompt with the processor's inputs, and its top-2 gaps."""
+    proc = llava_processor()
+    if images:
+        enc = proc(text=[text], images=[im.image for im in images], return_tensors="pt",
+                   add_special_tokens=False)
+    else:
+        enc = proc.tokenizer([text], return_tensors="pt", add_special_tokens=False)
+    with torch.inference_mode():
+        out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    ids = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
+    gaps = [float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores]
+    return ids, gaps
+
+
+def prompt_of(vision: VisionProcessor, text: str,
+              images: list[LoadedImage]) -> tuple[list[int], PromptImages | None]:
+    if not images:
+        return list(llava_tokenizer().encode(text, add_special_tokens=False)), None
+    return vision.prompt(text, images)
+
+
+def run(core: EngineCore, prompts: list[tuple[list[int], PromptImages | None]]) -> dict[str, Any]:
+    """Submit every prompt at once and run to the end: ``{id: (ids, num_prompt_tokens, cached)}``."""
+    for i, (ids, images) in enumerate(prompts):
+        core.add_request(str(i), ids, PARAMS, images)
+    out: dict[str, list[Any]] = {str(i): [[], 0, 0] for i in range(len(prompts))}
+    steps = 0
+    while core.has_unfinished():
+        for o in core.step():
+            out[o.request_id][0].extend(o.new_token_ids)
+            out[o.request_id][1:] = [o.num_prompt_tokens, o.num_cached_tokens]
+        assert_blocks_conserved(core)
+        steps += 1
+        assert steps < 1000
+    return out
+
+
+def engine(model: Any, chunk: int = 64, prefix_caching: bool = True) -> EngineCore:
+    settings = Settings(num_kv_blocks=96, block_size=4, max_num_batched_tokens=chunk,
+                        long_prefill_token_threshold=0, enable_prefix_caching=prefix_caching, seed=0)
+    eos = [llava_tokenizer().convert_tokens_to_ids("<|im_end|>")]
+    return EngineCore(copy.deepcopy(model), settings, eos, 256)
+
+
+CASES = {
+    "one image": (("What is", None, "?"), [0]),
+    "two images": (("Compare", None, "with", None), [1, 2]),
+    "image first": ((None, "Describe it."), [3]),
+    "text only": (("Hello world! alpha beta",), []),
+}
+
+
+@pytest.mark.parametrize("chunk", [64, 7], ids=["whole prompts", "chunks of 7 cutting images"])
+def test_greedy_equals_generate_alone_and_batched(llava: Any, vision: VisionProcessor, chunk: int) -> None:
+    prompts, refs = [], []
+    for parts, seeds in CASES.values():
+        images = [image(s) for s in seeds]
+        text = text_of(*parts)
+        prompts.append(prompt_of(vision, text, images))
+        refs.append(reference(llava, text, images))
+    for i, ((ids, images), _) in enumerate(zip(prompts, refs, strict=True)):
+        parts = list(CASES.values())[i][0]
+        expected = len(llava_tokenizer().encode(text_of(*parts), add_special_tokens=False))
+        if images is not None:  # each <image> became 16 placeholders
+            assert len(ids) == expected + (NUM_IMAGE_TOKENS - 1) * images.num_images
+    alone = [run(engine(llava, chunk), [p])["0"] for p in prompts]
+    batched = run(engine(llava, chunk), prompts)
+    for i, name in enumerate(CASES):
+        ref_ids, gaps = refs[i]
+        assert_greedy_matches(alone[i][0], ref_ids, gaps, f"{name} alone")
+        assert_greedy_matches(batched[str(i)][0], ref_ids, gaps, f"{name} batched")
+        assert alone[i][1] == len(prompts[i][0])  # usage counts the placeholder tokens
+
+
+def test_images_change_the_output(llava: Any, vision: VisionProcessor) -> None:
+    text = text_of("What is", None, "?")
+    a = run(engine(llava), [prompt_of(vision, text, [image(0)])])["0"][0]
+    b = run(engine(llava), [prompt_of(vision, text, [image(1)])])["0"][0]
+    assert a != b  # the image reaches the decoder (a test that could not fail otherwise)
+
+
+def test_prefix_cache_reuses_the_same_image_only(llava: Any, vision: VisionProcessor) -> None:
+    text = text_of("What is", None, "?")
+    core = engine(llava)
+    first_image = prompt_of(vision, text, [image(0)])
+    ids, images = first_image
+    assert images is not None
+    first = run(core, [first_image])["0"]
+    encoded = core.runner.images.num_encoded if core.runner.images is not None else -1
+    again = run(core, [first_image])["0"]
+    assert again[0] == first[0] and again[2] == (len(ids) - 1) // 4 * 4  # every full block but the last token
+    other = prompt_of(vision, text, [image(1)])
+    assert other[0] == ids  # the same tokens ...
+    third = run(core, [other])["0"]
+    first_image_block = images.token_positions[0] // 4
+    assert third[2] == first_image_block * 4  # ... reused only up to the block the image starts in
+    assert third[0] == run(engine(llava, prefix_caching=False), [other])["0"][0]
+    assert core.runner.images is not None and core.runner.images.num_encoded == encoded + 1
+
+
+def test_prompt_images_positions_and_block_keys(vision: VisionProcessor) -> None:
+    ids, images = vision.prompt(text_of("a", None, "b", None), [image(0), image(1)])
+    assert images.counts == (NUM_IMAGE_TOKENS, NUM_IMAGE_TOKENS) and len(images.hashes) == 2
+    (s0, e0), (s1, e1) = images.spans()
+    assert e0 - s0 == e1 - s1 == NUM_IMAGE_TOKENS - 1 and e0 < s1
+    assert all(ids[p] == vision.image_token_id for p in images.token_positions)
+    assert images.block_extra(0, s0) == b""
+    assert images.block_extra(s0, s0 + 1) == b"image:" + images.hashes[0].encode()
+    both = b"image:" + images.hashes[0].encode() + b"image:" + images.hashes[1].encode()
+    assert images.block_extra(e0, s1 + 1) == both
+    gap = s1 - e0 - 1  # text tokens between the images
+    offsets, rows = images.rows_in(s0 + 10, 12)  # image 0's last 6, the gap, image 1's first 6 - gap
+    assert offsets == list(range(6)) + list(range(6 + gap, 12))
+    assert rows == list(range(10, 16)) + list(range(16, 22 - gap))
+    assert set(images.encoder_inputs) == {"pixel_values"}
+    assert tuple(images.encoder_inputs["pixel_values"].shape) == (2, 3, 32, 32)
