@@ -217,8 +217,9 @@ def _server_class() -> type:
     return DrainingServer
 
 
-def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
-    """Run uvicorn with the app of ``settings`` until SIGTERM/SIGINT, then drain and return."""
+def serve(settings: Settings, *, enable_test_faults: bool = False) -> int:
+    """Run uvicorn with the app of ``settings`` until SIGTERM/SIGINT, then drain and return 0; 1 when
+    the one model cannot be loaded (its one-line reason logged; vLLM exits so too, for a supervisor)."""
     # OpenMP waiting is libgomp's default (workers spin a while between parallel regions) unless
     # OMP_WAIT_POLICY is set: PASSIVE made batch-1 decode 2.3x slower on an idle machine (see
     # proxy.engine.core_proc.child and proxy.api.app.in_own_thread).
@@ -229,7 +230,15 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = create_app(settings, enable_test_faults=enable_test_faults)
+    failed: list[str] = []
+    server: Any = None
+
+    def load_failed(reason: str) -> None:
+        failed.append(reason)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, enable_test_faults=enable_test_faults, on_load_failed=load_failed)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -238,7 +247,12 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace_s + SHUTDOWN_BACKSTOP_S + 0.999),
         access_log=False,
     )
-    _server_class()(config).run()
+    server = _server_class()(config)
+    server.run()
+    if failed:
+        print(f"streamproxy: the model cannot be served: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -250,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.command == "serve":
-        serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
+        return serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
     return 0
 
 

@@ -1,0 +1,80 @@
+"""Several real models in one server (issue 48's "done when"): two tiny Llamas with ``--models-max 1``,
+alternated A, B, A, each answering exactly its greedy text as when served alone; a model that cannot
+be served exits the one-model server non-zero with a one-line reason."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from api.fakes import make_hf_tokenizer, make_tiny_model
+from api.real_app import real_app
+
+from proxy.api.app import create_app
+from proxy.settings import Settings
+
+from .helpers import REPO
+
+ENGINE = {"max_model_len": 256, "num_kv_blocks": 64, "num_threads": 1, "device": "cpu", "dtype": "float32"}
+ASK = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("two")
+    return make_tiny_model(root / "llama-a", seed=0), make_tiny_model(root / "llama-b", seed=1)
+
+
+async def _alone(folder: Path, name: str) -> str:
+    settings = Settings(model=str(folder), served_model_name=name, engine_process=False, **ENGINE)
+    async with real_app(settings) as (client, _):
+        reply = await client.post("/v1/chat/completions", json={"model": name, **ASK})
+        text: str = reply.json()["choices"][0]["message"]["content"]
+        return text
+
+
+async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any]]:
+    settings = Settings(model=str(a), served_model_name="A", extra_models=(f"{b}=B",), models_max=1, **ENGINE)
+    app = create_app(settings)
+    texts, seen = [], []
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
+                                     timeout=300) as client:
+            for name in ("A", "B", "A"):
+                reply = await client.post("/v1/chat/completions", json={"model": name, **ASK})
+                texts.append(reply.json()["choices"][0]["message"]["content"])
+                models = (await client.get("/v1/models")).json()["data"]
+                seen.append({m["id"]: m["status"]["value"] for m in models})
+    return texts, seen
+
+
+@pytest.mark.slow
+def test_two_models_alternate_under_models_max_1(two_models: tuple[Path, Path]) -> None:
+    a, b = two_models
+    alone_a, alone_b = asyncio.run(_alone(a, "A")), asyncio.run(_alone(b, "B"))
+    assert alone_a != alone_b  # two different models, or the test could not tell them apart
+    texts, seen = asyncio.run(_alternate(a, b))  # each engine in its own process (the default here)
+    assert texts == [alone_a, alone_b, alone_a]
+    assert seen == [{"A": "loaded", "B": "unloaded"}, {"A": "unloaded", "B": "loaded"},
+                    {"A": "loaded", "B": "unloaded"}]
+
+
+def test_a_model_that_cannot_be_served_exits_with_one_line(tmp_path: Path) -> None:
+    from transformers import Qwen2VLConfig
+
+    folder = tmp_path / "qwen2-vl"
+    Qwen2VLConfig().save_pretrained(folder)
+    make_hf_tokenizer().save_pretrained(folder)
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", "0",
+                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    reason = ("ModelLoadError: model type 'qwen2_vl' has no causal language model class in transformers "
+              "(vision-language and encoder models are not served)")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1].startswith(f"streamproxy: the model cannot be served: {reason}")
+    assert "Traceback" not in done.stderr and str(folder) not in done.stderr
