@@ -60,7 +60,8 @@ def make_hf_tokenizer() -> Any:
     return hf
 
 
-def make_tiny_model(folder: Any, max_positions: int = 256, eos_token: str = "<|im_end|>", seed: int = 0) -> Any:
+def make_tiny_model(folder: Any, max_positions: int = 256, eos_token: str = "<|im_end|>",
+                    seed: int = 0) -> Any:
     """A randomly initialised 2-layer Llama (hidden 32) over :func:`make_hf_tokenizer` with
     ``max_positions`` positions, saved as a Hugging Face folder; returns ``folder``. ``eos_token``
     is the EOS of the config and of the saved tokenizer; ``seed`` seeds the weights."""

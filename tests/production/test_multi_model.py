@@ -42,14 +42,14 @@ async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any]]:
     settings = Settings(model=str(a), served_model_name="A", extra_models=(f"{b}=B",), models_max=1, **ENGINE)
     app = create_app(settings)
     texts, seen = [], []
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
-                                     timeout=300) as client:
-            for name in ("A", "B", "A"):
-                reply = await client.post("/v1/chat/completions", json={"model": name, **ASK})
-                texts.append(reply.json()["choices"][0]["message"]["content"])
-                models = (await client.get("/v1/models")).json()["data"]
-                seen.append({m["id"]: m["status"]["value"] for m in models})
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t",
+                                                                   timeout=300) as client:
+        for name in ("A", "B", "A"):
+            reply = await client.post("/v1/chat/completions", json={"model": name, **ASK})
+            texts.append(reply.json()["choices"][0]["message"]["content"])
+            models = (await client.get("/v1/models")).json()["data"]
+            seen.append({m["id"]: m["status"]["value"] for m in models})
     return texts, seen
 
 
@@ -71,8 +71,8 @@ def test_a_model_that_cannot_be_served_exits_with_one_line(tmp_path: Path) -> No
     Qwen2VLConfig().save_pretrained(folder)
     make_hf_tokenizer().save_pretrained(folder)
     done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", "0",
-                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+                           "--device", "cpu"], check=False, cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     reason = ("ModelLoadError: model type 'qwen2_vl' has no causal language model class in transformers "
               "(vision-language and encoder models are not served)")
     assert done.returncode == 1, done.stderr[-2000:]
