@@ -202,7 +202,10 @@ class ModelRegistry:
             now = time.monotonic()
             for slot in self.loaded():
                 if slot.in_flight == 0 and now - slot.last_used >= self.ttl_s:
-                    await self.unload(slot, f"idle {now - slot.last_used:.0f} s")
+                    try:
+                        await self.unload(slot, f"idle {now - slot.last_used:.0f} s")
+                    except Exception:  # the loop goes on for the other models
+                        log.exception("unloading model '%s' failed", slot.id)
 
     async def close(self) -> None:
         """Stop the idle loop and unload every model (the server's end)."""

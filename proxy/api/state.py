@@ -109,8 +109,13 @@ class ServerState:
         Raises:
             ServiceUnavailableError: ``server_shutdown`` while draining, ``service_unavailable``
                 while loading or after a failed load.
+            InvalidRequestError: a several-model server, for an endpoint that names no model (the
+                SGLang worker-info endpoints, which describe one model).
         """
         self.check_not_draining()
+        if self.registry is not None:
+            raise InvalidRequestError("This server serves several models and this endpoint names none; "
+                                      "GET /v1/models lists them.")
         if self.status == "loading":
             raise ServiceUnavailableError("The model is still loading; retry shortly.")
         if self.client is None or self.status != "ready":

@@ -57,8 +57,17 @@ class Farm:
 
 
 class FakeEmbedder:
+    """Embeds every input as ``[len(text), 1.0]`` (the text's length in characters)."""
+
     def __init__(self, name: str) -> None:
         self.served_model_name, self.created, self.max_model_len = name, 0, 256
+
+    async def embed(self, texts: Any, token_ids: Any, **kw: Any) -> Any:
+        import numpy as np
+
+        from proxy.engine.client.embedding import EmbeddingOutput
+
+        return EmbeddingOutput(np.array([[len(t), 1.0] for t in texts], dtype=np.float32), len(texts))
 
     def shutdown(self) -> None:
         pass
@@ -66,16 +75,18 @@ class FakeEmbedder:
 
 @contextlib.contextmanager
 def multi_server(tmp: Path, names: list[str], farm: Farm, **kw: Any) -> Iterator[httpx.Client]:
-    """uvicorn on a thread serving ``names`` (``--model DIR=NAME`` each, scripted engines)."""
+    """uvicorn on a thread serving ``names`` (``--model DIR=NAME`` each, scripted engines; none with a
+    ``models_file`` in ``kw``)."""
     specs = []
     for name in names:
         folder = tmp / name
         folder.mkdir()
         (folder / "config.json").write_text("{}")
         specs.append(f"{folder}={name}")
-    settings = Settings(model=specs[0].split("=")[0], served_model_name=names[0],
-                        extra_models=tuple(specs[1:]), **kw)
-    app = create_app(settings, farm.factory, embedding_factory=lambda s, m: FakeEmbedder(m.served_model_name))
+    first = {"model": specs[0].split("=")[0], "served_model_name": names[0]} if specs else {}
+    settings = Settings(**first, extra_models=tuple(specs[1:]), **kw)
+    app = create_app(settings, farm.factory, embedding_factory=lambda s, m: FakeEmbedder(
+        s.served_embedding_model_name or m.served_model_name))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -281,3 +292,27 @@ def test_metrics_label_each_loaded_model(tmp_path: Path) -> None:
         for model in ("a", "b"):
             sample = f'streamproxy:request_success_total{{finished_reason="stop",model_name="{model}"}} 1.0'
             assert sample in text
+
+
+def test_models_file_serves_an_embedding_model_by_its_alias(tmp_path: Path) -> None:
+    for name in ("qwen", "bge"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    file = tmp_path / "models.toml"
+    file.write_text('[models.chat]\npath = "qwen"\n[models.embed]\npath = "bge"\nkind = "embedding"\n'
+                    'aliases = ["text-embedding-3-small"]\n')
+    farm = Farm()
+    with multi_server(tmp_path, [], farm, models_file=str(file)) as client:
+        body = client.post("/v1/embeddings", json={"model": "text-embedding-3-small",
+                                                    "input": ["abc", "x"]}).json()
+        assert (body["model"], [d["embedding"] for d in body["data"]]) == ("embed", [[3.0, 1.0], [1.0, 1.0]])
+        assert farm.loads == []  # an embedding model has no generating engine
+        refused = chat(client, "embed")
+        assert (refused.status_code, refused.json()["error"]["param"]) == (400, "model")
+        assert "is an embedding model" in refused.json()["error"]["message"]
+        card = client.get("/v1/models/text-embedding-3-small").json()
+        assert (card["id"], card["kind"], card["aliases"], card["status"]) == (
+            "embed", "embedding", ["text-embedding-3-small"], {"value": "loaded"})
+        assert chat(client, "chat").json()["choices"][0]["message"]["content"] == "I am chat."
+        info = client.get("/server_info")
+        assert (info.status_code, info.json()["error"]["type"]) == (400, "invalid_request_error")
