@@ -184,10 +184,17 @@ def build_catalog(settings: Settings) -> tuple[ModelEntry, ...]:
 
     Raises:
         CatalogError: a path that is not a model, two entries with one id or alias (naming both),
-            a bad models file or folder.
+            a bad models file or folder, ``--served-model-name`` without ``--model``,
+            ``--embedding-model`` (an embedding model is an entry of its own here).
     """
     if not is_multi_model(settings):
         return ()
+    if settings.model is None and settings.served_model_name:
+        raise CatalogError("--served-model-name names a --model, and none is given (--models-dir and "
+                           "--models-file name their own)")
+    if settings.embedding_model or settings.served_embedding_model_name:
+        raise CatalogError("--embedding-model serves one embedding model beside one chat model; with several "
+                           "models give it its own entry (kind = \"embedding\" in --models-file)")
     entries: list[ModelEntry] = []
     if settings.model is not None:
         entries.append(_cli_entry(settings.model, settings.served_model_name))

@@ -122,6 +122,8 @@ def test_bad_model_lists_are_usage_errors(tmp_path: Path, capsys: pytest.Capture
         (["--model", a, "--model", str(tmp_path)], "is not a model (a folder without config.json"),
         (["--models-dir", str(tmp_path / "none")], "--models-dir"),
         (["--model", a, "--models-max", "-1"], "--models-max"),
+        (["--served-model-name", "x", "--models-dir", str(tmp_path)], "--served-model-name names a --model"),
+        (["--model", a, "--model", f"{a}=b", "--embedding-model", a], "with several models give it its own"),
     ]
     for argv, message in cases:
         with pytest.raises(ValueError) as err:
