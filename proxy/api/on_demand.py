@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ from .responses import SSE_HEADERS, SSE_MEDIA_TYPE
 from .state import SLOT_KEY
 from .streaming import KEEPALIVE
 
+log = logging.getLogger("proxy.api")
 Endpoint = Callable[[Request], Awaitable[Response]]
 HELD_KEY = "streamproxy.held"
 """The request scope's key of the slots it holds in flight (released by :class:`InFlight`)."""
@@ -98,6 +100,10 @@ async def _load_then_stream(request: Request, endpoint: Endpoint, registry: Mode
         yield error_event(request.url.path, exc)
         return
     except ClientDisconnect:
+        return
+    except Exception:  # the headers went out: an error event, as the app's handler answers a 500
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        yield error_event(request.url.path, StreamproxyError("Internal server error."))
         return
     finally:
         if not load.done():

@@ -38,10 +38,10 @@ async def _alone(folder: Path, name: str) -> str:
         return text
 
 
-async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any]]:
+async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any], list[int], list[bool]]:
     settings = Settings(model=str(a), served_model_name="A", extra_models=(f"{b}=B",), models_max=1, **ENGINE)
     app = create_app(settings)
-    texts, seen = [], []
+    texts, seen, pids, alive = [], [], [], []
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t",
                                                                    timeout=300) as client:
@@ -50,7 +50,9 @@ async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any]]:
             texts.append(reply.json()["choices"][0]["message"]["content"])
             models = (await client.get("/v1/models")).json()["data"]
             seen.append({m["id"]: m["status"]["value"] for m in models})
-    return texts, seen
+            pids.append(app.state.server.registry.find(name).client.core.pid)  # its engine process
+            alive.append([Path(f"/proc/{pid}").exists() for pid in pids])
+    return texts, seen, pids, alive
 
 
 @pytest.mark.slow
@@ -58,8 +60,10 @@ def test_two_models_alternate_under_models_max_1(two_models: tuple[Path, Path]) 
     a, b = two_models
     alone_a, alone_b = asyncio.run(_alone(a, "A")), asyncio.run(_alone(b, "B"))
     assert alone_a != alone_b  # two different models, or the test could not tell them apart
-    texts, seen = asyncio.run(_alternate(a, b))  # each engine in its own process (the default here)
+    texts, seen, pids, alive = asyncio.run(_alternate(a, b))  # each engine in its own process (the default)
     assert texts == [alone_a, alone_b, alone_a]
+    assert len(set(pids)) == 3  # a fresh process each load; an unloaded model's has exited (memory freed)
+    assert alive == [[True], [False, True], [False, False, True]]
     assert seen == [{"A": "loaded", "B": "unloaded"}, {"A": "unloaded", "B": "loaded"},
                     {"A": "loaded", "B": "unloaded"}]
 
