@@ -34,6 +34,11 @@ class Settings:
         models_max: with several models, the most loaded at once (the least recently used idle one
             is unloaded first); 0: no bound.
         model_ttl_s: with several models, unload one idle for this many seconds; 0: never.
+        models_memory_bytes: with several models, the most host memory the loaded models may take
+            together, each counted at its estimate (``proxy.catalog.estimate_bytes``: its weight
+            files plus ``kv_cache_bytes``): before a load the least recently used idle models are
+            unloaded to make room, and a model that cannot fit is refused (503). None: the memory
+            available at start (``MemAvailable``) less 10%; 0: no check.
         host, port: where uvicorn listens.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
         dtype: ``"auto"`` (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else fp32),
@@ -137,6 +142,7 @@ class Settings:
     models_file: str | None = None
     models_max: int = 0
     model_ttl_s: float = 0.0
+    models_memory_bytes: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"
@@ -200,8 +206,8 @@ class Settings:
         if self.embedding_max_num_batched_tokens < 1 or (threads is not None and threads < 1):
             raise ValueError("--embedding-max-num-batched-tokens and --embedding-num-threads must be at "
                              "least 1")
-        if self.models_max < 0 or self.model_ttl_s < 0:
-            raise ValueError("--models-max and --model-ttl-s must be 0 (off) or more")
+        if self.models_max < 0 or self.model_ttl_s < 0 or (self.models_memory_bytes or 0) < 0:
+            raise ValueError("--models-max, --model-ttl-s and --models-memory-bytes must be 0 (off) or more")
 
 
 def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: float) -> None:

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from proxy.catalog import CatalogError, ModelEntry, build_catalog, entry_settings, is_multi_model
+from proxy.catalog import (
+    CatalogError,
+    ModelEntry,
+    build_catalog,
+    entry_settings,
+    estimate_bytes,
+    is_multi_model,
+    memory_budget,
+)
 from proxy.cli import build_parser, settings_from
 from proxy.settings import Settings
 
@@ -135,3 +143,33 @@ def test_bad_model_lists_are_usage_errors(tmp_path: Path, capsys: pytest.Capture
         main(["serve", "--model", a, "--model", other])
     assert exited.value.code == 2
     assert "two models are named 'a'" in capsys.readouterr().err
+
+
+def test_a_models_estimate_is_its_weight_files_and_its_kv_pool(tmp_path: Path) -> None:
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "num_attention_heads": 4, "hidden_size": 32, "num_hidden_layers": 2, "num_key_value_heads": 2,
+        "max_position_embeddings": 256}))
+    (folder / "model.safetensors").write_bytes(b"w" * 1000)
+    (folder / "tokenizer.json").write_text("{}")  # not weights
+    fp32 = Settings(model=str(folder), dtype="float32")
+    per_token = 2 * 2 * 2 * 8 * 4  # keys and values x layers x KV heads x head size x 4 bytes
+    blocks = Settings(model=str(folder), dtype="float32", num_kv_blocks=64)
+    assert estimate_bytes(blocks) == 1000 + per_token * 16 * 64
+    assert estimate_bytes(fp32) == 1000 + per_token * 32 * 256  # max_num_seqs full contexts
+    assert estimate_bytes(Settings(model=str(folder), max_model_len=128)) == 1000 + per_token // 2 * 32 * 128
+    capped = Settings(model=str(folder), dtype="float32", kv_cache_bytes=5000)
+    assert estimate_bytes(capped) == 6000  # the cap
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"g" * 300)
+    assert estimate_bytes(Settings(model=str(gguf))) == 300 + (1 << 30)  # no config: kv_cache_bytes
+
+
+def test_the_memory_budget_defaults_to_most_of_the_available_memory(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  8000 kB\nMemFree:  100 kB\nMemAvailable:    1000 kB\n")
+    assert memory_budget(Settings(), str(meminfo)) == 1000 * 1024 * 9 // 10
+    assert memory_budget(Settings(models_memory_bytes=5), str(meminfo)) == 5
+    assert memory_budget(Settings(models_memory_bytes=0), str(meminfo)) == 0
+    assert memory_budget(Settings(), str(tmp_path / "none")) == 0

@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import protocol
-from proxy.catalog import ModelEntry, entry_settings
+from proxy.catalog import ModelEntry, entry_settings, estimate_bytes, memory_budget
 from proxy.engine.client import EmbeddingClient, EngineClient, ModelInfo
-from proxy.errors import InvalidRequestError
+from proxy.errors import InvalidRequestError, StreamproxyError
 from proxy.settings import Settings
 from proxy.threads import start_in_own_thread
 
@@ -90,10 +90,13 @@ def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: S
         await _off_loop(stop, slot.settings)
 
     def reason_of(exc: BaseException, slot: ModelSlot) -> str:
+        if isinstance(exc, StreamproxyError):  # a refusal of ours (the memory budget): its own words
+            return exc.message
         return f"{type(exc).__name__}: {load_failure_reason(exc, slot.id, slot.entry.path)}"
 
     return ModelRegistry(entries, lambda e: entry_settings(settings, e), load, unload, reason_of,
-                         models_max=settings.models_max, ttl_s=settings.model_ttl_s)
+                         models_max=settings.models_max, ttl_s=settings.model_ttl_s,
+                         budget_bytes=memory_budget(settings), size_of=estimate_bytes)
 
 
 def _registry(request: Request) -> ModelRegistry:

@@ -9,6 +9,9 @@ States of a model (llama.cpp's router names them so in ``GET /v1/models``): ``un
 - ``models_max`` (``--models-max``, 0: no bound): before a load, the least recently used loaded model
   with no request in flight is unloaded; while every loaded model has requests in flight the load
   waits for one to finish (llama.cpp's router and Ollama's scheduler wait so too);
+- ``budget_bytes`` (``--models-memory-bytes``, 0: no check): the same, until the loaded models'
+  estimates (``proxy.catalog.estimate_bytes``) and the new one's fit; a model whose estimate alone
+  exceeds it is refused (503 ``model_memory_budget``) rather than swapping the machine;
 - ``model_ttl_s`` (``--model-ttl-s``, 0: never): a loaded model idle that long is unloaded;
 - a model is *in flight* from the moment a request names it until its response has ended (the
   app's ``InFlight`` middleware releases it), so neither rule unloads under a running stream.
@@ -42,6 +45,12 @@ WAIT_POLL_S = 0.05
 """Seconds between two looks at the in-flight counts while a load or an unload waits for them."""
 
 
+def _size(num_bytes: int) -> str:
+    if num_bytes >= 1 << 30:
+        return f"{num_bytes / (1 << 30):.2f} GiB"
+    return f"{num_bytes >> 20} MiB" if num_bytes >= 1 << 20 else f"{num_bytes} bytes"
+
+
 @dataclass(eq=False)
 class ModelSlot:
     """One known model and, while loaded, its engine.
@@ -54,17 +63,21 @@ class ModelSlot:
         embedder: its ``/v1/embeddings`` client while loaded.
         features: what its chat template supports (read at load).
         error: why its last load failed (one line, no path), for ``failed``.
+        error_code: the ``code`` its requests get then (``model_load_failed``, or a refusal's own).
         in_flight: requests that named it and have not ended.
         last_used: ``time.monotonic()`` of the last request's start or end.
+        size_bytes: its estimated host memory, counted against the budget.
     """
 
     entry: ModelEntry
     settings: Settings
+    size_bytes: int = 0
     status: str = "unloaded"
     client: EngineClient | None = None
     embedder: EmbeddingClient | None = None
     features: ModelFeatures = field(default_factory=ModelFeatures)
     error: str | None = None
+    error_code: str = "model_load_failed"
     in_flight: int = 0
     last_used: float = 0.0
     task: asyncio.Task[None] | None = None
@@ -92,12 +105,15 @@ class ModelRegistry:
         load: builds and starts a slot's clients (awaited on the event loop; raises on failure).
         unload: shuts a slot's clients down.
         reason_of: a load failure -> the one-line reason requests and ``/v1/models`` show.
+        size_of: a model's settings -> its estimated bytes (for ``budget_bytes``).
     """
 
     def __init__(self, entries: tuple[ModelEntry, ...], settings_of: Callable[[ModelEntry], Settings],
                  load: LoadFn, unload: UnloadFn, reason_of: Callable[[BaseException, ModelSlot], str],
-                 *, models_max: int = 0, ttl_s: float = 0.0) -> None:
-        self.slots = [ModelSlot(e, settings_of(e)) for e in entries]
+                 *, models_max: int = 0, ttl_s: float = 0.0, budget_bytes: int = 0,
+                 size_of: Callable[[Settings], int] = lambda s: 0) -> None:
+        self.slots = [ModelSlot(e, s, size_of(s)) for e, s in ((e, settings_of(e)) for e in entries)]
+        self.budget_bytes = budget_bytes
         self._by_name = {name: slot for slot in self.slots for name in slot.entry.names}
         self._load, self._unload, self._reason_of = load, unload, reason_of
         self.models_max, self.ttl_s = models_max, ttl_s
@@ -132,18 +148,22 @@ class ModelRegistry:
                 slot.task = asyncio.create_task(self._run_load(slot))
             await asyncio.shield(slot.task)
         if slot.status != "loaded":
+            if slot.error_code != "model_load_failed":  # a refusal says it in its own words
+                raise ServiceUnavailableError(slot.error or "", code=slot.error_code)
             raise ServiceUnavailableError(f"The model '{slot.id}' failed to load: {slot.error}",
                                           code="model_load_failed")
         return slot
 
     async def _run_load(self, slot: ModelSlot) -> None:
-        slot.status, slot.error = "loading", None
+        slot.status, slot.error, slot.error_code = "loading", None, "model_load_failed"
         try:
             await self._make_room(slot)
             start = time.monotonic()
             slot.client, slot.embedder = await self._load(slot)
         except Exception as exc:
             slot.status, slot.error = "failed", self._reason_of(exc, slot)
+            refused = isinstance(exc, ServiceUnavailableError) and exc.code is not None
+            slot.error_code = str(getattr(exc, "code", "")) if refused else "model_load_failed"
             log.error("model '%s' failed to load: %s", slot.id, slot.error)
             log.debug("load failure of '%s'", slot.id, exc_info=True)
             return
@@ -155,14 +175,25 @@ class ModelRegistry:
                  len(self.loaded()))
 
     async def _make_room(self, slot: ModelSlot) -> None:
-        """Unload least recently used idle models until ``slot`` fits under ``models_max``; waits
-        while every loaded one has requests in flight."""
-        if not self.models_max:
+        """Unload least recently used idle models until ``slot`` fits under ``models_max`` and the
+        memory budget; waits while every loaded one has requests in flight.
+
+        Raises:
+            ServiceUnavailableError: ``slot``'s estimate alone exceeds the budget (``model_memory_budget``).
+        """
+        budget = self.budget_bytes
+        if budget and slot.size_bytes > budget:
+            raise ServiceUnavailableError(
+                f"The model '{slot.id}' needs about {_size(slot.size_bytes)} (weights and KV cache), more "
+                f"than the {_size(budget)} the loaded models may take (--models-memory-bytes).",
+                code="model_memory_budget")
+        if not self.models_max and not budget:
             return
         async with self._lock:
             while True:
                 others = [s for s in self.slots if s is not slot and s.status in ("loaded", "loading")]
-                if len(others) < self.models_max:
+                fits = not budget or sum(s.size_bytes for s in others) + slot.size_bytes <= budget
+                if fits and (not self.models_max or len(others) < self.models_max):
                     return
                 idle = [s for s in others if s.status == "loaded" and s.in_flight == 0]
                 if idle:

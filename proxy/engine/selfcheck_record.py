@@ -59,6 +59,7 @@ SERVER_ONLY_FIELDS = frozenset({
     "keepalive_interval_s", "stream_headers_timeout_s", "max_body_bytes", "shutdown_grace_s",
     "cache_dir", "log_level", "self_check", "tool_call_parser", "ui",
     "extra_models", "models_dir", "models_file", "models_max", "model_ttl_s",
+    "models_memory_bytes",
 })
 """``Settings`` fields that cannot change the engine's greedy ids (left out of the key)."""
 

@@ -78,10 +78,12 @@ def multi_server(tmp: Path, names: list[str], farm: Farm, **kw: Any) -> Iterator
     """uvicorn on a thread serving ``names`` (``--model DIR=NAME`` each, scripted engines; none with a
     ``models_file`` in ``kw``)."""
     specs = []
+    kw.setdefault("models_memory_bytes", 0)  # the machine's free memory would bound the fakes' 1 GiB pools
     for name in names:
         folder = tmp / name
-        folder.mkdir()
+        folder.mkdir(parents=True)
         (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"w" * 500)
         specs.append(f"{folder}={name}")
     first = {"model": specs[0].split("=")[0], "served_model_name": names[0]} if specs else {}
     settings = Settings(**first, extra_models=tuple(specs[1:]), **kw)
@@ -316,3 +318,20 @@ def test_models_file_serves_an_embedding_model_by_its_alias(tmp_path: Path) -> N
         assert chat(client, "chat").json()["choices"][0]["message"]["content"] == "I am chat."
         info = client.get("/server_info")
         assert (info.status_code, info.json()["error"]["type"]) == (400, "invalid_request_error")
+
+
+def test_the_memory_budget_unloads_to_make_room_and_refuses_what_cannot_fit(tmp_path: Path) -> None:
+    farm = Farm()  # each model counts 500 bytes of weights + a 1000-byte KV pool
+    with multi_server(tmp_path / "fits", ["a", "b", "c"], farm, kv_cache_bytes=1000,
+                      models_memory_bytes=3500) as client:
+        for model in ("a", "b", "a", "c"):  # a and b fit together; c makes b (least recently used) go
+            assert chat(client, model).json()["choices"][0]["message"]["content"] == f"I am {model}."
+        assert (farm.loads, farm.shut) == (["a", "b", "c"], ["b"])
+    with multi_server(tmp_path / "small", ["a", "b"], Farm(), kv_cache_bytes=1000,
+                      models_memory_bytes=1400) as client:
+        refused = chat(client, "a")
+        message = ("The model 'a' needs about 1500 bytes (weights and KV cache), more than the 1400 bytes "
+                   "the loaded models may take (--models-memory-bytes).")
+        assert (refused.status_code, refused.json()["error"]["code"], refused.json()["error"]["message"]) == (
+            503, "model_memory_budget", message)
+        assert states(client)["a"] == {"value": "unloaded", "failed": True, "reason": message}

@@ -47,8 +47,8 @@ def test_the_picker_shows_each_models_state_and_loads_the_chosen_one(browser: An
     file.write_text('[models.chat]\npath = "chat"\n[models.coder]\npath = "coder"\n'
                     '[models.bge]\npath = "bge"\nkind = "embedding"\n')
     gate = threading.Event()
-    app = create_app(Settings(models_file=str(file), keepalive_interval_s=0.2), _factory(gate),
-                     embedding_factory=lambda s, m: Embedder())
+    settings = Settings(models_file=str(file), keepalive_interval_s=0.2, models_memory_bytes=0)
+    app = create_app(settings, _factory(gate), embedding_factory=lambda s, m: Embedder())
     with live_app(app) as base:
         open_page(browser, base)
         assert options(browser) == ["chat: chat (unloaded)", "coder: coder (unloaded)"]
