@@ -67,11 +67,14 @@ class ModelSlot:
         in_flight: requests that named it and have not ended.
         last_used: ``time.monotonic()`` of the last request's start or end.
         size_bytes: its estimated host memory, counted against the budget.
+        admitted: a load under way has passed the bound and the budget (it counts against them;
+            one still waiting for room does not, or two waiting loads would wait for each other).
     """
 
     entry: ModelEntry
     settings: Settings
     size_bytes: int = 0
+    admitted: bool = False
     status: str = "unloaded"
     client: EngineClient | None = None
     embedder: EmbeddingClient | None = None
@@ -156,8 +159,10 @@ class ModelRegistry:
 
     async def _run_load(self, slot: ModelSlot) -> None:
         slot.status, slot.error, slot.error_code = "loading", None, "model_load_failed"
+        slot.admitted = False
         try:
             await self._make_room(slot)
+            slot.admitted = True
             start = time.monotonic()
             slot.client, slot.embedder = await self._load(slot)
         except Exception as exc:
@@ -191,7 +196,8 @@ class ModelRegistry:
             return
         async with self._lock:
             while True:
-                others = [s for s in self.slots if s is not slot and s.status in ("loaded", "loading")]
+                others = [s for s in self.slots if s is not slot and (
+                    s.status == "loaded" or (s.status == "loading" and s.admitted))]
                 fits = not budget or sum(s.size_bytes for s in others) + slot.size_bytes <= budget
                 if fits and (not self.models_max or len(others) < self.models_max):
                     return

@@ -335,3 +335,26 @@ def test_the_memory_budget_unloads_to_make_room_and_refuses_what_cannot_fit(tmp_
         assert (refused.status_code, refused.json()["error"]["code"], refused.json()["error"]["message"]) == (
             503, "model_memory_budget", message)
         assert states(client)["a"] == {"value": "unloaded", "failed": True, "reason": message}
+
+
+def test_two_loads_waiting_for_room_both_finish(tmp_path: Path) -> None:
+    farm = Farm(step_s=0.02)
+    with multi_server(tmp_path, ["a", "b", "c"], farm, models_max=1) as client:
+        chat(client, "a")
+        replies: dict[str, httpx.Response] = {}
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": "a", "stream": True, "max_tokens": 200,
+                "messages": [{"role": "user", "content": "x"}]}) as stream:
+            lines = stream.iter_lines()
+            next(lines)
+            waiters = []
+            for model in ("b", "c"):  # both wait for a's room; neither may wait for the other's load
+                waiters.append(threading.Thread(target=lambda m=model: replies.update({m: chat(client, m)})))
+                waiters[-1].start()
+                wait_for(lambda m=model: states(client)[m]["value"] == "loading")
+            list(lines)
+        for waiter in waiters:
+            waiter.join(60)
+        assert {m: r.json()["choices"][0]["message"]["content"] for m, r in replies.items()} == {
+            "b": "I am b.", "c": "I am c."}
+        assert farm.loads[0] == "a" and sorted(farm.loads[1:]) == ["b", "c"]
