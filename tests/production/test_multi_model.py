@@ -1,6 +1,7 @@
 """Several real models in one server (issue 48's "done when"): two tiny Llamas with ``--models-max 1``,
 alternated A, B, A, each answering exactly its greedy text as when served alone; a model that cannot
-be served exits the one-model server non-zero with a one-line reason."""
+be served exits the one-model server non-zero with a one-line reason; each published router in front
+of a several-model replica routes A and B to it (the replica picks the engine by ``model``)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from api.real_app import real_app
 from proxy.api.app import create_app
 from proxy.settings import Settings
 
-from .helpers import REPO
+from .helpers import REPO, start_server
+from .test_routers import ROUTERS, router
 
 ENGINE = {"max_model_len": 256, "num_kv_blocks": 64, "num_threads": 1, "device": "cpu", "dtype": "float32"}
+ENGINE_ARGS = ["--max-model-len", "256", "--num-kv-blocks", "64", "--num-threads", "1", "--device", "cpu",
+               "--dtype", "float32"]
 ASK = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12, "temperature": 0}
 
 
@@ -82,3 +86,23 @@ def test_a_model_that_cannot_be_served_exits_with_one_line(tmp_path: Path) -> No
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1].startswith(f"streamproxy: the model cannot be served: {reason}")
     assert "Traceback" not in done.stderr and str(folder) not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ROUTERS)
+def test_a_router_in_front_of_a_several_model_replica_routes_by_model(
+        kind: str, two_models: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = two_models
+    replica = start_server(tmp_path, ["--model", f"{a}=A", "--model", f"{b}=B", "--no-engine-process",
+                                      *ENGINE_ARGS], name="replica", new_session=True)
+    try:
+        direct = {m: httpx.post(f"{replica.base_url}/v1/chat/completions", json={"model": m, **ASK},
+                                timeout=120).json()["choices"][0]["message"]["content"] for m in ("A", "B")}
+        assert direct["A"] != direct["B"]
+        with router(tmp_path, kind, [replica]) as base:
+            for m in ("A", "B", "A"):
+                reply = httpx.post(f"{base}/v1/chat/completions", json={"model": m, **ASK},
+                                   timeout=120).json()
+                assert (reply["model"], reply["choices"][0]["message"]["content"]) == (m, direct[m])
+    finally:
+        replica.stop()
