@@ -106,3 +106,35 @@ def test_a_router_in_front_of_a_several_model_replica_routes_by_model(
                 assert (reply["model"], reply["choices"][0]["message"]["content"]) == (m, direct[m])
     finally:
         replica.stop()
+
+
+async def _chat_and_embed(file: Path) -> tuple[str, list[list[float]], dict[str, Any]]:
+    app = create_app(Settings(models_file=str(file), engine_process=False, **ENGINE))
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t",
+                                                                   timeout=300) as client:
+        chat = (await client.post("/v1/chat/completions", json={"model": "chat", **ASK})).json()
+        embedded = (await client.post("/v1/embeddings",
+                                      json={"model": "search", "input": EMBED_TEXTS})).json()
+        states = {m["id"]: m["status"]["value"] for m in (await client.get("/v1/models")).json()["data"]}
+    return chat["choices"][0]["message"]["content"], [d["embedding"] for d in embedded["data"]], states
+
+
+EMBED_TEXTS = ["the quick brown fox", "a lazy dog sleeps"]
+
+
+@pytest.mark.slow
+def test_a_models_file_serves_a_chat_model_and_an_embedding_model(two_models: tuple[Path, Path],
+                                                                   tmp_path: Path) -> None:
+    from embedding_fixtures import cosine, make_tiny_bert, st_reference
+
+    bert = make_tiny_bert(tmp_path / "bert")
+    file = tmp_path / "models.toml"
+    file.write_text(f'[models.chat]\npath = "{two_models[0]}"\n'
+                    f'[models.embed]\npath = "{bert}"\nkind = "embedding"\naliases = ["search"]\n')
+    text, vectors, states = asyncio.run(_chat_and_embed(file))
+    assert text == asyncio.run(_alone(two_models[0], "chat"))
+    reference = st_reference(bert, EMBED_TEXTS)
+    assert [len(v) for v in vectors] == [32, 32]
+    assert all(cosine(v, r) > 1 - 1e-5 for v, r in zip(vectors, reference, strict=True))
+    assert states == {"chat": "loaded", "embed": "loaded"}
