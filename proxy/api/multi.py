@@ -163,11 +163,18 @@ async def unload_model(request: Request) -> Response:
 
 def health_models(registry: ModelRegistry) -> list[dict[str, Any]]:
     """``/health``'s per-model states: ``{"id", "status"}`` (``loaded``, ``loading``, ``unloaded``,
-    ``failed``) and a failed load's ``error``."""
+    ``failed``), a failed load's ``error``, and a loaded engine's ``num_running`` / ``num_waiting``
+    (``status`` ``dead`` when its engine has died)."""
     out = []
     for slot in registry.slots:
         row: dict[str, Any] = {"id": slot.id, "status": slot.status}
         if slot.error:
             row["error"] = slot.error
+        client = slot.client
+        if client is not None and slot.status == "loaded":
+            stats = client.stats()
+            row["num_running"], row["num_waiting"] = stats.num_running, stats.num_waiting
+            if not client.is_healthy:
+                row["status"] = "dead"
         out.append(row)
     return out

@@ -137,6 +137,8 @@ def test_requests_route_by_model_and_alias(tmp_path: Path) -> None:
         done = client.post("/v1/completions", json={"model": "b", "prompt": "x"}).json()
         assert (done["model"], done["choices"][0]["text"]) == ("b", "I am b.")
         assert states(client) == {"a": {"value": "loaded"}, "b": {"value": "loaded"}}
+        assert client.get("/health").json()["models"] == [
+            {"id": m, "status": "loaded", "num_running": 0, "num_waiting": 0} for m in ("a", "b")]
         card = client.get("/v1/models/b").json()
         assert (card["id"], card["max_model_len"], card["status"], card["aliases"]) == (
             "b", 256, {"value": "loaded"}, [])
