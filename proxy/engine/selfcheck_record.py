@@ -58,6 +58,8 @@ SERVER_ONLY_FIELDS = frozenset({
     "served_model_name", "host", "port", "max_waiting", "api_keys", "allowed_origins",
     "keepalive_interval_s", "stream_headers_timeout_s", "max_body_bytes", "shutdown_grace_s",
     "cache_dir", "log_level", "self_check", "tool_call_parser", "ui",
+    "extra_models", "models_dir", "models_file", "models_max", "model_ttl_s",
+    "models_memory_bytes",
 })
 """``Settings`` fields that cannot change the engine's greedy ids (left out of the key)."""
 

@@ -45,11 +45,12 @@ class ModelFeatures:
     media: MediaPolicy = field(default_factory=MediaPolicy)
 
     @classmethod
-    def detect(cls, tokenizer: Tokenizer, tool_call_parser: str = "",
-               reasoning_parser: str = "") -> ModelFeatures:
+    def detect(cls, tokenizer: Tokenizer, tool_call_parser: str = "", reasoning_parser: str = "", *,
+               accepts_images: bool = False, media: MediaPolicy | None = None) -> ModelFeatures:
         """Read the features from ``tokenizer``'s chat template; ``tool_call_parser`` and
         ``reasoning_parser`` are the ``--tool-call-parser`` / ``--reasoning-parser`` settings
-        ("" = detect; ``none`` turns reasoning off).
+        ("" = detect; ``none`` turns reasoning off); ``accepts_images`` and ``media`` are kept as
+        given (the engine client's ``vision``; the server's media options).
 
         Raises:
             ValueError: an unknown reasoning parser name (the message lists the names).
@@ -61,4 +62,5 @@ class ModelFeatures:
         reasoning = resolve_reasoning_parser(reasoning_parser, template)
         return cls(template is not None, has_tools, tool_call_parser or detected, reasoning,
                    reasoning is not None and not reasoning_parser,
-                   template is not None and "enable_thinking" in template)
+                   template is not None and "enable_thinking" in template, accepts_images,
+                   media or MediaPolicy())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -36,7 +37,7 @@ PYTHON_EXAMPLES = ["stream=True", "llm.stream(", "chat.completions.parse(", "bin
 def test_readme_has_the_examples():
     assert blocks("bash", "make serve") and blocks("bash", "curl -N")
     assert blocks("python", "from openai import OpenAI") and blocks("python", "ChatOpenAI")
-    assert blocks("bash", "streamproxy serve --model")
+    assert blocks("bash", "streamproxy serve --model ") and blocks("bash", "streamproxy serve --models-max")
     assert sum(len(blocks("python", n)) for n in PYTHON_EXAMPLES) == len(blocks("python", ""))
 
 
@@ -63,7 +64,7 @@ def test_curl_example(server: Server):
 
 
 def test_serve_another_model(tmp_path: Path):
-    (code,) = blocks("bash", "streamproxy serve --model")
+    (code,) = blocks("bash", "streamproxy serve --model ")
     folder = tmp_path / "tiny-llama"
     make_tiny_model(folder)
     argv = shlex.split(code.strip())
@@ -84,5 +85,33 @@ def test_serve_another_model(tmp_path: Path):
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
         assert text == full["choices"][0]["message"]["content"]
         assert "ready" in log.read_text() and f"127.0.0.1:{port}" in log.read_text()
+    finally:
+        srv.stop(30.0)
+
+
+def test_serve_two_models(tmp_path: Path):
+    """The quick start's two models: paths replaced by two tiny models, the ids kept."""
+    (code,) = blocks("bash", "streamproxy serve --models-max")
+    serve_line, curl_line = code.strip().splitlines()
+    argv = shlex.split(serve_line)
+    names = []
+    for i, arg in enumerate(argv):
+        if argv[i - 1] == "--model":
+            names.append(arg.rpartition("=")[2])
+            argv[i] = f"{make_tiny_model(tmp_path / names[-1], seed=len(names))}={names[-1]}"
+    assert argv[1] == "serve"
+    srv = start_serve([*argv[2:], "--num-threads", "1", "--max-model-len", "256", "--num-kv-blocks", "64",
+                       "--no-engine-process"], tmp_path / "server.log", timeout_s=300)
+    base = srv.base_url
+    try:
+        listed = subprocess.run(["bash", "-c", curl_line.replace(DEFAULT_URL, f"127.0.0.1:{srv.port}")],
+                                check=True, capture_output=True, timeout=60).stdout
+        assert [(m["id"], m["status"]) for m in json.loads(listed)["data"]] == [
+            (n, {"value": "unloaded"}) for n in names]
+        for name in (*names, names[0]):
+            body = {"model": name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
+            assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()["model"] == name
+        states = {m["id"]: m["status"]["value"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+        assert states == {names[0]: "loaded", names[1]: "unloaded"}  # --models-max 1
     finally:
         srv.stop(30.0)

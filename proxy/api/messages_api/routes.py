@@ -8,14 +8,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.engine.client import EngineClient
 from proxy.errors import ContextLengthExceededError, InvalidRequestError
 from proxy.pipeline import PreparedRequest, check_model, prepare_chat, render_chat
 from proxy.protocol.messages_request import MessagesRequest, messages_param, parse_messages_request
 
 from ..body import read_json_body
 from ..responses import json_response
-from ..state import ServerState
+from ..state import ServedModel, ServerState
 from .context import ManagedContext, manage_context
 from .run import MessageRun
 
@@ -27,11 +26,12 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-async def _parse(request: Request, count_only: bool) -> tuple[ServerState, EngineClient, ManagedContext]:
+async def _parse(request: Request, count_only: bool) -> tuple[ServerState, ServedModel, ManagedContext]:
     """Read, validate and apply the ``context_management`` edits (:mod:`.context`)."""
     state = _state(request)
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    served = state.model_of(request)
+    client = served.client
     if not count_only:
         client.metrics.observe_request(ENDPOINT)
 
@@ -40,25 +40,25 @@ async def _parse(request: Request, count_only: bool) -> tuple[ServerState, Engin
 
     async def count(parsed: MessagesRequest) -> int:
         try:
-            return len(await _prompt_ids(state, client, parsed))
+            return len(await _prompt_ids(served, parsed))
         except InvalidRequestError as exc:
             raise messages_param(exc, parsed.paths) from None
 
     parsed = parse(body)
     if parsed.context_edits:
         check_model(client, parsed.chat.model)
-    return state, client, await manage_context(parsed, parse, count)
+    return state, served, await manage_context(parsed, parse, count)
 
 
-async def _prompt_ids(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> list[int]:
+async def _prompt_ids(served: ServedModel, parsed: MessagesRequest) -> list[int]:
     """The prompt ids ``parsed`` renders to (the chat template, a prefill left open), as generated."""
     prefill = parsed.prefill
-    rendered = await render_chat(parsed.chat, client, state.features, add_generation_prompt=not prefill,
-                                 continue_final_message=prefill)
+    rendered = await render_chat(parsed.chat, served.client, served.features,
+                                 add_generation_prompt=not prefill, continue_final_message=prefill)
     return rendered.prompt_ids
 
 
-async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesRequest) -> PreparedRequest:
+async def _prepare(served: ServedModel, parsed: MessagesRequest) -> PreparedRequest:
     """The chat pipeline's preparation of ``parsed``, with ``max_tokens`` lowered to what the context
     leaves (the chat request has none, so the pipeline resolves it to the rest of the context).
 
@@ -67,11 +67,12 @@ async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesReq
             N tokens > M maximum``, M the context less the one token the answer needs); any other
             error of the pipeline with the Messages field names.
     """
+    client = served.client
     try:
-        prepared = await prepare_chat(parsed.chat, client, state.features,
+        prepared = await prepare_chat(parsed.chat, client, served.features,
                                       continue_final_message=parsed.prefill)
     except ContextLengthExceededError:
-        ids = await _prompt_ids(state, client, parsed)
+        ids = await _prompt_ids(served, parsed)
         limit = client.model.max_model_len - 1
         raise InvalidRequestError(f"prompt is too long: {len(ids)} tokens > {limit} maximum",
                                   param="messages") from None
@@ -85,9 +86,9 @@ async def _prepare(state: ServerState, client: EngineClient, parsed: MessagesReq
 async def create_message(request: Request) -> Response:
     """``POST /v1/messages`` (Anthropic "Create a Message"), stream and non-stream: parse
     (``proxy.protocol.messages_request``, as the chat request it means), prepare, generate, respond."""
-    state, client, managed = await _parse(request, count_only=False)
-    prepared = await _prepare(state, client, managed.request)
-    run = MessageRun(client, managed.request, prepared, managed.response_field())
+    state, served, managed = await _parse(request, count_only=False)
+    prepared = await _prepare(served, managed.request)
+    run = MessageRun(served.client, managed.request, prepared, managed.response_field())
     return await run.respond(request, state.settings)
 
 
@@ -97,11 +98,11 @@ async def count_tokens(request: Request) -> Response:
     switch rendered by the chat template): a message's ``input_tokens + cache_read_input_tokens``.
     With ``context_management``: the count after the edits, and ``context_management.
     original_input_tokens`` the count before them (Anthropic's ``BetaMessageTokensCount``)."""
-    state, client, managed = await _parse(request, count_only=True)
+    _, served, managed = await _parse(request, count_only=True)
     parsed = managed.request
-    check_model(client, parsed.chat.model)
+    check_model(served.client, parsed.chat.model)
     try:
-        ids = await _prompt_ids(state, client, parsed)
+        ids = await _prompt_ids(served, parsed)
     except InvalidRequestError as exc:
         raise messages_param(exc, parsed.paths) from None
     body: dict[str, Any] = {"input_tokens": len(ids)}
