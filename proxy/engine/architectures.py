@@ -26,6 +26,7 @@ from typing import Any
 
 from proxy.engine.attention import LayerProbe, LayerSpec
 from proxy.models.loaded import ModelLoadError
+from proxy.models.vision import is_served_vision
 from proxy.models.vision import refusal as vision_refusal
 
 STATEFUL_REASON = (
@@ -136,13 +137,16 @@ def check_supported(config: Any) -> None:
 
 
 def _check_causal_lm_class(config: Any) -> None:
-    """Refuse a config that ``AutoModelForCausalLM`` has no class for (a vision-language model such as
-    ``qwen2_vl``, an encoder), in one line naming its type, before transformers' own ``ValueError``
+    """Refuse a config that ``AutoModelForCausalLM`` has no class for (an encoder; a vision-language
+    model other than those ``proxy.models.vision`` serves is refused before, by :func:`check_config`),
+    in one line naming its type, before transformers' own ``ValueError``
     that lists every config class it knows; a config with remote code (``auto_map``) is left to it."""
     from transformers import PretrainedConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     if not isinstance(config, PretrainedConfig) or getattr(config, "auto_map", None):
+        return
+    if is_served_vision(config):  # loaded by its own class (proxy.models.vision.load_model_class)
         return
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise _refuse(str(getattr(config, "model_type", "unknown")),

@@ -85,7 +85,8 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization,
                       execution=core.execution.as_dict())
     return AsyncEngineClient(
-        AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler
+        AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler,
+        vision=loaded.vision,
     )
 
 
@@ -94,6 +95,7 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
 
     from proxy.engine.core_proc.grammar import ChildGrammarCompiler
     from proxy.engine.core_proc.proc_client import EngineProcClient
+    from proxy.models.vision import VisionProcessor
     from proxy.tokenizer import Tokenizer
 
     core = EngineProcClient(settings)
@@ -101,6 +103,7 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(info.model_path)
         tokenizer = Tokenizer(hf_tokenizer, generation_eos_ids=frozenset(info.eos_token_ids))
+        vision = VisionProcessor.load(info.model_path)  # images are processed here, encoded in the child
     except BaseException:
         core.shutdown()
         raise
@@ -110,7 +113,7 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     # before the request is sent): see proxy.engine.core_proc.grammar
     compiler = ChildGrammarCompiler(core.compile_grammar)
     freeze_heap()  # this process's start-up objects out of the collector's full passes (proxy.heap)
-    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler)
+    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler, vision=vision)
 
 
 def embedding_model_name(settings: Settings, chat_model_name: str) -> str:

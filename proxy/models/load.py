@@ -30,6 +30,7 @@ from proxy.models.loaded import LoadedModel, ModelLoadError
 from proxy.models.packed_load import load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
+from proxy.models.vision import VisionProcessor, decoder_attention, is_served_vision, load_model_class
 from proxy.quant.apply import add_dense_weights
 from proxy.quant.dense_prefill import dense_prefill_default, dense_weight_dtype
 from proxy.quant.fuse import fuse_sibling_linears
@@ -89,7 +90,9 @@ def load_model(
         assert gguf is not None
         model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn, dense_dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation=attn)
+        auto = load_model_class(config) if is_served_vision(config) else AutoModelForCausalLM
+        attention = decoder_attention(config, attn)  # a vision tower keeps SDPA
+        model = auto.from_pretrained(str(folder), dtype=dtype, attn_implementation=attention)
         model.to(device)  # type: ignore[arg-type]
         model.eval()
         quantization = apply_quantization(model, settings, gguf, device)
@@ -120,6 +123,7 @@ def load_model(
         dtype=dtype,
         quantization=quantization,
         gguf_path=str(gguf) if gguf is not None else None,
+        vision=VisionProcessor.load(folder, config),
     )
     logger.info(
         "loaded %s in %.2f s: %s, quantization %s, max_model_len=%d eos=%s",

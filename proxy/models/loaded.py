@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from proxy.models.vision import VisionProcessor
+
 
 class ModelLoadError(RuntimeError):
     """The model cannot be found, converted or served (a startup error, not an API error)."""
@@ -30,6 +32,8 @@ class LoadedModel:
             description, e.g. ``"gguf: Q4_1 -> int4 g32 x210, Q8_0 -> int8 g32 x1, ..."``; ``"none"``: dense).
         gguf_path: the ``.gguf`` file the folder was converted from (its tensors may be the served
             weights), or None.
+        vision: the processor of a vision-language model served with its images
+            (``proxy.models.vision``); None: a text model.
     """
 
     model: Any
@@ -42,3 +46,4 @@ class LoadedModel:
     dtype: torch.dtype
     quantization: str = "none"
     gguf_path: str | None = None
+    vision: VisionProcessor | None = None

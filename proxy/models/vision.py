@@ -81,10 +81,14 @@ class VisionProcessor:
         self.image_token_id = image_token_id
 
     @classmethod
-    def load(cls, folder: str | Path, config: Any) -> VisionProcessor:
-        """``AutoProcessor.from_pretrained(folder, backend="pil")`` of a :data:`SERVED` model."""
-        from transformers import AutoProcessor
+    def load(cls, folder: str | Path, config: Any = None) -> VisionProcessor | None:
+        """``AutoProcessor.from_pretrained(folder, backend="pil")`` of a :data:`SERVED` model's folder;
+        None for any other model (``config``: its ``AutoConfig``, read from ``folder`` when None)."""
+        from transformers import AutoConfig, AutoProcessor
 
+        config = config if config is not None else AutoConfig.from_pretrained(str(folder))
+        if not is_served_vision(config):
+            return None
         processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
         return cls(processor, int(config.image_token_id))
 
