@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 import torch
 
+from proxy.engine.architectures import check_supported
 from proxy.engine.core import EngineCore
 from proxy.media.decode import LoadedImage, decode_image
 from proxy.media.prompt import PromptImages
-from proxy.models.vision import VisionProcessor
+from proxy.models.loaded import ModelLoadError
+from proxy.models.vision import VisionProcessor, refusal
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 from tests.media.images import encode, picture
@@ -165,3 +167,23 @@ def test_prompt_images_positions_and_block_keys(vision: VisionProcessor) -> None
     assert rows == list(range(10, 16)) + list(range(16, 22 - gap))
     assert set(images.encoder_inputs) == {"pixel_values"}
     assert tuple(images.encoder_inputs["pixel_values"].shape) == (2, 3, 32, 32)
+
+
+@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "Idefics3Config", "LlavaNextConfig",
+                                  "LlavaOnevisionConfig", "Mistral3Config"])
+def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
+    import transformers
+
+    config = getattr(transformers, name)()
+    with pytest.raises(ModelLoadError) as err:
+        check_supported(config)
+    assert str(err.value) == (f"model type '{config.model_type}' is a vision-language model that streamproxy "
+                              "does not serve yet (served with images: llava); serve it with vLLM or llama.cpp, "
+                              "or pick a pure-attention model")
+
+
+def test_llava_is_served_and_causal_vision_models_load_as_text(llava: Any) -> None:
+    from transformers import Gemma3Config
+
+    check_supported(llava.config)
+    assert refusal(llava.config) is None and refusal(Gemma3Config()) is None  # Gemma 3: text, images a 400
