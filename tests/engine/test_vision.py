@@ -177,9 +177,10 @@ def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     config = getattr(transformers, name)()
     with pytest.raises(ModelLoadError) as err:
         check_supported(config)
-    assert str(err.value) == (f"model type '{config.model_type}' is a vision-language model that streamproxy "
-                              "does not serve yet (served with images: llava); serve it with vLLM or llama.cpp, "
-                              "or pick a pure-attention model")
+    want = (f"model type '{config.model_type}' is a vision-language model that streamproxy does not serve "
+            "yet (served with images: llava); serve it with vLLM or llama.cpp, or pick a pure-attention "
+            "model")
+    assert str(err.value) == want
 
 
 def test_llava_is_served_and_causal_vision_models_load_as_text(llava: Any) -> None:
