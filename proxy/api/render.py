@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from proxy import protocol
 from proxy.errors import InvalidRequestError
+from proxy.media.prompt import PromptImages
 from proxy.pipeline import PreparedRequest, prepare_chat, prepare_completion
 from proxy.protocol.responses_request import parse_responses_request
 
@@ -70,16 +71,29 @@ def _priority(body: dict[str, Any]) -> int:
     return priority
 
 
+def _features(images: PromptImages | None) -> dict[str, Any] | None:
+    """vLLM's ``MultiModalFeatures`` of a prompt's images (``vllm/entrypoints/serve/disagg/protocol.py``):
+    ``{"mm_hashes": {"image": [hash, ...]}, "mm_placeholders": {"image": [{"offset", "length"}, ...]},
+    "kwargs_data": None}`` (the pixel values are not rendered); None for a text prompt."""
+    if images is None:
+        return None
+    spans = [{"offset": first, "length": last - first + 1} for first, last in images.spans()]
+    return {"mm_hashes": {"image": list(images.hashes)}, "mm_placeholders": {"image": spans},
+            "kwargs_data": None}
+
+
 def generate_request(prepared: PreparedRequest, model: str, body: dict[str, Any],
                      prefix: str) -> dict[str, Any]:
-    """vLLM's ``GenerateRequest`` of one prepared prompt (``features`` is None: text only).
+    """vLLM's ``GenerateRequest`` of one prepared prompt (``features``: its images' hashes and
+    placeholder ranges, :func:`_features`; None: text only).
 
     Raises:
         InvalidRequestError: ``cache_salt`` not a string, ``priority`` not an integer (400).
     """
     stream = prepared.stream
     return {
-        "request_id": _request_id(prefix), "token_ids": list(prepared.prompt_ids), "features": None,
+        "request_id": _request_id(prefix), "token_ids": list(prepared.prompt_ids),
+        "features": _features(prepared.images),
         "sampling_params": vllm_sampling_params(prepared), "model": model, "stream": stream.stream,
         "stream_options": {"include_usage": stream.include_usage} if stream.stream else None,
         "cache_salt": _cache_salt(body), "priority": _priority(body), "kv_transfer_params": None,

@@ -70,11 +70,12 @@ def test_images_on_every_wire_format_equal_generate(model_dir: Path, engine_proc
     text_want, _ = reference(model_dir, [{"type": "text", "text": "What is this?"}], [])
 
     async def scenario(client: httpx.AsyncClient, state: Any) -> dict[str, Any]:
-        chat, text_only, tokenized = await asyncio.gather(
+        chat, text_only, tokenized, render = await asyncio.gather(
             client.post("/v1/chat/completions", json=chat_body()),
             client.post("/v1/chat/completions", json={**chat_body(), "messages": [
                 {"role": "user", "content": "What is this?"}]}),
-            client.post("/tokenize", json={"model": NAME, "messages": chat_body()["messages"]}))
+            client.post("/tokenize", json={"model": NAME, "messages": chat_body()["messages"]}),
+            client.post("/v1/chat/completions/render", json=chat_body()))
         responses = await client.post("/v1/responses", json={
             "model": NAME, "max_output_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True,
             "input": [{"role": "user", "content": [
@@ -91,8 +92,8 @@ def test_images_on_every_wire_format_equal_generate(model_dir: Path, engine_proc
                 {"type": "text", "text": "and"},
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                              "data": data_url(encode(BLUE)).split(",", 1)[1]}}]}]})
-        return {"chat": chat, "text": text_only, "tokenize": tokenized, "responses": responses,
-                "messages": messages, "health": await client.get("/health")}
+        return {"chat": chat, "text": text_only, "tokenize": tokenized, "render": render,
+                "responses": responses, "messages": messages, "health": await client.get("/health")}
 
     async def main() -> dict[str, Any]:
         async with real_app(settings(model_dir, engine_process)) as (client, state):
@@ -100,7 +101,7 @@ def test_images_on_every_wire_format_equal_generate(model_dir: Path, engine_proc
             return await scenario(client, state)
 
     out = asyncio.run(main())
-    for name in ("chat", "text", "tokenize", "responses", "messages", "health"):
+    for name in ("chat", "text", "tokenize", "render", "responses", "messages", "health"):
         assert out[name].status_code == 200, (name, out[name].text)
     chat = out["chat"].json()
     text = chat["choices"][0]["message"]["content"]
@@ -110,6 +111,14 @@ def test_images_on_every_wire_format_equal_generate(model_dir: Path, engine_proc
     tokens = out["tokenize"].json()
     assert tokens["count"] == prompt_len and tokens["tokens"].count(tokens["tokens"][-1]) >= 1
     assert sum(1 for t in tokens["tokens"] if t == 400) == 2 * NUM_IMAGE_TOKENS  # <image> is id 400
+    rendered = out["render"].json()
+    assert rendered["token_ids"] == tokens["tokens"]
+    spans = rendered["features"]["mm_placeholders"]["image"]
+    assert [s["length"] for s in spans] == [NUM_IMAGE_TOKENS] * 2
+    ids = tokens["tokens"]
+    assert all(ids[s["offset"]: s["offset"] + s["length"]] == [400] * NUM_IMAGE_TOKENS for s in spans)
+    hashes = rendered["features"]["mm_hashes"]["image"]
+    assert len(hashes) == 2 and hashes[0] != hashes[1] and all(len(h) == 64 for h in hashes)
     resp = out["responses"].json()
     assert resp["output"][-1]["content"][0]["text"] == text and resp["usage"]["input_tokens"] == prompt_len
     msg = out["messages"].json()
