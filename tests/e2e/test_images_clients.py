@@ -1,0 +1,105 @@
+"""Clients send an image with their defaults to a real ``python -m proxy serve`` of a tiny random LLaVA
+(uvicorn on 127.0.0.1) and get transformers' ``generate()`` answer for the same processor inputs: the
+OpenAI SDK (Chat Completions, streamed too, and Responses), LangChain's ``ChatOpenAI`` with a
+``HumanMessage`` holding an image, and the Anthropic SDK (an ``image`` block)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from proxy.ports import LocalServer, start_serve
+from tests.media.images import data_url, encode, picture
+from tests.vision_fixtures import make_tiny_llava
+
+NAME = "tiny-llava"
+NEW_TOKENS = 8
+PNG = encode(picture((40, 30), seed=2))
+QUESTION = "What is in this picture?"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    log = tmp_path_factory.mktemp("vlm-log") / "server.log"
+    args = ["--model", str(folder), "--served-model-name", NAME, "--device", "cpu", "--dtype", "float32",
+            "--num-threads", "1", "--max-model-len", "256", "--no-engine-process"]
+    started = start_serve(args, log)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(folder: Path) -> str:
+    """``generate()``'s greedy answer (EOS ignored, as the clients below ask) with the folder's processor."""
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
+    model = LlavaForConditionalGeneration.from_pretrained(str(folder), attn_implementation="sdpa").eval()
+    content = [{"type": "text", "text": QUESTION}, {"type": "image"}]
+    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                   add_generation_prompt=True)
+    image = Image.open(io.BytesIO(PNG)).convert("RGB")
+    enc = processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False)
+    with torch.inference_mode():
+        out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0)
+    answer: str = processor.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return answer
+
+
+def test_openai_sdk(server: LocalServer, expected: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": data_url(PNG)}}]
+    ask = {"model": NAME, "messages": [{"role": "user", "content": content}], "max_tokens": NEW_TOKENS,
+           "temperature": 0, "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**ask)
+    assert whole.choices[0].message.content == expected
+    assert whole.usage is not None and whole.usage.prompt_tokens > 16  # the image's 16 tokens counted
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
+                       client.chat.completions.create(**ask, stream=True) if chunk.choices)
+    assert streamed == expected
+    parts = [{"type": "input_text", "text": QUESTION},
+             {"type": "input_image", "image_url": data_url(PNG), "detail": "auto"}]
+    response = client.responses.create(model=NAME, max_output_tokens=NEW_TOKENS, temperature=0,
+                                       extra_body={"ignore_eos": True},
+                                       input=[{"role": "user", "content": parts}])
+    assert response.output_text == expected
+
+
+def test_langchain_human_message_with_an_image(server: LocalServer, expected: str) -> None:
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", model=NAME, temperature=0,
+                      max_tokens=NEW_TOKENS, extra_body={"ignore_eos": True})
+    message = HumanMessage(content=[{"type": "text", "text": QUESTION},
+                                    {"type": "image_url", "image_url": {"url": data_url(PNG)}}])
+    assert chat.invoke([message]).content == expected
+
+
+def test_anthropic_sdk_image_block(server: LocalServer, expected: str) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused")
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(PNG).decode()}}
+    content = [{"type": "text", "text": QUESTION}, block]
+    message = client.messages.create(model=NAME, max_tokens=NEW_TOKENS,
+                                     extra_body={"ignore_eos": True, "temperature": 0},
+                                     messages=[{"role": "user", "content": content}])
+    assert message.content[0].type == "text" and message.content[0].text == expected
