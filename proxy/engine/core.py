@@ -20,7 +20,6 @@ from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler, SchedulerConfig
 from proxy.errors import InvalidRequestError
 from proxy.protocol import resolve_max_tokens
-from proxy.quant.dense_prefill import CALL_ROWS
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -73,13 +72,14 @@ class EngineCore:
         self.max_model_len = max_model_len
         # output tokens through other kernels than prompt tokens: their KV blocks are not prompt blocks
         on_decode_path = self.runner.compiled_step is not None
+        prefill = self.runner.prefill_plan
         self.block_manager = BlockManager(
             self.runner.kv_cache.num_blocks, settings.block_size, settings.enable_prefix_caching,
-            output_blocks_apart=self.runner.dense_prefill or on_decode_path,
+            output_blocks_apart=prefill is not None or on_decode_path,
         )
         # a prefill chunk below one dense call's rows costs the whole call
         config = SchedulerConfig.from_settings(
-            settings, max_model_len, prefill_token_multiple=CALL_ROWS if self.runner.dense_prefill else 1,
+            settings, max_model_len, prefill_token_multiple=prefill.call_rows if prefill is not None else 1,
             outputs_on_decode_path=on_decode_path)
         self.scheduler = Scheduler(self.block_manager, config, self.eos_token_ids)
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)

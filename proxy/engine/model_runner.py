@@ -39,6 +39,7 @@ from proxy.engine.attention import (
     choose_num_blocks,
     probe_layers,
 )
+from proxy.engine.choice import PrefillPlan, prefill_plan_of
 from proxy.engine.compiled_step import ARTIFACT_DIR as COMPILED_DIR
 from proxy.engine.compiled_step import compile_decode_wanted, compiled_decode_step
 from proxy.engine.decode_graphs import DecodeGraphRunner
@@ -46,7 +47,7 @@ from proxy.engine.graph_kinds import DecodeGraph
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.engine.step_inputs import StepInputs, StepRows, build_step_inputs
 from proxy.models.source import cache_root
-from proxy.quant.dense_prefill import active_row_plan, dense_dtype_of, plan_rows
+from proxy.quant.dense_prefill import active_row_plan, plan_rows
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class ModelRunner:
 
     Attributes:
         kv_cache: the pools; ``kv_cache.num_blocks`` is what the block manager hands out.
+        prefill_plan: prompt tokens through dense copies of the packed linears, or None.
         layers: one :class:`LayerSpec` per layer (shapes, window, chunk, soft-cap, sinks).
         decode_graphs: the captured-graph runner of pure-decode steps, or None (eager).
 
@@ -100,10 +102,8 @@ class ModelRunner:
         )
         self.max_num_seqs = settings.max_num_seqs
         self.max_model_len = max_model_len
-        #: prompt tokens take the packed linears' dense copies (``proxy.quant.dense_prefill``); fp32
-        #: copies' rows do not depend on their place in the call (``plan_rows``' ``by_position``)
-        self.dense_prefill = (dense_dtype := dense_dtype_of(model)) is not None
-        self.dense_rows_by_position = dense_dtype != torch.float32
+        #: prompt tokens through the packed linears' dense copies, or None (``proxy.quant.dense_prefill``)
+        self.prefill_plan: PrefillPlan | None = prefill_plan_of(model)
         self.decode_graphs: DecodeGraphRunner | None = None
         if self.device.type == "cuda" and not settings.enforce_eager:
             from proxy.engine.graph_kinds import cuda_graph_factory
@@ -132,9 +132,10 @@ class ModelRunner:
         """The CPU inputs of a forward pass over ``rows`` (:func:`build_step_inputs`), with the dense
         prefill row plan where prompt tokens take the packed linears' dense copies."""
         inputs = build_step_inputs(rows, self.kv_cache, self.block_size, self.num_groups)
-        if self.dense_prefill and inputs.prompt_tokens is not None:
+        prefill = self.prefill_plan
+        if prefill is not None and inputs.prompt_tokens is not None:
             inputs.meta.row_plan = plan_rows(inputs.position_ids[0], inputs.prompt_tokens,
-                                             self.dense_rows_by_position)
+                                             prefill.rows_by_position)
         return inputs
 
     def _to_device(self, meta: PagedAttentionMetadata) -> None:

@@ -117,7 +117,6 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
     from proxy.engine.attention.kernels import paged_decode_kernel_available
     from proxy.engine.compiled_step import why_not_compiled
     from proxy.quant import amx_int4, kernels
-    from proxy.quant.dense_prefill import dense_dtype_of
 
     device = runner.device
     off: dict[str, str] = {}
@@ -143,9 +142,9 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
     if linears["int4 torch"] and device.type == "cpu":
         why = amx_int4.why_not(16, 32, 32, 1, device, runner.dtype)
         off["int4 amx"] = why or "layer shapes the AMX kernel does not take"
-    dense = dense_dtype_of(model)
-    prompt_linears = f"dense {str(dense).removeprefix('torch.')} copies" if dense is not None else "as decode"
-    if dense is None and any(k.startswith(("int4", "int8")) for k in linears):
+    prefill = runner.prefill_plan
+    prompt_linears = f"dense {prefill.dtype} copies" if prefill is not None else "as decode"
+    if prefill is None and any(k.startswith(("int4", "int8")) for k in linears):
         off["dense prompt copies"] = ("--no-dense-prefill" if settings.dense_prefill is False
                                       else "off by default on this device")
     if not kernels.cpp_kernels_loaded():
