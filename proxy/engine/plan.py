@@ -120,12 +120,7 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
 
     device = runner.device
     off: dict[str, str] = {}
-    if runner.compiled_step is not None:
-        step = "compiled"
-    elif runner.decode_graphs is not None:
-        step = "cuda_graphs"
-    else:
-        step = "eager"
+    step = runner.decode.kind
     if device.type == "cuda":
         if step != "cuda_graphs":
             off["cuda_graphs"] = "--enforce-eager"

@@ -15,6 +15,7 @@ import torch
 from proxy.engine import compiled_step, traced_decode
 from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
+from proxy.engine.decode_runner import CompiledDecode, EagerDecode
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -159,7 +160,7 @@ def test_a_failing_call_runs_eager_from_then_on(model: torch.nn.Module, eager: d
     compiled_step.forget(model)
     core = _core(model, tmp_path, compile_decode=True)
     step = core.runner.compiled_step
-    assert step is not None
+    assert step is not None and type(core.runner.decode) is CompiledDecode
     calls = []
 
     def fails_on_the_fifth(*args: Any) -> torch.Tensor:
@@ -173,6 +174,7 @@ def test_a_failing_call_runs_eager_from_then_on(model: torch.nn.Module, eager: d
         assert _greedy(core, _prompts(), MAX_TOKENS) == eager
     assert "decode steps run eager from now on" in caplog.text
     assert core.runner.compiled_step is None and len(calls) == 5
+    assert type(core.runner.decode) is EagerDecode  # the object replaced, once
     assert _core(model, tmp_path, compile_decode=True).runner.compiled_step is not step  # dropped
     compiled_step.forget(model)
 
