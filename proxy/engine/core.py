@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from proxy.engine.block_manager import BlockManager
+from proxy.engine.choice import ExecutionChoice
 from proxy.engine.model_runner import ModelRunner
 from proxy.engine.plan import describe_execution
 from proxy.engine.request import Request, RequestOutput
@@ -41,6 +42,8 @@ class EngineCore:
             (``num_blocks * block_size``) when the pool is smaller.
         grammar_compiler: compiles the grammars of constrained requests (structured outputs, tool
             calls); None: requests with ``params.structured_outputs`` are refused.
+        choice: what runs (``proxy.engine.choice.ExecutionChoice``), as chosen before the model
+            loaded; None: chosen for the model's device (:class:`ModelRunner`).
 
     Attributes:
         max_model_len: the context length in force (what the API must check requests against).
@@ -56,10 +59,11 @@ class EngineCore:
         eos_token_ids: Iterable[int],
         max_model_len: int,
         grammar_compiler: GrammarCompiler | None = None,
+        choice: ExecutionChoice | None = None,
     ) -> None:
         self.settings = settings
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.runner = ModelRunner(model, settings, max_model_len)
+        self.runner = ModelRunner(model, settings, max_model_len, choice)
         kv_capacity = self.runner.kv_cache.num_blocks * settings.block_size
         if kv_capacity < max_model_len:
             # One request must always fit in the pool, or it would be cut short with "length" (vLLM

@@ -18,16 +18,30 @@ names its modes in ``CompilationConfig`` / ``CUDAGraphMode``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from proxy.engine.attention import PagedKVCache
 from proxy.engine.compiled_step import CompiledDecodeStep
 from proxy.engine.decode_graphs import DecodeGraphRunner
-from proxy.engine.step_inputs import StepRows
+from proxy.engine.step_inputs import StepInputs, StepRows
 
-if TYPE_CHECKING:
-    from proxy.engine.model_runner import ModelRunner
+
+class ModelRunner(Protocol):
+    """What a decode runner uses of ``proxy.engine.model_runner.ModelRunner``."""
+
+    device: torch.device
+    kv_cache: PagedKVCache
+    num_groups: int
+
+    def build_inputs(self, rows: StepRows) -> StepInputs:
+        """The CPU inputs of a forward pass over ``rows``."""
+        ...
+
+    def forward_inputs(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits ``[S, V]`` float32 of ``inputs`` through the eager forward."""
+        ...
 
 
 class DecodeRunner(Protocol):

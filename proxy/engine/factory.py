@@ -64,19 +64,21 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
         return _build_process_client(settings)
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
-    from proxy.engine.loading import load_engine_model
+    from proxy.engine.loading import choose_for, load_engine_model
     from proxy.engine.selfcheck_record import check_at_load
     from proxy.engine.structured import GrammarCompiler, logits_width
     from proxy.quant.apply import trim_heap
     from proxy.tokenizer import Tokenizer
 
-    loaded = load_engine_model(settings)
+    choice = choose_for(settings)  # what runs, chosen once before the model loads
+    loaded = load_engine_model(settings, choice)
     tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
     # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
     num_logits = logits_width(loaded.model)
     compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
     core = EngineCore(
-        loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler
+        loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler,
+        choice=choice,
     )
     check_at_load(loaded, settings, core.max_model_len)  # refuse a model served wrong text
     freeze_heap()  # the loaded engine's objects out of the collector's full passes (proxy.heap)

@@ -40,7 +40,7 @@ from proxy.engine.attention import (
     choose_num_blocks,
     probe_layers,
 )
-from proxy.engine.choice import PrefillPlan, prefill_plan_of
+from proxy.engine.choice import ExecutionChoice, PrefillPlan, choose_execution, prefill_plan_of
 from proxy.engine.compiled_step import ARTIFACT_DIR as COMPILED_DIR
 from proxy.engine.compiled_step import CompiledDecodeStep, compile_decode_wanted, compiled_decode_step
 from proxy.engine.decode_graphs import DecodeGraphRunner
@@ -63,10 +63,14 @@ class ModelRunner:
             if not), in eval mode, on its device.
         settings: block size and KV pool size knobs.
         max_model_len: longest sequence; bounds the default CPU pool.
+        choice: what runs (``proxy.engine.choice``; the step's :class:`DecodeRunner`), chosen before
+            the model loaded; None: chosen here for the model's device.
 
     Attributes:
         kv_cache: the pools; ``kv_cache.num_blocks`` is what the block manager hands out.
-        prefill_plan: prompt tokens through dense copies of the packed linears, or None.
+        choice: the :class:`ExecutionChoice` in force.
+        prefill_plan: prompt tokens through dense copies of the packed linears, or None (what the
+            model holds: a model built without copies has none whatever the choice).
         layers: one :class:`LayerSpec` per layer (shapes, window, chunk, soft-cap, sinks).
         decode: how steps run, :class:`EagerDecode`, :class:`CudaGraphDecode` or
             :class:`CompiledDecode` (``proxy.engine.decode_runner``).
@@ -76,7 +80,8 @@ class ModelRunner:
         device, dtype: of the model's parameters.
     """
 
-    def __init__(self, model: torch.nn.Module, settings: Settings, max_model_len: int) -> None:
+    def __init__(self, model: torch.nn.Module, settings: Settings, max_model_len: int,
+                 choice: ExecutionChoice | None = None) -> None:
         self.model = model
         if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
             from proxy.engine.attention import register
@@ -86,6 +91,8 @@ class ModelRunner:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
+        #: what runs, chosen before the model loaded (the loader's), else here for its device
+        self.choice = choice if choice is not None else choose_execution(settings, self.device)
         probe = probe_layers(model)
         self.layers: list[LayerSpec] = layer_specs(model.config, probe)
         odd = unexpected_kwargs(probe)
@@ -109,13 +116,13 @@ class ModelRunner:
         self.prefill_plan: PrefillPlan | None = prefill_plan_of(model)
         #: how steps run (``proxy.engine.decode_runner``): chosen here, replaced when it fails
         self.decode: DecodeRunner = EagerDecode()
-        if self.device.type == "cuda" and not settings.enforce_eager:
+        if self.choice.step == "cuda_graphs":
             from proxy.engine.graph_kinds import cuda_graph_factory
 
             self.use_decode_graphs(cuda_graph_factory(self.device))
-        elif self.device.type == "cpu" and compile_decode_wanted(settings, model, self.layers):
+        elif self.choice.step == "compiled" and compile_decode_wanted(settings, model, self.layers):
             step = compiled_decode_step(model, self.kv_cache, self.num_groups,
-                                        cache_root(settings) / COMPILED_DIR)
+                                        cache_root(settings) / COMPILED_DIR, self.choice.key())
             if step is not None:
                 self.decode = CompiledDecode(step)
 

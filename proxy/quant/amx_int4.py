@@ -25,12 +25,14 @@ the kernel; an int8 layer has :class:`~proxy.quant.int8_linear.Int8Linear`.
 
 from __future__ import annotations
 
-import os
+import contextlib
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
 
 from proxy.quant.kernels import define_cpu_op
+from proxy.settings import AMX_INT4_ENV
 
 _amx_int4: ModuleType | None
 KERNEL_IMPORT_ERROR: str | None = None
@@ -46,9 +48,10 @@ N_BLOCK = 16
 #: the largest group size (the kernel decodes one group's tiles before multiplying them)
 MAX_GROUP = 256
 
-#: ``STREAMPROXY_AMX_INT4=0`` in the environment keeps torch's int4 kernel for every layer
-ENV_SWITCH = "STREAMPROXY_AMX_INT4"
-_enabled = os.environ.get(ENV_SWITCH, "1") != "0"
+#: ``STREAMPROXY_AMX_INT4=0`` keeps torch's int4 kernel for every layer (read by the execution
+#: plan, ``proxy.engine.choice``, which hands it to the loaders: :func:`enabled`)
+ENV_SWITCH = AMX_INT4_ENV
+_enabled = True
 
 
 def kernel_available() -> bool:
@@ -69,11 +72,23 @@ def set_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Layers built in this block take the kernel where it runs (``on``) or torch's int4 kernel;
+    the loaders build a model inside it with the execution plan's choice."""
+    before = _enabled
+    set_enabled(on)
+    try:
+        yield
+    finally:
+        set_enabled(before)
+
+
 def why_not(out_features: int, in_features: int, group_size: int, num_planes: int,
             device: torch.device, kernel_dtype: torch.dtype) -> str | None:
     """None when a layer of these properties takes the kernel; else why not."""
     if not _enabled:
-        return f"turned off ({ENV_SWITCH}=0 or set_enabled)"
+        return f"turned off ({ENV_SWITCH}=0)"
     if device.type != "cpu" or kernel_dtype != torch.bfloat16 or num_planes != 1:
         return "the AMX kernel serves one-plane (int4) layers with bf16 activations on the CPU"
     if group_size % K_TILE or group_size > MAX_GROUP or in_features % group_size or out_features % N_BLOCK:

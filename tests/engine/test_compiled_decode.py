@@ -14,6 +14,7 @@ import torch
 
 from proxy.engine import compiled_step, traced_decode
 from proxy.engine.attention import register
+from proxy.engine.choice import choose_execution
 from proxy.engine.core import EngineCore
 from proxy.engine.decode_runner import CompiledDecode, EagerDecode
 from proxy.sampling import SamplingParams
@@ -27,6 +28,11 @@ EOS = 2
 def _core(model: torch.nn.Module, cache: Path, **overrides: Any) -> EngineCore:
     settings = Settings(block_size=4, num_kv_blocks=96, max_num_seqs=4, cache_dir=str(cache), **overrides)
     return EngineCore(model, settings, [EOS], max_model_len=200)
+
+
+def _execution_key() -> dict[str, Any]:
+    """The execution choice's key of :func:`_core`'s engines with ``compile_decode=True``."""
+    return choose_execution(Settings(compile_decode=True), torch.device("cpu")).key()
 
 
 def _greedy(core: EngineCore, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, list[int]]:
@@ -115,7 +121,7 @@ def test_damaged_file_compiles_again(model: torch.nn.Module, eager: dict[str, li
     compiled_step.forget(model)
     folder = tmp_path / compiled_step.ARTIFACT_DIR
     folder.mkdir()
-    path = folder / f"{compiled_step.artifact_key(model)}.pt2"
+    path = folder / f"{compiled_step.artifact_key(model, _execution_key())}.pt2"
     path.write_bytes(b"not a compiled function")
     with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
         core = _core(model, tmp_path, compile_decode=True)
@@ -136,7 +142,8 @@ def test_a_file_that_does_not_run_on_this_model_compiles_again(
     compiled_step.forget(model)
     folder = tmp_path / compiled_step.ARTIFACT_DIR
     folder.mkdir()
-    (folder / f"{compiled_step.artifact_key(model)}.pt2").write_bytes(b"another model's step")
+    path = folder / f"{compiled_step.artifact_key(model, _execution_key())}.pt2"
+    path.write_bytes(b"another model's step")
 
     class Foreign:
         def disable_guard_check(self) -> None:

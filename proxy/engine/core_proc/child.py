@@ -66,21 +66,22 @@ def child_main(settings: Settings, conn: Connection) -> None:
 
         keep_triton_out(settings)  # before the imports below reach transformers and xgrammar
         from proxy.engine.core import EngineCore
-        from proxy.engine.loading import load_engine_model
+        from proxy.engine.loading import choose_for, load_engine_model
         from proxy.engine.structured import GrammarCompiler, logits_width
         from proxy.heap import freeze_heap
         from proxy.quant.apply import trim_heap
         from proxy.tokenizer import Tokenizer
 
         conn.send(Progress("loading the model"))
-        loaded = load_engine_model(settings)
+        choice = choose_for(settings)  # what runs, chosen once before the model loads
+        loaded = load_engine_model(settings, choice)
         tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
         loaded_s = time.monotonic() - start
         conn.send(Progress(f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
         num_logits = logits_width(loaded.model)
         compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
         core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
-                          grammar_compiler=compiler)
+                          grammar_compiler=compiler, choice=choice)
         if settings.self_check is not False:  # as the in-process factory: refuse a model served wrong
             from proxy.engine.selfcheck_record import check_at_load
 
