@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +76,23 @@ def test_the_prefill_plan_follows_the_setting() -> None:
 
 
 def test_layers_built_under_the_loaders_part_take_its_int4_kernel() -> None:
+    def layer() -> PackedLinear:
+        return PackedLinear(quantize_int4(torch.randn(32, 64), 32), None, 32, CPU, torch.bfloat16, "int4")
+
     def built(amx: bool) -> PackedLinear:
         with LinearKernels(amx_int4=amx, dense_prefill=None).building():
-            return PackedLinear(quantize_int4(torch.randn(32, 64), 32), None, 32, CPU, torch.bfloat16, "int4")
+            return layer()
 
     assert not built(False).amx
     assert built(True).amx is amx_int4.kernel_available()
-    assert amx_int4._enabled  # the block restored the default
+    assert layer().amx is amx_int4.kernel_available()  # the block restored the default
+    seen: list[bool] = []
+    with LinearKernels(amx_int4=False, dense_prefill=None).building():
+        other = threading.Thread(target=lambda: seen.append(layer().amx))  # a load on another thread
+        other.start()
+        other.join()
+        assert not layer().amx
+    assert seen == [amx_int4.kernel_available()]
 
 
 def _engine(model: torch.nn.Module, tmp_path: Path, choice: ExecutionChoice, **overrides: Any) -> EngineCore:
