@@ -67,6 +67,7 @@ class ModelRunner:
             the model loaded; None: chosen here for the model's device.
 
     Attributes:
+        device, dtype: of the model's parameters.
         kv_cache: the pools; ``kv_cache.num_blocks`` is what the block manager hands out.
         choice: the :class:`ExecutionChoice` in force.
         prefill_plan: prompt tokens through dense copies of the packed linears, or None (what the
@@ -77,7 +78,6 @@ class ModelRunner:
 
     Raises:
         UnsupportedArchitectureError: the probe pass found layers the paged cache cannot serve.
-        device, dtype: of the model's parameters.
     """
 
     def __init__(self, model: torch.nn.Module, settings: Settings, max_model_len: int,
@@ -120,11 +120,17 @@ class ModelRunner:
             from proxy.engine.graph_kinds import cuda_graph_factory
 
             self.use_decode_graphs(cuda_graph_factory(self.device))
-        elif self.choice.step == "compiled" and compile_decode_wanted(settings, model, self.layers):
-            step = compiled_decode_step(model, self.kv_cache, self.num_groups,
-                                        cache_root(settings) / COMPILED_DIR, self.choice.key())
-            if step is not None:
-                self.decode = CompiledDecode(step)
+        elif self.choice.step == "compiled":
+            self.decode = self._compiled_or_eager(settings)
+
+    def _compiled_or_eager(self, settings: Settings) -> DecodeRunner:
+        """:class:`CompiledDecode` where the model's layers allow it and compiling or loading the
+        step succeeds (``proxy.engine.compiled_step``; a failure is logged), else :class:`EagerDecode`."""
+        if not compile_decode_wanted(settings, self.model, self.layers):
+            return EagerDecode()
+        step = compiled_decode_step(self.model, self.kv_cache, self.num_groups,
+                                    cache_root(settings) / COMPILED_DIR, self.choice.key())
+        return EagerDecode() if step is None else CompiledDecode(step)
 
     @property
     def compiled_step(self) -> CompiledDecodeStep | None:
