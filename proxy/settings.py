@@ -69,7 +69,7 @@ class Settings:
         max_waiting: most requests waiting to be scheduled; past it, 429.
         num_threads: torch intra-op threads on CPU; None: torch's default.
         adaptive_threads: on the CPU, run fewer intra-op threads while other processes hold the
-            cores (``proxy.engine.cpu_threads``; measured in ``docs/threads.md``).
+            cores (``proxy.engine.execution.cpu_threads``; measured in ``docs/threads.md``).
         api_keys: accepted bearer keys; empty: no auth.
         allowed_origins: CORS origins; empty: CORS off.
         keepalive_interval_s: seconds between SSE comment lines while a stream has no output.
@@ -103,11 +103,11 @@ class Settings:
         responses_store_max_bytes: most bytes of JSON those stored responses may take.
         enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
             replay a graph captured per padded batch size and key-length bucket
-            (``proxy.engine.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
+            (``proxy.engine.execution.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
         compile_decode: on the CPU, run pure-decode steps through one graph compiled ahead of time
             by ``torch.compile`` (inductor), for every batch size and context length, saved in the
             cache folder: only the first start on a machine compiles it (logged), later starts load
-            it (``proxy.engine.compiled_step``; the times: ``docs/compile.md``). None (default): on
+            it (``proxy.engine.execution.compiled_step``; the times: ``docs/compile.md``). None (default): on
             for models with packed (int4 / int8) CPU linears, such as the default GGUF;
             ``--enforce-eager`` turns it off.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
@@ -218,7 +218,7 @@ TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
 class ExecutionSwitches:
     """The engine's environment-only switches (for benchmarks and tests that compare kernels; every
     path they turn off is in ``docs/execution.md``). The execution plan
-    (``proxy.engine.choice.choose_execution``) reads them and hands what they decide to the loaders
+    (``proxy.engine.execution.choice.choose_execution``) reads them and hands what they decide to the loaders
     and the runner; the C++ op kernels are loaded when ``proxy.quant.kernels`` is imported, before
     any op is defined, so that switch is read there, through :func:`execution_switches` too.
 

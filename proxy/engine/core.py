@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from proxy.engine.block_manager import BlockManager
-from proxy.engine.choice import ExecutionChoice
-from proxy.engine.model_runner import ModelRunner
-from proxy.engine.plan import describe_execution
+from proxy.engine.execution.choice import ExecutionChoice
+from proxy.engine.execution.model_runner import ModelRunner
+from proxy.engine.execution.plan import describe_execution
+from proxy.engine.execution.sampler import Sampler
 from proxy.engine.request import Request, RequestOutput
-from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler, SchedulerConfig
 from proxy.errors import InvalidRequestError
 from proxy.protocol import resolve_max_tokens
@@ -42,12 +42,12 @@ class EngineCore:
             (``num_blocks * block_size``) when the pool is smaller.
         grammar_compiler: compiles the grammars of constrained requests (structured outputs, tool
             calls); None: requests with ``params.structured_outputs`` are refused.
-        choice: what runs (``proxy.engine.choice.ExecutionChoice``), as chosen before the model
+        choice: what runs (``proxy.engine.execution.choice.ExecutionChoice``), as chosen before the model
             loaded; None: chosen for the model's device (:class:`ModelRunner`).
 
     Attributes:
         max_model_len: the context length in force (what the API must check requests against).
-        execution: the kernels serving its steps (``proxy.engine.plan.ExecutionPlan``).
+        execution: the kernels serving its steps (``proxy.engine.execution.plan.ExecutionPlan``).
         fault_injector: test hook, a callable run before each forward pass; an exception from it
             fails that step's requests like any step failure.
     """

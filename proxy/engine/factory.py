@@ -54,7 +54,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
 
     Raises:
         proxy.models.ModelLoadError: the model cannot be resolved or loaded, or its architecture is
-            refused (``proxy.engine.architectures``).
+            refused (``proxy.engine.execution.architectures``).
         proxy.engine.selfcheck.SelfCheckError: the self-check found a difference.
     """
     from proxy.models.device import keep_triton_out

@@ -1,8 +1,8 @@
 """The engine's model loader, and the one assembly of a served engine (:func:`build_core`).
 
 The loader: :func:`proxy.models.load_model` with the paged attention registered, the
-paged engine's architecture rules (``proxy.engine.architectures``) checked on the config before the
-weights load, and the linears built for the execution plan's kernels (``proxy.engine.choice``). The
+paged engine's architecture rules (``proxy.engine.execution.architectures``) checked on the config before the
+weights load, and the linears built for the execution plan's kernels (``proxy.engine.execution.choice``). The
 engine side owns all three, so ``proxy.models`` never imports the engine.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.engine.architectures import check_supported
-from proxy.engine.attention import register as register_paged_attention
-from proxy.engine.choice import ExecutionChoice, choose_execution
+from proxy.engine.execution.architectures import check_supported
+from proxy.engine.execution.attention import register as register_paged_attention
+from proxy.engine.execution.choice import ExecutionChoice, choose_execution
 from proxy.models import LoadedModel, load_model
 from proxy.models.device import resolve_device
 from proxy.settings import Settings
@@ -41,7 +41,7 @@ def load_engine_model(settings: Settings, choice: ExecutionChoice | None = None)
 
     Raises:
         proxy.models.ModelLoadError: not found, not convertible, or an architecture the paged engine
-            refuses (``proxy.engine.architectures.check_supported``).
+            refuses (``proxy.engine.execution.architectures.check_supported``).
     """
     choice = choose_for(settings) if choice is None else choice
     return load_model(settings, attn_implementation=register_paged_attention(),

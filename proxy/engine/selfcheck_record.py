@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from proxy.engine.choice import choose_execution
-from proxy.engine.runtime_key import runtime_inputs
+from proxy.engine.execution.choice import choose_execution
+from proxy.engine.execution.runtime_key import runtime_inputs
 from proxy.models.loaded import LoadedModel
 from proxy.models.source import cache_root
 from proxy.settings import Settings

@@ -50,7 +50,7 @@ N_BLOCK = 16
 MAX_GROUP = 256
 
 #: ``STREAMPROXY_AMX_INT4=0`` keeps torch's int4 kernel for every layer (read by the execution
-#: plan, ``proxy.engine.choice``, which hands it to the loaders: :func:`enabled`)
+#: plan, ``proxy.engine.execution.choice``, which hands it to the loaders: :func:`enabled`)
 ENV_SWITCH = AMX_INT4_ENV
 #: whether layers built in this thread / task take the kernel (:func:`enabled`); a context variable,
 #: so that two models loading at once on two threads never see each other's choice

@@ -1,5 +1,6 @@
 """Which kernels the loaders build a model's linears for (:class:`LinearKernels`): the loaders' part
-of the execution plan, chosen before loading by ``proxy.engine.choice.choose_execution`` (which reads
+of the execution plan, chosen before loading by
+``proxy.engine.execution.choice.choose_execution`` (which reads
 the switches and the CPU) and handed to ``proxy.models.load.load_model``.
 """
 

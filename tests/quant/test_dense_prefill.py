@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from engine.engine_helpers import run_staggered
 
 from proxy.engine.block_manager import BlockManager
-from proxy.engine.choice import PrefillPlan
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.choice import PrefillPlan
 from proxy.engine.request import Request
 from proxy.quant import kernel_dtype, kernels, quantize_linears
 from proxy.quant.apply import add_dense_weights

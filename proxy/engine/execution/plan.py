@@ -1,13 +1,13 @@
 """The execution plan: which kernels serve each part of a step on this machine, and why the others
 do not (:class:`ExecutionPlan`, built by :func:`describe_execution` once an engine is built, from
-the :class:`~proxy.engine.choice.ExecutionChoice` made before the model loaded and what was built).
+the :class:`~proxy.engine.execution.choice.ExecutionChoice` made before the model loaded and what was built).
 
 What is chosen, and from what (``docs/execution.md`` has the table with the switches and where each
 path is measured):
 
 - **the step**: ``compiled`` (the CPU's ahead-of-time compiled decode step,
-  ``proxy.engine.compiled_step``: every token past a prompt), ``cuda_graphs`` (captured pure-decode
-  steps on CUDA, ``proxy.engine.decode_graphs``) or ``eager``; prompt tokens always run eager;
+  ``proxy.engine.execution.compiled_step``: every token past a prompt), ``cuda_graphs`` (captured pure-decode
+  steps on CUDA, ``proxy.engine.execution.decode_graphs``) or ``eager``; prompt tokens always run eager;
 - **decode attention**: ``pools_op`` (``streamproxy::paged_decode_attention`` over the pools, inside
   the compiled step, where the C++ op kernels are loaded) or ``gather_sdpa`` (a gather of each row's
   keys and ``scaled_dot_product_attention``); prefill attention is always ``gather_sdpa``;
@@ -35,7 +35,7 @@ from torch import nn
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
-    from proxy.engine.model_runner import ModelRunner
+    from proxy.engine.execution.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ExecutionPlan:
 
     Attributes:
         device: ``"cpu"`` or ``"cuda:N"``; dtype: the activations' (``"bfloat16"``).
-        cpu_flags: which of ``proxy.engine.choice.KERNEL_CPU_FLAGS`` this CPU has (CPU only).
+        cpu_flags: which of ``proxy.engine.execution.choice.KERNEL_CPU_FLAGS`` this CPU has (CPU only).
         step: ``"compiled"``, ``"cuda_graphs"`` or ``"eager"``.
         decode_attention: ``"pools_op"`` or ``"gather_sdpa"``.
         linears: linear layers by kernel (``{"int4 amx": 210, "int8 q8 avx512": 1, ...}``).
@@ -111,7 +111,7 @@ def _linear_kernel(module: nn.Module) -> str | None:
 
 def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner) -> ExecutionPlan:
     """The plan of an engine built over ``model`` by ``runner`` with ``settings`` (module docstring)."""
-    from proxy.engine.compiled_step import why_not_compiled
+    from proxy.engine.execution.compiled_step import why_not_compiled
     from proxy.quant import amx_int4
 
     device = runner.device

@@ -1,4 +1,4 @@
-"""The execution choice (``proxy.engine.choice``): made once before the model loads from settings,
+"""The execution choice (``proxy.engine.execution.choice``): made once before the model loads from settings,
 device, the environment switches and a machine probe, and acted on by the loader and the runner."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from proxy.engine import compiled_step
-from proxy.engine.attention import register
-from proxy.engine.choice import ExecutionChoice, MachineProbe, PrefillPlan, choose_execution
 from proxy.engine.core import EngineCore
-from proxy.engine.runtime_key import runtime_inputs
+from proxy.engine.execution import compiled_step
+from proxy.engine.execution.attention import register
+from proxy.engine.execution.choice import ExecutionChoice, MachineProbe, PrefillPlan, choose_execution
+from proxy.engine.execution.runtime_key import runtime_inputs
 from proxy.quant import amx_int4
 from proxy.quant.apply import quantize_linears
 from proxy.quant.dense_prefill import dense_weight_dtype
@@ -24,7 +24,7 @@ from proxy.quant.linear import PackedLinear, quantize_int4
 from proxy.quant.linear_kernels import LinearKernels
 from proxy.settings import ExecutionSwitches, Settings, execution_switches
 
-from .arch_zoo import build_model
+from ..arch_zoo import build_model
 
 CPU = torch.device("cpu")
 #: a CPU whose AMX int4 kernel runs, with every build loaded

@@ -5,13 +5,13 @@
 (:func:`proxy.settings.execution_switches`) and this machine and build (:class:`MachineProbe`:
 ``/proc/cpuinfo``'s flags, which compiled extensions loaded). Its :class:`ExecutionChoice` goes to the
 loader (its :class:`~proxy.quant.linear_kernels.LinearKernels` part: ``proxy.engine.loading``) and to
-the model runner (the step: which :class:`~proxy.engine.decode_runner.DecodeRunner`; the
+the model runner (the step: which :class:`~proxy.engine.execution.decode_runner.DecodeRunner`; the
 :class:`PrefillPlan`), and is hashed into the compiled decode step's and the self-check's keys
-(``proxy.engine.runtime_key``). What the built engine then runs, with the paths not taken and why,
-is described by ``proxy.engine.plan.describe_execution`` (the log line, ``/server_info``).
+(``proxy.engine.execution.runtime_key``). What the built engine then runs, with the paths not taken and why,
+is described by ``proxy.engine.execution.plan.describe_execution`` (the log line, ``/server_info``).
 
 Decided later, where the facts are: whether a model's layers allow the compiled step (packed
-linears, no sliding windows: ``proxy.engine.compiled_step.why_not_compiled``), whether a layer's
+linears, no sliding windows: ``proxy.engine.execution.compiled_step.why_not_compiled``), whether a layer's
 shape takes the AMX kernel (``proxy.quant.amx_int4.why_not``), and per call, how many rows take the
 Q8_0 kernel's GEMM path or the skinny fp32 path (``proxy.quant.int8_linear``, ``proxy.quant.skinny``).
 
@@ -139,7 +139,7 @@ def choose_execution(settings: Settings, device: torch.device, *, switches: Exec
         switches, probe: default :func:`proxy.settings.execution_switches` and
             :meth:`MachineProbe.read` (tests pass others).
     """
-    from proxy.engine.compiled_step import why_not_compiled_by
+    from proxy.engine.execution.compiled_step import why_not_compiled_by
 
     switches = execution_switches() if switches is None else switches
     probe = MachineProbe.read() if probe is None else probe

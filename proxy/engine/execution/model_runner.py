@@ -13,13 +13,13 @@ construction (``attention.probe_layers`` -> ``architectures.layer_specs``), whic
 layers that never reach the attention function (Mamba / linear attention). The cache is sized from
 the shapes the layers really produce (multi-head latent attention has K and V of other widths).
 
-How a step runs is one :class:`~proxy.engine.decode_runner.DecodeRunner` object chosen at
-construction: eager; captured graphs for pure-decode steps on CUDA (``proxy.engine.decode_graphs``;
+How a step runs is one :class:`~proxy.engine.execution.decode_runner.DecodeRunner` object chosen at
+construction: eager; captured graphs for pure-decode steps on CUDA (``proxy.engine.execution.decode_graphs``;
 off with ``settings.enforce_eager``); or, on the CPU, every token past a prompt through one graph
-compiled ahead of time (``proxy.engine.compiled_step``; ``settings.compile_decode``). The pools keep
+compiled ahead of time (``proxy.engine.execution.compiled_step``; ``settings.compile_decode``). The pools keep
 one scratch slot past the blocks for padded rows. Prompt tokens always run eager.
 
-KV pool size: :func:`proxy.engine.attention.cache.choose_num_blocks`.
+KV pool size: :func:`proxy.engine.execution.attention.cache.choose_num_blocks`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import torch
 
-from proxy.engine.architectures import layer_specs, unexpected_kwargs
-from proxy.engine.attention import (
+from proxy.engine.execution.architectures import layer_specs, unexpected_kwargs
+from proxy.engine.execution.attention import (
     ATTN_IMPLEMENTATION,
     METADATA_KWARG,
     LayerSpec,
@@ -40,14 +40,18 @@ from proxy.engine.attention import (
     choose_num_blocks,
     probe_layers,
 )
-from proxy.engine.choice import ExecutionChoice, PrefillPlan, choose_execution, prefill_plan_of
-from proxy.engine.compiled_step import ARTIFACT_DIR as COMPILED_DIR
-from proxy.engine.compiled_step import CompiledDecodeStep, compile_decode_wanted, compiled_decode_step
-from proxy.engine.decode_graphs import DecodeGraphRunner
-from proxy.engine.decode_runner import CompiledDecode, CudaGraphDecode, DecodeRunner, EagerDecode
-from proxy.engine.graph_kinds import DecodeGraph
+from proxy.engine.execution.choice import ExecutionChoice, PrefillPlan, choose_execution, prefill_plan_of
+from proxy.engine.execution.compiled_step import ARTIFACT_DIR as COMPILED_DIR
+from proxy.engine.execution.compiled_step import (
+    CompiledDecodeStep,
+    compile_decode_wanted,
+    compiled_decode_step,
+)
+from proxy.engine.execution.decode_graphs import DecodeGraphRunner
+from proxy.engine.execution.decode_runner import CompiledDecode, CudaGraphDecode, DecodeRunner, EagerDecode
+from proxy.engine.execution.graph_kinds import DecodeGraph
+from proxy.engine.execution.step_inputs import StepInputs, StepRows, build_step_inputs
 from proxy.engine.scheduler import SchedulerOutput
-from proxy.engine.step_inputs import StepInputs, StepRows, build_step_inputs
 from proxy.models.source import cache_root
 from proxy.quant.dense_prefill import active_row_plan, plan_rows
 from proxy.settings import Settings
@@ -63,7 +67,7 @@ class ModelRunner:
             if not), in eval mode, on its device.
         settings: block size and KV pool size knobs.
         max_model_len: longest sequence; bounds the default CPU pool.
-        choice: what runs (``proxy.engine.choice``; the step's :class:`DecodeRunner`), chosen before
+        choice: what runs (``proxy.engine.execution.choice``; the step's :class:`DecodeRunner`), chosen before
             the model loaded; None: chosen here for the model's device.
 
     Attributes:
@@ -74,7 +78,7 @@ class ModelRunner:
             model holds: a model built without copies has none whatever the choice).
         layers: one :class:`LayerSpec` per layer (shapes, window, chunk, soft-cap, sinks).
         decode: how steps run, :class:`EagerDecode`, :class:`CudaGraphDecode` or
-            :class:`CompiledDecode` (``proxy.engine.decode_runner``).
+            :class:`CompiledDecode` (``proxy.engine.execution.decode_runner``).
 
     Raises:
         UnsupportedArchitectureError: the probe pass found layers the paged cache cannot serve.
@@ -84,7 +88,7 @@ class ModelRunner:
                  choice: ExecutionChoice | None = None) -> None:
         self.model = model
         if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
-            from proxy.engine.attention import register
+            from proxy.engine.execution.attention import register
 
             register()
             model.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
@@ -114,10 +118,10 @@ class ModelRunner:
         self.max_model_len = max_model_len
         #: prompt tokens through the packed linears' dense copies, or None (``proxy.quant.dense_prefill``)
         self.prefill_plan: PrefillPlan | None = prefill_plan_of(model)
-        #: how steps run (``proxy.engine.decode_runner``): chosen here, replaced when it fails
+        #: how steps run (``proxy.engine.execution.decode_runner``): chosen here, replaced when it fails
         self.decode: DecodeRunner = EagerDecode()
         if self.choice.step == "cuda_graphs":
-            from proxy.engine.graph_kinds import cuda_graph_factory
+            from proxy.engine.execution.graph_kinds import cuda_graph_factory
 
             self.use_decode_graphs(cuda_graph_factory(self.device))
         elif self.choice.step == "compiled":
@@ -125,7 +129,8 @@ class ModelRunner:
 
     def _compiled_or_eager(self, settings: Settings) -> DecodeRunner:
         """:class:`CompiledDecode` where the model's layers allow it and compiling or loading the
-        step succeeds (``proxy.engine.compiled_step``; a failure is logged), else :class:`EagerDecode`."""
+        step succeeds (``proxy.engine.execution.compiled_step``; a failure is logged), else
+        :class:`EagerDecode`."""
         if not compile_decode_wanted(settings, self.model, self.layers):
             return EagerDecode()
         step = compiled_decode_step(self.model, self.kv_cache, self.num_groups,
@@ -197,7 +202,7 @@ class ModelRunner:
 
     def execute(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """Run one forward pass over the scheduled tokens through :attr:`decode`
-        (``proxy.engine.decode_runner``); a compiled step whose call fails (logged by it) is
+        (``proxy.engine.execution.decode_runner``); a compiled step whose call fails (logged by it) is
         replaced by :class:`EagerDecode` for this and every later step.
 
         Returns:

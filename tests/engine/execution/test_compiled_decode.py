@@ -1,6 +1,6 @@
 """Pure-decode steps through the ahead-of-time compiled graph on the CPU (``Settings.compile_decode``,
-``proxy.engine.compiled_step``): the same tokens as eager for every batch size and key length through
-one graph, saved and loaded again, and eager wherever it cannot serve or fails."""
+``proxy.engine.execution.compiled_step``): the same tokens as eager for every batch size and key length
+through one graph, saved and loaded again, and eager wherever it cannot serve or fails."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from proxy.engine import compiled_step, traced_decode
-from proxy.engine.attention import register
-from proxy.engine.choice import choose_execution
 from proxy.engine.core import EngineCore
-from proxy.engine.decode_runner import CompiledDecode, EagerDecode
+from proxy.engine.execution import compiled_step, traced_decode
+from proxy.engine.execution.attention import register
+from proxy.engine.execution.choice import choose_execution
+from proxy.engine.execution.decode_runner import CompiledDecode, EagerDecode
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
-from .arch_zoo import build_model
+from ..arch_zoo import build_model
 
 EOS = 2
 
@@ -123,7 +123,7 @@ def test_damaged_file_compiles_again(model: torch.nn.Module, eager: dict[str, li
     folder.mkdir()
     path = folder / f"{compiled_step.artifact_key(model, _execution_key())}.pt2"
     path.write_bytes(b"not a compiled function")
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         core = _core(model, tmp_path, compile_decode=True)
     assert "could not load the compiled decode step" in caplog.text
     assert compiles == [9] and path.read_bytes() == b"stand-in"
@@ -153,7 +153,7 @@ def test_a_file_that_does_not_run_on_this_model_compiles_again(
             raise KeyError("weight")
 
     monkeypatch.setattr(torch.compiler, "load_compiled_function", lambda f, external_data=None: Foreign())
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         step = _core(model, tmp_path, compile_decode=True).runner.compiled_step
     assert "could not load the compiled decode step" in caplog.text and "KeyError" in caplog.text
     assert step is not None and step.source == "compiled" and compiles == [9]
@@ -177,7 +177,7 @@ def test_a_failing_call_runs_eager_from_then_on(model: torch.nn.Module, eager: d
         return traced_decode.decode_forward(*args)
 
     step._fn = fails_on_the_fifth
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         assert _greedy(core, _prompts(), MAX_TOKENS) == eager
     assert "decode steps run eager from now on" in caplog.text
     assert core.runner.compiled_step is None and len(calls) == 5
@@ -194,7 +194,7 @@ def test_compile_failure_runs_eager(model: torch.nn.Module, eager: dict[str, lis
 
     monkeypatch.setattr(compiled_step, "_compile", broken)
     compiled_step.forget(model)
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         core = _core(model, tmp_path, compile_decode=True)
     assert "compiling the decode step failed (RuntimeError: inductor is not installed)" in caplog.text
     assert core.runner.compiled_step is None
@@ -261,8 +261,8 @@ def test_decode_rows_attend_through_the_pools_op_where_it_is_built(
     """``decode_forward`` (run eager here, the function the graph is traced from) sends every
     layer's decode rows through ``paged_decode_attention`` where the C++ kernels are loaded, and
     through the gather and SDPA where they are not."""
-    from proxy.engine.attention import kernels
-    from proxy.engine.decode_graphs import padded_step_inputs
+    from proxy.engine.execution.attention import kernels
+    from proxy.engine.execution.decode_graphs import padded_step_inputs
 
     calls: list[tuple[int, ...]] = []
     op = kernels.paged_decode_attention

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from proxy.engine.attention.cache import PagedKVCache
+from proxy.engine.execution.attention.cache import PagedKVCache
 
 if TYPE_CHECKING:
     from proxy.quant.dense_prefill import RowPlan

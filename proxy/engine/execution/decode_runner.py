@@ -3,9 +3,10 @@ model runner is built and replaced (never branched on) when its path fails.
 
 - :class:`EagerDecode`: every row through the eager forward (``ModelRunner.forward_inputs``).
 - :class:`CudaGraphDecode`: a pure-decode step replays a captured graph
-  (``proxy.engine.decode_graphs``) where one has its shape; other steps run eager.
+  (``proxy.engine.execution.decode_graphs``) where one has its shape; other steps run eager.
 - :class:`CompiledDecode`: every row past its prompt (decodes, and the output tokens a preempted
-  request recomputes) through the CPU's ahead-of-time compiled step (``proxy.engine.compiled_step``),
+  request recomputes) through the CPU's ahead-of-time compiled step
+  (``proxy.engine.execution.compiled_step``),
   one token a row; prompt rows run eager beside them. The scheduler never mixes prompt and output
   tokens in one chunk (``SchedulerConfig.outputs_on_decode_path``), so every generated token's K/V
   and logits come from the same kernels whatever the load.
@@ -22,14 +23,14 @@ from typing import Protocol
 
 import torch
 
-from proxy.engine.attention import PagedKVCache
-from proxy.engine.compiled_step import CompiledDecodeStep
-from proxy.engine.decode_graphs import DecodeGraphRunner
-from proxy.engine.step_inputs import StepInputs, StepRows
+from proxy.engine.execution.attention import PagedKVCache
+from proxy.engine.execution.compiled_step import CompiledDecodeStep
+from proxy.engine.execution.decode_graphs import DecodeGraphRunner
+from proxy.engine.execution.step_inputs import StepInputs, StepRows
 
 
 class ModelRunner(Protocol):
-    """What a decode runner uses of ``proxy.engine.model_runner.ModelRunner``."""
+    """What a decode runner uses of ``proxy.engine.execution.model_runner.ModelRunner``."""
 
     device: torch.device
     kv_cache: PagedKVCache

@@ -1,6 +1,6 @@
 """Pure-decode steps on the CPU through one ahead-of-time compiled graph, kept on disk between starts.
 
-The decode forward (:func:`proxy.engine.traced_decode.decode_forward`: embedding, every decoder
+The decode forward (:func:`proxy.engine.execution.traced_decode.decode_forward`: embedding, every decoder
 layer with the paged attention, the final norm and the lm_head) is compiled once by
 ``torch.compile(fullgraph=True)`` (inductor's CPU backend fuses the casts, norms, RoPE, SiLU-mul and
 residual adds around the packed matmul kernels, which stay opaque custom ops) with dynamo's
@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from proxy.engine.attention import KEY_PAD, LayerSpec, PagedAttentionMetadata, PagedKVCache
-from proxy.engine.decode_graphs import padded_step_inputs
-from proxy.engine.runtime_key import model_inputs, runtime_inputs
-from proxy.engine.traced_decode import decode_forward
+from proxy.engine.execution.attention import KEY_PAD, LayerSpec, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.execution.decode_graphs import padded_step_inputs
+from proxy.engine.execution.runtime_key import model_inputs, runtime_inputs
+from proxy.engine.execution.traced_decode import decode_forward
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
