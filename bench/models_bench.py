@@ -37,7 +37,6 @@ from rss_bench import descendants
 from proxy.ports import start_serve
 
 
-
 def rss_mb(pid: int) -> float:
     """``VmRSS`` (MB) summed over ``pid`` and its descendants."""
     total_kb = 0
