@@ -1,12 +1,15 @@
 """Every knob of streamproxy in one frozen dataclass, with its default.
 
 ``cli.py`` fills it from argv and ``STREAMPROXY_*`` environment variables; everything below the CLI
-receives a ``Settings`` and never reads the environment itself (except the hot-path selector's
-``STREAMPROXY_PURE_PYTHON`` and the AMX int4 kernel's ``STREAMPROXY_AMX_INT4``, both chosen at import).
+receives a ``Settings`` and never reads the environment itself, except through
+:func:`execution_switches` (the engine's environment-only switches, :class:`ExecutionSwitches`) and
+the hot-path selector's ``STREAMPROXY_PURE_PYTHON`` (the hot path imports nothing of ours).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 EMBEDDING_POOLINGS = ("last", "mean", "cls")
@@ -80,7 +83,7 @@ class Settings:
         max_waiting: most requests waiting to be scheduled; past it, 429.
         num_threads: torch intra-op threads on CPU; None: torch's default.
         adaptive_threads: on the CPU, run fewer intra-op threads while other processes hold the
-            cores (``proxy.engine.cpu_threads``; measured in ``docs/threads.md``).
+            cores (``proxy.engine.execution.cpu_threads``; measured in ``docs/threads.md``).
         api_keys: accepted bearer keys; empty: no auth.
         allowed_origins: CORS origins; empty: CORS off.
         keepalive_interval_s: seconds between SSE comment lines while a stream has no output.
@@ -114,11 +117,11 @@ class Settings:
         responses_store_max_bytes: most bytes of JSON those stored responses may take.
         enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
             replay a graph captured per padded batch size and key-length bucket
-            (``proxy.engine.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
+            (``proxy.engine.execution.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
         compile_decode: on the CPU, run pure-decode steps through one graph compiled ahead of time
             by ``torch.compile`` (inductor), for every batch size and context length, saved in the
             cache folder: only the first start on a machine compiles it (logged), later starts load
-            it (``proxy.engine.compiled_step``; the times: ``docs/compile.md``). None (default): on
+            it (``proxy.engine.execution.compiled_step``; the times: ``docs/compile.md``). None (default): on
             for models with packed (int4 / int8) CPU linears, such as the default GGUF;
             ``--enforce-eager`` turns it off.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
@@ -234,3 +237,36 @@ def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: fl
         raise ValueError(
             f"max_long_gap_fraction (--max-long-gap-fraction) must be in [0, 1), got {max_long_gap_fraction}"
         )
+
+
+AMX_INT4_ENV = "STREAMPROXY_AMX_INT4"
+"""``0`` keeps torch's int4 kernel for every int4 layer (:attr:`ExecutionSwitches.amx_int4`)."""
+TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
+"""``0`` keeps the Python kernels of the ``streamproxy::`` ops (:attr:`ExecutionSwitches.torch_ops`)."""
+
+
+@dataclass(frozen=True)
+class ExecutionSwitches:
+    """The engine's environment-only switches (for benchmarks and tests that compare kernels; every
+    path they turn off is in ``docs/execution.md``). The execution plan
+    (``proxy.engine.execution.choice.choose_execution``) reads them and hands what they decide to the loaders
+    and the runner; the C++ op kernels are loaded when ``proxy.quant.kernels`` is imported, before
+    any op is defined, so that switch is read there, through :func:`execution_switches` too.
+
+    Attributes:
+        amx_int4: ``STREAMPROXY_AMX_INT4`` (default on): one-plane int4 layers take the AMX int4
+            kernel where it runs (``proxy.quant.amx_int4``); ``0``: torch's int4 kernel.
+        torch_ops: ``STREAMPROXY_TORCH_OPS`` (default on): the ``streamproxy::`` ops run their C++
+            kernels where built (``proxy.quant.kernels``); ``0``: their Python kernels.
+    """
+
+    amx_int4: bool = True
+    torch_ops: bool = True
+
+
+def execution_switches(environ: Mapping[str, str] | None = None) -> ExecutionSwitches:
+    """The :class:`ExecutionSwitches` of ``environ`` (default: this process's environment); a switch
+    is off when its variable is ``0``, on otherwise."""
+    env = os.environ if environ is None else environ
+    return ExecutionSwitches(amx_int4=env.get(AMX_INT4_ENV, "1") != "0",
+                             torch_ops=env.get(TORCH_OPS_ENV, "1") != "0")

@@ -192,7 +192,7 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
             return
         state.set_ready(client)
         info = client.model
-        if info.execution is not None:  # which kernels serve the steps (proxy.engine.plan)
+        if info.execution is not None:  # which kernels serve the steps (proxy.engine.execution.plan)
             log.info("%s", info.execution["summary"])
         served_as = ", ".join(
             f"{k} {v}" for k, v in (("dtype", info.dtype), ("quantization", info.quantization)) if v

@@ -40,7 +40,7 @@ async def health(request: Request) -> Response:
     engine counters (``num_running``, ``num_waiting``, ``num_free_blocks``, ``num_total_blocks``,
     ``num_tracked_outputs``, ``num_preemptions``: requests preempted so far because the KV cache
     was full, as ``streamproxy:num_preemptions_total`` in ``/metrics``) and the engine's
-    ``execution`` plan (``proxy.engine.plan``).
+    ``execution`` plan (``proxy.engine.execution.plan``).
     """
     state = _state(request)
     payload: dict[str, Any] = {"status": "draining" if state.is_draining else state.status}

@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from proxy.engine.runtime_key import runtime_inputs
+from proxy.engine.execution.choice import choose_execution
+from proxy.engine.execution.runtime_key import runtime_inputs
 from proxy.models.loaded import LoadedModel
 from proxy.models.source import cache_root
 from proxy.settings import Settings
@@ -88,7 +89,7 @@ def key_inputs(loaded: LoadedModel, settings: Settings, max_model_len: int) -> d
     return {
         "record_version": RECORD_VERSION,
         "weights": weights_stamp(loaded),
-        **runtime_inputs(),
+        **runtime_inputs(choose_execution(settings, device).key()),
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "device": str(device),
         "dtype": str(loaded.dtype).removeprefix("torch."),

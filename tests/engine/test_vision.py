@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from proxy.engine.architectures import check_supported
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.architectures import check_supported
 from proxy.media.decode import LoadedImage, decode_image
 from proxy.media.prompt import PromptImages
 from proxy.models.loaded import ModelLoadError

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from proxy.engine.execution.step_inputs import ImageSlots, StepRows
 from proxy.engine.request import Request
-from proxy.engine.step_inputs import ImageSlots, StepRows
 from proxy.models.vision import encode_images
 
 MAX_CACHED = 8

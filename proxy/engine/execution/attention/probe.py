@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from proxy.engine.attention.binding import METADATA_KWARG, active_metadata
-from proxy.engine.attention.cache import LayerSpec
+from proxy.engine.execution.attention.binding import METADATA_KWARG, active_metadata
+from proxy.engine.execution.attention.cache import LayerSpec
 
 
 @dataclass

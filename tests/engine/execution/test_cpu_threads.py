@@ -1,4 +1,4 @@
-"""The adaptive intra-op thread rule (``proxy.engine.cpu_threads``), on a fake clock and a fake
+"""The adaptive intra-op thread rule (``proxy.engine.execution.cpu_threads``), on a fake clock and a fake
 run-queue wait, and once on the real schedstat file of this thread."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from proxy.engine.cpu_threads import AdaptiveThreads, adaptive_threads_for
+from proxy.engine.execution.cpu_threads import AdaptiveThreads, adaptive_threads_for
 from proxy.engine.sched_stats import RunQueueClock, cpu_busy_ticks, procs_running
 
 

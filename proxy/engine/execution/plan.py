@@ -1,12 +1,13 @@
 """The execution plan: which kernels serve each part of a step on this machine, and why the others
-do not (:class:`ExecutionPlan`, built by :func:`describe_execution` once an engine is built).
+do not (:class:`ExecutionPlan`, built by :func:`describe_execution` once an engine is built, from
+the :class:`~proxy.engine.execution.choice.ExecutionChoice` made before the model loaded and what was built).
 
 What is chosen, and from what (``docs/execution.md`` has the table with the switches and where each
 path is measured):
 
 - **the step**: ``compiled`` (the CPU's ahead-of-time compiled decode step,
-  ``proxy.engine.compiled_step``: every token past a prompt), ``cuda_graphs`` (captured pure-decode
-  steps on CUDA, ``proxy.engine.decode_graphs``) or ``eager``; prompt tokens always run eager;
+  ``proxy.engine.execution.compiled_step``: every token past a prompt), ``cuda_graphs`` (captured pure-decode
+  steps on CUDA, ``proxy.engine.execution.decode_graphs``) or ``eager``; prompt tokens always run eager;
 - **decode attention**: ``pools_op`` (``streamproxy::paged_decode_attention`` over the pools, inside
   the compiled step, where the C++ op kernels are loaded) or ``gather_sdpa`` (a gather of each row's
   keys and ``scaled_dot_product_attention``); prefill attention is always ``gather_sdpa``;
@@ -34,10 +35,7 @@ from torch import nn
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
-    from proxy.engine.model_runner import ModelRunner
-
-#: the CPU features the kernels are chosen by, as ``/proc/cpuinfo`` names them
-KERNEL_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    from proxy.engine.execution.model_runner import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class ExecutionPlan:
 
     Attributes:
         device: ``"cpu"`` or ``"cuda:N"``; dtype: the activations' (``"bfloat16"``).
-        cpu_flags: which of :data:`KERNEL_CPU_FLAGS` this CPU has (CPU only).
+        cpu_flags: which of ``proxy.engine.execution.choice.KERNEL_CPU_FLAGS`` this CPU has (CPU only).
         step: ``"compiled"``, ``"cuda_graphs"`` or ``"eager"``.
         decode_attention: ``"pools_op"`` or ``"gather_sdpa"``.
         linears: linear layers by kernel (``{"int4 amx": 210, "int8 q8 avx512": 1, ...}``).
@@ -113,49 +111,43 @@ def _linear_kernel(module: nn.Module) -> str | None:
 
 def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner) -> ExecutionPlan:
     """The plan of an engine built over ``model`` by ``runner`` with ``settings`` (module docstring)."""
-    from proxy import hotpath
-    from proxy.engine.attention.kernels import paged_decode_kernel_available
-    from proxy.engine.compiled_step import why_not_compiled
-    from proxy.quant import amx_int4, kernels
-    from proxy.quant.dense_prefill import dense_dtype_of
+    from proxy.engine.execution.compiled_step import why_not_compiled
+    from proxy.quant import amx_int4
 
     device = runner.device
+    choice = runner.choice
+    probe = choice.probe
     off: dict[str, str] = {}
-    if runner.compiled_step is not None:
-        step = "compiled"
-    elif runner.decode_graphs is not None:
-        step = "cuda_graphs"
-    else:
-        step = "eager"
+    step = runner.decode.kind
     if device.type == "cuda":
         if step != "cuda_graphs":
             off["cuda_graphs"] = "--enforce-eager"
     elif step != "compiled":
         off["compiled"] = (why_not_compiled(settings, model, runner.layers)
                            or "compiling or loading it failed (logged)")
-    if step == "compiled" and paged_decode_kernel_available():
+    if step == "compiled" and probe.op_kernels is None:
         decode_attention = "pools_op"
     else:
         decode_attention = "gather_sdpa"
         off["pools_op"] = ("runs inside the compiled step only" if step != "compiled"
-                           else f"the C++ op kernels are not loaded ({kernels.TORCH_OPS_ERROR})")
+                           else f"the C++ op kernels are not loaded ({probe.op_kernels})")
     linears = Counter(k for m in model.modules() if (k := _linear_kernel(m)) is not None)
     if linears["int4 torch"] and device.type == "cpu":
-        why = amx_int4.why_not(16, 32, 32, 1, device, runner.dtype)
+        with amx_int4.enabled(choice.switches.amx_int4):  # the layers' rule, under the plan's switch
+            why = amx_int4.why_not(16, 32, 32, 1, device, runner.dtype)
         off["int4 amx"] = why or "layer shapes the AMX kernel does not take"
-    dense = dense_dtype_of(model)
-    prompt_linears = f"dense {str(dense).removeprefix('torch.')} copies" if dense is not None else "as decode"
-    if dense is None and any(k.startswith(("int4", "int8")) for k in linears):
+    prefill = runner.prefill_plan
+    prompt_linears = f"dense {prefill.dtype} copies" if prefill is not None else "as decode"
+    if prefill is None and any(k.startswith(("int4", "int8")) for k in linears):
         off["dense prompt copies"] = ("--no-dense-prefill" if settings.dense_prefill is False
                                       else "off by default on this device")
-    if not kernels.cpp_kernels_loaded():
-        off["c++ op kernels"] = str(kernels.TORCH_OPS_ERROR)
-    flags = kernels.cpu_flags() if device.type == "cpu" else frozenset()
+    if probe.op_kernels is not None:
+        off["c++ op kernels"] = probe.op_kernels
     return ExecutionPlan(
         device=str(device), dtype=str(runner.dtype).removeprefix("torch."),
-        cpu_flags=tuple(f for f in KERNEL_CPU_FLAGS if f in flags), step=step,
+        cpu_flags=probe.cpu_flags if device.type == "cpu" else (), step=step,
         decode_attention=decode_attention, linears=dict(sorted(linears.items())),
-        prompt_linears=prompt_linears, op_kernels="c++" if kernels.cpp_kernels_loaded() else "python",
-        hot_path="compiled" if hotpath.IS_COMPILED else "python", off=off,
+        prompt_linears=prompt_linears, op_kernels="c++" if probe.op_kernels is None else "python",
+        hot_path=probe.hot_path, off=off,
     )
 

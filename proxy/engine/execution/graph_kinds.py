@@ -1,9 +1,9 @@
-"""The graphs a :class:`~proxy.engine.decode_graphs.DecodeGraphRunner` records decode steps into.
+"""The graphs a :class:`~proxy.engine.execution.decode_graphs.DecodeGraphRunner` records decode steps into.
 
 :class:`DecodeGraph` is the protocol (``capture(fn) -> output``, ``replay()``);
 :class:`CudaDecodeGraph` records a CUDA graph (the only code here that touches ``torch.cuda``, run
 only on a CUDA device). The CPU's compiled decode step needs no static buffers and lives in
-``proxy.engine.compiled_step``.
+``proxy.engine.execution.compiled_step``.
 """
 
 from __future__ import annotations

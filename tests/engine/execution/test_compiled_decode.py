@@ -1,6 +1,6 @@
 """Pure-decode steps through the ahead-of-time compiled graph on the CPU (``Settings.compile_decode``,
-``proxy.engine.compiled_step``): the same tokens as eager for every batch size and key length through
-one graph, saved and loaded again, and eager wherever it cannot serve or fails."""
+``proxy.engine.execution.compiled_step``): the same tokens as eager for every batch size and key length
+through one graph, saved and loaded again, and eager wherever it cannot serve or fails."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from proxy.engine import compiled_step, traced_decode
-from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
+from proxy.engine.execution import compiled_step, traced_decode
+from proxy.engine.execution.attention import register
+from proxy.engine.execution.choice import choose_execution
+from proxy.engine.execution.decode_runner import CompiledDecode, EagerDecode
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
-from .arch_zoo import build_model
+from ..arch_zoo import build_model
 
 EOS = 2
 
@@ -26,6 +28,11 @@ EOS = 2
 def _core(model: torch.nn.Module, cache: Path, **overrides: Any) -> EngineCore:
     settings = Settings(block_size=4, num_kv_blocks=96, max_num_seqs=4, cache_dir=str(cache), **overrides)
     return EngineCore(model, settings, [EOS], max_model_len=200)
+
+
+def _execution_key() -> dict[str, Any]:
+    """The execution choice's key of :func:`_core`'s engines with ``compile_decode=True``."""
+    return choose_execution(Settings(compile_decode=True), torch.device("cpu")).key()
 
 
 def _greedy(core: EngineCore, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, list[int]]:
@@ -114,9 +121,9 @@ def test_damaged_file_compiles_again(model: torch.nn.Module, eager: dict[str, li
     compiled_step.forget(model)
     folder = tmp_path / compiled_step.ARTIFACT_DIR
     folder.mkdir()
-    path = folder / f"{compiled_step.artifact_key(model)}.pt2"
+    path = folder / f"{compiled_step.artifact_key(model, _execution_key())}.pt2"
     path.write_bytes(b"not a compiled function")
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         core = _core(model, tmp_path, compile_decode=True)
     assert "could not load the compiled decode step" in caplog.text
     assert compiles == [9] and path.read_bytes() == b"stand-in"
@@ -135,7 +142,8 @@ def test_a_file_that_does_not_run_on_this_model_compiles_again(
     compiled_step.forget(model)
     folder = tmp_path / compiled_step.ARTIFACT_DIR
     folder.mkdir()
-    (folder / f"{compiled_step.artifact_key(model)}.pt2").write_bytes(b"another model's step")
+    path = folder / f"{compiled_step.artifact_key(model, _execution_key())}.pt2"
+    path.write_bytes(b"another model's step")
 
     class Foreign:
         def disable_guard_check(self) -> None:
@@ -145,7 +153,7 @@ def test_a_file_that_does_not_run_on_this_model_compiles_again(
             raise KeyError("weight")
 
     monkeypatch.setattr(torch.compiler, "load_compiled_function", lambda f, external_data=None: Foreign())
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         step = _core(model, tmp_path, compile_decode=True).runner.compiled_step
     assert "could not load the compiled decode step" in caplog.text and "KeyError" in caplog.text
     assert step is not None and step.source == "compiled" and compiles == [9]
@@ -159,7 +167,7 @@ def test_a_failing_call_runs_eager_from_then_on(model: torch.nn.Module, eager: d
     compiled_step.forget(model)
     core = _core(model, tmp_path, compile_decode=True)
     step = core.runner.compiled_step
-    assert step is not None
+    assert step is not None and type(core.runner.decode) is CompiledDecode
     calls = []
 
     def fails_on_the_fifth(*args: Any) -> torch.Tensor:
@@ -169,10 +177,11 @@ def test_a_failing_call_runs_eager_from_then_on(model: torch.nn.Module, eager: d
         return traced_decode.decode_forward(*args)
 
     step._fn = fails_on_the_fifth
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         assert _greedy(core, _prompts(), MAX_TOKENS) == eager
     assert "decode steps run eager from now on" in caplog.text
     assert core.runner.compiled_step is None and len(calls) == 5
+    assert type(core.runner.decode) is EagerDecode  # the object replaced, once
     assert _core(model, tmp_path, compile_decode=True).runner.compiled_step is not step  # dropped
     compiled_step.forget(model)
 
@@ -185,7 +194,7 @@ def test_compile_failure_runs_eager(model: torch.nn.Module, eager: dict[str, lis
 
     monkeypatch.setattr(compiled_step, "_compile", broken)
     compiled_step.forget(model)
-    with caplog.at_level(logging.WARNING, logger="proxy.engine.compiled_step"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine.execution.compiled_step"):
         core = _core(model, tmp_path, compile_decode=True)
     assert "compiling the decode step failed (RuntimeError: inductor is not installed)" in caplog.text
     assert core.runner.compiled_step is None
@@ -252,8 +261,8 @@ def test_decode_rows_attend_through_the_pools_op_where_it_is_built(
     """``decode_forward`` (run eager here, the function the graph is traced from) sends every
     layer's decode rows through ``paged_decode_attention`` where the C++ kernels are loaded, and
     through the gather and SDPA where they are not."""
-    from proxy.engine.attention import kernels
-    from proxy.engine.decode_graphs import padded_step_inputs
+    from proxy.engine.execution.attention import kernels
+    from proxy.engine.execution.decode_graphs import padded_step_inputs
 
     calls: list[tuple[int, ...]] = []
     op = kernels.paged_decode_attention

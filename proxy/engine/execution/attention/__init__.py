@@ -16,11 +16,11 @@ One module a concept:
 
 from __future__ import annotations
 
-from proxy.engine.attention.binding import ATTN_IMPLEMENTATION, METADATA_KWARG, active_metadata
-from proxy.engine.attention.cache import LayerSpec, PagedKVCache, choose_num_blocks, lazy_zeros
-from proxy.engine.attention.forward import paged_attention_forward, register
-from proxy.engine.attention.metadata import KEY_PAD, PagedAttentionMetadata, padded_key_length
-from proxy.engine.attention.probe import LayerProbe, probe_layers
+from proxy.engine.execution.attention.binding import ATTN_IMPLEMENTATION, METADATA_KWARG, active_metadata
+from proxy.engine.execution.attention.cache import LayerSpec, PagedKVCache, choose_num_blocks, lazy_zeros
+from proxy.engine.execution.attention.forward import paged_attention_forward, register
+from proxy.engine.execution.attention.metadata import KEY_PAD, PagedAttentionMetadata, padded_key_length
+from proxy.engine.execution.attention.probe import LayerProbe, probe_layers
 
 __all__ = [
     "ATTN_IMPLEMENTATION",

@@ -28,11 +28,14 @@ Inference", Thinking Machines, 2025, describes the same problem on GPUs).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from proxy.engine.attention.cache import PagedKVCache
+from proxy.engine.execution.attention.cache import PagedKVCache
+
+if TYPE_CHECKING:
+    from proxy.quant.dense_prefill import RowPlan
 
 KEY_PAD = 64
 """Every step's key length is padded to a multiple of this many tokens (:func:`padded_key_length`),
@@ -112,7 +115,7 @@ class PagedAttentionMetadata:
     prefill_query_len: int = 0
     num_groups: int = 1
     masks: dict[tuple[Any, ...], torch.Tensor | None] = field(default_factory=dict)
-    row_plan: Any = None
+    row_plan: RowPlan | None = None
     paged_decode: bool = False
 
     def decode_mask_for(self, window: int | None, chunk: int | None) -> torch.Tensor | None:

@@ -1,4 +1,5 @@
-"""The execution plan (``proxy.engine.plan``): what an engine's steps run on, and why not the rest."""
+"""The execution plan (``proxy.engine.execution.plan``): what an engine's steps run on, and why not the
+rest."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from proxy.engine import compiled_step
-from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
+from proxy.engine.execution import compiled_step
+from proxy.engine.execution.attention import register
 from proxy.quant import amx_int4
 from proxy.quant.apply import add_dense_weights, quantize_linears
 from proxy.settings import Settings
 
-from .arch_zoo import build_model
+from ..arch_zoo import build_model
 
 
 def _engine(model: torch.nn.Module, tmp_path: Path, **overrides: Any) -> EngineCore:
@@ -55,8 +56,8 @@ def test_a_packed_bf16_model_names_its_kernels(tmp_path: Path) -> None:
 def test_the_compiled_step_attends_over_the_pools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the compiled step (here a stand-in that runs the traced function eagerly) the plan says
     so, and which decode attention it traces (the pools op where the C++ kernels are loaded)."""
-    from proxy.engine.attention.kernels import paged_decode_kernel_available
-    from proxy.engine.traced_decode import decode_forward
+    from proxy.engine.execution.attention.kernels import paged_decode_kernel_available
+    from proxy.engine.execution.traced_decode import decode_forward
 
     class StandIn:
         def __call__(self, *args: Any) -> torch.Tensor:

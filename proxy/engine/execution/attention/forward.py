@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from proxy.engine.attention import kernels
-from proxy.engine.attention.binding import ATTN_IMPLEMENTATION, METADATA_KWARG, current_metadata
-from proxy.engine.attention.probe import LayerProbe, record_probe
+from proxy.engine.execution.attention import kernels
+from proxy.engine.execution.attention.binding import ATTN_IMPLEMENTATION, METADATA_KWARG, current_metadata
+from proxy.engine.execution.attention.probe import LayerProbe, record_probe
 
 
 def paged_attention_forward(

@@ -1,4 +1,4 @@
-"""The function the compiled decode step traces (:mod:`proxy.engine.compiled_step`): one pure-decode
+"""The function the compiled decode step traces (:mod:`proxy.engine.execution.compiled_step`): one pure-decode
 forward of the model over the paged KV cache, from the step's metadata tensors to logits. What it
 builds is what the graph holds: the step's :class:`PagedAttentionMetadata` (decode rows through the
 pools op where its C++ kernel is loaded) and the hint that every pool has one slot count."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from proxy.engine.attention import METADATA_KWARG, PagedAttentionMetadata, PagedKVCache
-from proxy.engine.attention.kernels import paged_decode_kernel_available
+from proxy.engine.execution.attention import METADATA_KWARG, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.execution.attention.kernels import paged_decode_kernel_available
 
 
 def decode_forward(

@@ -15,7 +15,7 @@ them with one launch (``torch.cuda.CUDAGraph``). A graph replays fixed shapes an
   (8 for 8192 tokens) while the padded keys cost at most 2x the attention of the longest row,
   1.33x on average over a uniform context length (a decode step's attention is a small share of
   the step until contexts grow long); buckets are multiples of ``KEY_PAD``, so the batch invariance
-  of the padded attention holds (``proxy.engine.attention.metadata``). Longer batches or contexts
+  of the padded attention holds (``proxy.engine.execution.attention.metadata``). Longer batches or contexts
   run eager.
 - **Static buffers.** Each graph owns its inputs (token ids, positions, slot mapping, the gather
   slots, context lengths, the key mask) and its output (logits ``[B_pad, V]``); a step copies its
@@ -29,8 +29,8 @@ Capture runs on the padded buffers only (every row a padded row), then the real 
 capture never writes a real sequence's KV. A capture that fails (a model with data-dependent control
 flow, e.g. routed MoE layers) logs once and turns graphs off: every later step runs eager.
 
-The graph itself sits behind :class:`~proxy.engine.graph_kinds.DecodeGraph` (``capture(fn) ->
-output``, ``replay()``, in ``proxy.engine.graph_kinds``): ``CudaDecodeGraph`` on CUDA (the only
+The graph itself sits behind :class:`~proxy.engine.execution.graph_kinds.DecodeGraph` (``capture(fn) ->
+output``, ``replay()``, in ``proxy.engine.execution.graph_kinds``): ``CudaDecodeGraph`` on CUDA (the only
 code that touches ``torch.cuda``, called only on a CUDA device; ``--enforce-eager`` turns graphs
 off); the CPU tests also run the plumbing with a stand-in that re-runs ``fn`` at replay. The CUDA
 path was written without a GPU to run it on: see the README.
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
-from proxy.engine.attention import KEY_PAD, PagedAttentionMetadata, PagedKVCache
-from proxy.engine.graph_kinds import DecodeGraph
+from proxy.engine.execution.attention import KEY_PAD, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.execution.graph_kinds import DecodeGraph
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Captured decode graphs (proxy/engine/decode_graphs.py), run on the CPU through a stand-in graph.
+"""Captured decode graphs (proxy/engine/execution/decode_graphs.py), run on the CPU through a stand-in graph.
 
 The stand-in records the forward pass at capture and re-runs it on the static buffers at replay,
 writing into the captured output tensor as a CUDA graph's replay does; everything else (shape
@@ -14,14 +14,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
-from proxy.engine.decode_graphs import capture_batch_sizes, key_length_bucket
+from proxy.engine.execution.attention import register
+from proxy.engine.execution.decode_graphs import capture_batch_sizes, key_length_bucket
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
-from .arch_zoo import build_model
-from .engine_helpers import assert_blocks_conserved
+from ..arch_zoo import build_model
+from ..engine_helpers import assert_blocks_conserved
 
 EOS = 2
 

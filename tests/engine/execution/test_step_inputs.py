@@ -1,4 +1,4 @@
-"""A step's rows flattened into model inputs (``proxy.engine.step_inputs``): a chunk of one request
+"""A step's rows flattened into model inputs (``proxy.engine.execution.step_inputs``): a chunk of one request
 and the same tokens as one-token rows write the same slots at the same positions; each one-token
 row attends as a decode row over the keys up to its own position."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from proxy.engine.attention import KEY_PAD, LayerSpec, PagedKVCache
+from proxy.engine.execution.attention import KEY_PAD, LayerSpec, PagedKVCache
+from proxy.engine.execution.step_inputs import StepRows, build_step_inputs
 from proxy.engine.request import Request
-from proxy.engine.step_inputs import StepRows, build_step_inputs
 from proxy.sampling import SamplingParams
 
 

@@ -13,12 +13,13 @@ construction (``attention.probe_layers`` -> ``architectures.layer_specs``), whic
 layers that never reach the attention function (Mamba / linear attention). The cache is sized from
 the shapes the layers really produce (multi-head latent attention has K and V of other widths).
 
-Pure-decode steps on CUDA replay captured graphs (``proxy.engine.decode_graphs``; off with
-``settings.enforce_eager``); on the CPU they run one graph compiled ahead of time
-(``proxy.engine.compiled_step``; ``settings.compile_decode``). The pools keep one scratch slot past
-the blocks for padded rows. Prefill and mixed steps run eager.
+How a step runs is one :class:`~proxy.engine.execution.decode_runner.DecodeRunner` object chosen at
+construction: eager; captured graphs for pure-decode steps on CUDA (``proxy.engine.execution.decode_graphs``;
+off with ``settings.enforce_eager``); or, on the CPU, every token past a prompt through one graph
+compiled ahead of time (``proxy.engine.execution.compiled_step``; ``settings.compile_decode``). The pools keep
+one scratch slot past the blocks for padded rows. Prompt tokens always run eager.
 
-KV pool size: :func:`proxy.engine.attention.cache.choose_num_blocks`.
+KV pool size: :func:`proxy.engine.execution.attention.cache.choose_num_blocks`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from collections.abc import Callable
 
 import torch
 
-from proxy.engine.architectures import layer_specs, unexpected_kwargs
-from proxy.engine.attention import (
+from proxy.engine.execution.architectures import layer_specs, unexpected_kwargs
+from proxy.engine.execution.attention import (
     ATTN_IMPLEMENTATION,
     METADATA_KWARG,
     LayerSpec,
@@ -39,16 +40,22 @@ from proxy.engine.attention import (
     choose_num_blocks,
     probe_layers,
 )
-from proxy.engine.compiled_step import ARTIFACT_DIR as COMPILED_DIR
-from proxy.engine.compiled_step import compile_decode_wanted, compiled_decode_step
-from proxy.engine.decode_graphs import DecodeGraphRunner
-from proxy.engine.graph_kinds import DecodeGraph
-from proxy.engine.image_embeds import ImageEncoder
+from proxy.engine.execution.choice import ExecutionChoice, PrefillPlan, choose_execution, prefill_plan_of
+from proxy.engine.execution.compiled_step import ARTIFACT_DIR as COMPILED_DIR
+from proxy.engine.execution.compiled_step import (
+    CompiledDecodeStep,
+    compile_decode_wanted,
+    compiled_decode_step,
+)
+from proxy.engine.execution.decode_graphs import DecodeGraphRunner
+from proxy.engine.execution.decode_runner import CompiledDecode, CudaGraphDecode, DecodeRunner, EagerDecode
+from proxy.engine.execution.graph_kinds import DecodeGraph
+from proxy.engine.execution.image_embeds import ImageEncoder
+from proxy.engine.execution.step_inputs import ImageSlots, StepInputs, StepRows, build_step_inputs
 from proxy.engine.scheduler import SchedulerOutput
-from proxy.engine.step_inputs import ImageSlots, StepInputs, StepRows, build_step_inputs
 from proxy.models.source import cache_root
 from proxy.models.vision import decoder_attention, is_served_vision
-from proxy.quant.dense_prefill import active_row_plan, dense_dtype_of, plan_rows
+from proxy.quant.dense_prefill import active_row_plan, plan_rows
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -62,28 +69,37 @@ class ModelRunner:
             if not), in eval mode, on its device.
         settings: block size and KV pool size knobs.
         max_model_len: longest sequence; bounds the default CPU pool.
+        choice: what runs (``proxy.engine.execution.choice``; the step's :class:`DecodeRunner`), chosen before
+            the model loaded; None: chosen here for the model's device.
 
     Attributes:
+        device, dtype: of the model's parameters.
         kv_cache: the pools; ``kv_cache.num_blocks`` is what the block manager hands out.
+        choice: the :class:`ExecutionChoice` in force.
+        prefill_plan: prompt tokens through dense copies of the packed linears, or None (what the
+            model holds: a model built without copies has none whatever the choice).
         layers: one :class:`LayerSpec` per layer (shapes, window, chunk, soft-cap, sinks).
-        decode_graphs: the captured-graph runner of pure-decode steps, or None (eager).
+        decode: how steps run, :class:`EagerDecode`, :class:`CudaGraphDecode` or
+            :class:`CompiledDecode` (``proxy.engine.execution.decode_runner``).
 
     Raises:
         UnsupportedArchitectureError: the probe pass found layers the paged cache cannot serve.
-        device, dtype: of the model's parameters.
     """
 
-    def __init__(self, model: torch.nn.Module, settings: Settings, max_model_len: int) -> None:
+    def __init__(self, model: torch.nn.Module, settings: Settings, max_model_len: int,
+                 choice: ExecutionChoice | None = None) -> None:
         self.model = model
         text_config = model.config.get_text_config()  # type: ignore[union-attr, operator]
         if getattr(text_config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
-            from proxy.engine.attention import register
+            from proxy.engine.execution.attention import register
 
             register()
             model.set_attn_implementation(decoder_attention(model.config, ATTN_IMPLEMENTATION))  # type: ignore[operator]
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
+        #: what runs, chosen before the model loaded (the loader's), else here for its device
+        self.choice = choice if choice is not None else choose_execution(settings, self.device)
         probe = probe_layers(model)
         self.layers: list[LayerSpec] = layer_specs(model.config, probe)
         odd = unexpected_kwargs(probe)
@@ -91,7 +107,7 @@ class ModelRunner:
             logger.warning("attention layers pass keyword arguments the paged attention ignores: %s", odd)
         self.num_groups = self.layers[0].num_heads // self.layers[0].num_kv_heads
         self.block_size = settings.block_size
-        #: a vision-language model's image encoder (``proxy.engine.image_embeds``); None: text only
+        #: a vision-language model's image encoder (``proxy.engine.execution.image_embeds``); None: text only
         self.images = ImageEncoder(model, self.device, self.dtype) if is_served_vision(model.config) else None
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         num_blocks = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
@@ -105,31 +121,47 @@ class ModelRunner:
         )
         self.max_num_seqs = settings.max_num_seqs
         self.max_model_len = max_model_len
-        #: prompt tokens take the packed linears' dense copies (``proxy.quant.dense_prefill``); fp32
-        #: copies' rows do not depend on their place in the call (``plan_rows``' ``by_position``)
-        self.dense_prefill = (dense_dtype := dense_dtype_of(model)) is not None
-        self.dense_rows_by_position = dense_dtype != torch.float32
-        self.decode_graphs: DecodeGraphRunner | None = None
-        if self.device.type == "cuda" and not settings.enforce_eager:
-            from proxy.engine.graph_kinds import cuda_graph_factory
+        #: prompt tokens through the packed linears' dense copies, or None (``proxy.quant.dense_prefill``)
+        self.prefill_plan: PrefillPlan | None = prefill_plan_of(model)
+        #: how steps run (``proxy.engine.execution.decode_runner``): chosen here, replaced when it fails
+        self.decode: DecodeRunner = EagerDecode()
+        if self.choice.step == "cuda_graphs":
+            from proxy.engine.execution.graph_kinds import cuda_graph_factory
 
             self.use_decode_graphs(cuda_graph_factory(self.device))
-        #: pure-decode steps on the CPU through one compiled graph (``proxy.engine.compiled_step``)
-        self.compiled_step = None
-        if self.device.type == "cpu" and compile_decode_wanted(settings, model, self.layers):
-            self.compiled_step = compiled_decode_step(
-                model, self.kv_cache, self.num_groups, cache_root(settings) / COMPILED_DIR
-            )
+        elif self.choice.step == "compiled":
+            self.decode = self._compiled_or_eager(settings)
+
+    def _compiled_or_eager(self, settings: Settings) -> DecodeRunner:
+        """:class:`CompiledDecode` where the model's layers allow it and compiling or loading the
+        step succeeds (``proxy.engine.execution.compiled_step``; a failure is logged), else
+        :class:`EagerDecode`."""
+        if not compile_decode_wanted(settings, self.model, self.layers):
+            return EagerDecode()
+        step = compiled_decode_step(self.model, self.kv_cache, self.num_groups,
+                                    cache_root(settings) / COMPILED_DIR, self.choice.key())
+        return EagerDecode() if step is None else CompiledDecode(step)
+
+    @property
+    def compiled_step(self) -> CompiledDecodeStep | None:
+        """The compiled decode step serving tokens past their prompts, or None."""
+        return self.decode.step if isinstance(self.decode, CompiledDecode) else None
+
+    @property
+    def decode_graphs(self) -> DecodeGraphRunner | None:
+        """The captured-graph runner of pure-decode steps, or None."""
+        return self.decode.graphs if isinstance(self.decode, CudaGraphDecode) else None
 
     def use_decode_graphs(self, make_graph: Callable[[], DecodeGraph]) -> DecodeGraphRunner:
         """Run pure-decode steps through graphs made by ``make_graph`` (a new :class:`DecodeGraph`
         per padded batch size and key bucket, captured lazily). Called at construction on CUDA;
         tests pass a stand-in."""
-        self.decode_graphs = DecodeGraphRunner(
+        graphs = DecodeGraphRunner(
             self._forward, self.kv_cache, make_graph, self.max_num_seqs, self.max_model_len,
             self.num_groups, self.device,
         )
-        return self.decode_graphs
+        self.decode = CudaGraphDecode(graphs)
+        return graphs
 
     # ------------------------------------------------------------------------------------------
 
@@ -139,9 +171,10 @@ class ModelRunner:
         inputs = build_step_inputs(rows, self.kv_cache, self.block_size, self.num_groups)
         if self.images is not None:
             inputs.image_slots = self.images.slots(rows)
-        if self.dense_prefill and inputs.prompt_tokens is not None:
+        prefill = self.prefill_plan
+        if prefill is not None and inputs.prompt_tokens is not None:
             inputs.meta.row_plan = plan_rows(inputs.position_ids[0], inputs.prompt_tokens,
-                                             self.dense_rows_by_position)
+                                             prefill.rows_by_position)
         return inputs
 
     def _to_device(self, meta: PagedAttentionMetadata) -> None:
@@ -164,7 +197,7 @@ class ModelRunner:
     ) -> torch.Tensor:
         """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all), under
         ``torch.inference_mode``; with ``image_slots``, as ``inputs_embeds`` whose image positions take
-        the images' embeddings (``proxy.engine.image_embeds``)."""
+        the images' embeddings (``proxy.engine.execution.image_embeds``)."""
         with torch.inference_mode(), active_metadata(meta), active_row_plan(meta.row_plan):
             tokens: dict[str, torch.Tensor] = {"input_ids": input_ids}
             if image_slots is not None and self.images is not None:
@@ -180,66 +213,28 @@ class ModelRunner:
             return logits
 
     def execute(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Run one forward pass over the scheduled tokens.
-
-        With :attr:`compiled_step` (the CPU), every request past its prompt computes its tokens
-        through it (:meth:`_execute_compiled`): decodes, and the output tokens a preempted request
-        recomputes, so every generated token's K/V and logits come from the same kernels whatever
-        the load (the scheduler never mixes prompt and output tokens in one chunk:
-        ``SchedulerConfig.outputs_on_decode_path``); prompt rows run eager beside them. Else the
-        whole step runs eager (:meth:`_execute_eager`: a captured CUDA graph for a pure-decode step
-        where :attr:`decode_graphs` has its shape).
+        """Run one forward pass over the scheduled tokens through :attr:`decode`
+        (``proxy.engine.execution.decode_runner``); a compiled step whose call fails (logged by it) is
+        replaced by :class:`EagerDecode` for this and every later step.
 
         Returns:
             logits ``[S, V]`` float32 on the model's device, one row per entry of
             ``scheduler_output.sample_indices`` (S may be 0 on a prefill-only chunk step).
         """
         rows = StepRows.of(scheduler_output)
-        on_step = [i for i, r in enumerate(rows.requests) if not r.is_in_prompt]
-        if self.compiled_step is None or not on_step:
-            return self._execute_eager(rows)
-        every = len(on_step) == len(rows.requests)
-        compiled = self._execute_compiled(rows if every else rows.select(on_step))
-        if compiled is None:  # the call failed (logged): this and every later step eager
-            self.compiled_step = None
-            return self._execute_eager(rows)
-        if every:
-            return compiled
-        taken = set(on_step)
-        eager = self._execute_eager(rows.select([i for i in range(len(rows.requests)) if i not in taken]))
-        is_compiled = torch.tensor([i in taken for i in rows.sample_indices], dtype=torch.bool)
-        logits = torch.empty((len(rows.sample_indices), compiled.shape[1]), dtype=compiled.dtype,
-                             device=compiled.device)
-        logits[is_compiled] = compiled
-        logits[~is_compiled] = eager
+        logits = self.decode.execute(self, rows)
+        if logits is None:
+            self.decode = EagerDecode()
+            logits = self.decode.execute(self, rows)
+            assert logits is not None
         return logits
 
-    def _execute_compiled(self, rows: StepRows) -> torch.Tensor | None:
-        """Logits ``[S, V]`` float32 of ``rows`` (all past their prompts) through
-        :attr:`compiled_step`, one token a row; None when the call failed."""
-        assert self.compiled_step is not None
-        split, sampled = rows.one_token_rows()
-        inputs = self.build_inputs(split)
-        logits = self.compiled_step(self.kv_cache, self.num_groups, inputs.input_ids, inputs.position_ids,
-                                    inputs.meta)
-        if logits is None:
-            return None
-        if len(sampled) != len(split.counts):  # some rows feed a token without sampling
-            logits = logits.index_select(0, torch.tensor(sampled, dtype=torch.long))
-        return logits.float()
-
-    def _execute_eager(self, rows: StepRows) -> torch.Tensor:
-        """Logits ``[S, V]`` float32 of ``rows`` through the eager forward, or a captured CUDA graph
-        for a pure-decode step."""
-        inputs = self.build_inputs(rows)
+    def forward_inputs(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits ``[S, V]`` float32 of a step's inputs through the eager forward (moved to the
+        model's device here)."""
         input_ids, position_ids, logits_index, meta = (inputs.input_ids, inputs.position_ids,
                                                        inputs.logits_index, inputs.meta)
         dev = self.device
-        pure_decode = meta.num_decodes == len(rows.requests) and meta.row_plan is None
-        if self.decode_graphs is not None and pure_decode:
-            graph_logits = self.decode_graphs.run(input_ids, position_ids, meta)
-            if graph_logits is not None:  # sampling rows selected outside the graph (a copy)
-                return graph_logits.index_select(0, logits_index.to(dev)).float()
         if dev.type != "cpu":
             input_ids = input_ids.to(dev, non_blocking=True)
             position_ids = position_ids.to(dev, non_blocking=True)

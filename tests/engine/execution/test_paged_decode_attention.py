@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from proxy.engine.attention import kernels
+from proxy.engine.execution.attention import kernels
 from proxy.quant import kernels as op_kernels
 
 needs_cpp = pytest.mark.skipif(not op_kernels.cpp_kernels_loaded(),

@@ -1,6 +1,6 @@
 """Pure-decode steps on the CPU through one ahead-of-time compiled graph, kept on disk between starts.
 
-The decode forward (:func:`proxy.engine.traced_decode.decode_forward`: embedding, every decoder
+The decode forward (:func:`proxy.engine.execution.traced_decode.decode_forward`: embedding, every decoder
 layer with the paged attention, the final norm and the lm_head) is compiled once by
 ``torch.compile(fullgraph=True)`` (inductor's CPU backend fuses the casts, norms, RoPE, SiLU-mul and
 residual adds around the packed matmul kernels, which stay opaque custom ops) with dynamo's
@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from proxy.engine.attention import KEY_PAD, LayerSpec, PagedAttentionMetadata, PagedKVCache
-from proxy.engine.decode_graphs import padded_step_inputs
-from proxy.engine.runtime_key import model_inputs, runtime_inputs
-from proxy.engine.traced_decode import decode_forward
+from proxy.engine.execution.attention import KEY_PAD, LayerSpec, PagedAttentionMetadata, PagedKVCache
+from proxy.engine.execution.decode_graphs import padded_step_inputs
+from proxy.engine.execution.runtime_key import model_inputs, runtime_inputs
+from proxy.engine.execution.traced_decode import decode_forward
 from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -74,18 +74,27 @@ def supported(layers: list[LayerSpec]) -> str | None:
     return None
 
 
-def why_not_compiled(settings: Settings, model: torch.nn.Module, layers: list[LayerSpec]) -> str | None:
-    """None when a CPU model's decode steps run compiled, else why not: ``settings.enforce_eager``,
-    ``settings.compile_decode`` False, or None (the default) and the model has no packed CPU linears
-    (int4 / int8 codes, where transformers' small ops are most of a step), or layers
-    :func:`supported` refuses."""
-    from proxy.quant.int8_linear import Int8Linear
-    from proxy.quant.linear import PackedLinear
-
+def why_not_compiled_by(settings: Settings) -> str | None:
+    """The settings' part of :func:`why_not_compiled` (known before a model is loaded):
+    ``settings.enforce_eager`` or ``settings.compile_decode`` False."""
     if settings.enforce_eager:
         return "--enforce-eager"
     if settings.compile_decode is False:
         return "--no-compile-decode"
+    return None
+
+
+def why_not_compiled(settings: Settings, model: torch.nn.Module, layers: list[LayerSpec]) -> str | None:
+    """None when a CPU model's decode steps run compiled, else why not: :func:`why_not_compiled_by`
+    the settings, or ``settings.compile_decode`` None (the default) and the model has no packed CPU
+    linears (int4 / int8 codes, where transformers' small ops are most of a step), or layers
+    :func:`supported` refuses."""
+    from proxy.quant.int8_linear import Int8Linear
+    from proxy.quant.linear import PackedLinear
+
+    reason = why_not_compiled_by(settings)
+    if reason is not None:
+        return reason
     if settings.compile_decode is None and not any(isinstance(m, (PackedLinear, Int8Linear))
                                                    for m in model.modules()):
         return "off by default for dense models (--compile-decode turns it on)"
@@ -101,14 +110,15 @@ def compile_decode_wanted(settings: Settings, model: torch.nn.Module, layers: li
     return reason is None
 
 
-def artifact_key(model: torch.nn.Module) -> str:
+def artifact_key(model: torch.nn.Module, execution: dict[str, Any]) -> str:
     """SHA-256 (hex) over what the compiled code depends on: the model's config (norm epsilons and
     RoPE constants are written into the code), its modules, and its parameters' and buffers' names,
     shapes and dtypes (the weights themselves are inputs of the graph, not part of it); the
     ``proxy`` package's code; the Python, torch and transformers versions; torch's CPU capability;
-    this project's CPU kernels in use; torch's thread count (inductor writes it into its OpenMP
-    loops)."""
-    inputs = {"version": ARTIFACT_VERSION, **model_inputs(model), **runtime_inputs()}
+    torch's thread count (inductor writes it into its OpenMP loops); ``execution``, the engine's
+    execution choice (``ExecutionChoice.key``: kernels, switches, CPU flags, builds), so that another
+    choice never loads this one's step."""
+    inputs = {"version": ARTIFACT_VERSION, **model_inputs(model), **runtime_inputs(execution)}
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -182,11 +192,13 @@ def _compile(args: tuple[Any, ...]) -> Any:
 
 
 def compiled_decode_step(
-    model: torch.nn.Module, kv_cache: PagedKVCache, num_groups: int, cache_dir: Path | None
+    model: torch.nn.Module, kv_cache: PagedKVCache, num_groups: int, cache_dir: Path | None,
+    execution: dict[str, Any],
 ) -> CompiledDecodeStep | None:
     """The model's compiled decode step: the one already made for this model object, else loaded
-    from ``cache_dir`` (a file saved under :func:`artifact_key`), else compiled now (logged with its
-    time) and saved there. ``cache_dir`` None: compiled, not saved.
+    from ``cache_dir`` (a file saved under :func:`artifact_key` of the model and ``execution``, the
+    engine's ``ExecutionChoice.key``), else compiled now (logged with its time) and saved there.
+    ``cache_dir`` None: compiled, not saved.
 
     Returns:
         the step, or None (logged with the reason) when compiling or loading fails: run eager.
@@ -197,7 +209,7 @@ def compiled_decode_step(
     start = time.monotonic()
     if cache_dir is not None:
         _keep_inductor_cache_beside(cache_dir.parent / INDUCTOR_DIR)
-    path = cache_dir / f"{artifact_key(model)}.pt2" if cache_dir is not None else None
+    path = cache_dir / f"{artifact_key(model, execution)}.pt2" if cache_dir is not None else None
     external = {"model": model, "kv_cache": kv_cache}
     fn: Any = None
     source = "loaded"

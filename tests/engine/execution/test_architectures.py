@@ -18,16 +18,16 @@ import pytest
 import torch
 
 from proxy import models
-from proxy.engine import attention
-from proxy.engine.architectures import UnsupportedArchitectureError, check_config, check_supported
-from proxy.engine.attention import kernels
 from proxy.engine.core import EngineCore
+from proxy.engine.execution import attention
+from proxy.engine.execution.architectures import UnsupportedArchitectureError, check_config, check_supported
+from proxy.engine.execution.attention import kernels
 from proxy.engine.selfcheck import SelfCheckError, run_self_check
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
-from .arch_zoo import REFUSED, SERVED, WINDOW, build_config, build_model
-from .engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
+from ..arch_zoo import REFUSED, SERVED, WINDOW, build_config, build_model
+from ..engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
 EOS = 2
 MAX_NEW = 16
@@ -243,7 +243,7 @@ def test_engine_factory_runs_the_self_check_unless_disabled(tmp_path, monkeypatc
     (A patched function is no code change the record's key sees: the sabotaged run is forced.)"""
     from proxy.engine.factory import build_engine_client
 
-    from .arch_zoo import save_tiny_folder
+    from ..arch_zoo import save_tiny_folder
 
     folder = str(save_tiny_folder("gemma2", tmp_path / "tiny-gemma2"))
     settings = Settings(model=folder, dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=256,

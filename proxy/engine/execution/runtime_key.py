@@ -3,7 +3,7 @@ and a model's shape (:func:`model_inputs`, for the compiled decode step).
 
 :func:`runtime_inputs` is one part of the key of the remembered self-check
 (:mod:`proxy.engine.selfcheck_record`) and of the saved compiled decode step
-(:mod:`proxy.engine.compiled_step`): a change of any of it makes both be done again.
+(:mod:`proxy.engine.execution.compiled_step`): a change of any of it makes both be done again.
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ from typing import Any
 
 import torch
 
-from proxy.quant import amx_int4, int8_linear
-from proxy.quant.kernels import cpp_kernels_loaded
-
 _CODE_SUFFIXES = (".py", ".so", ".pyx")
 
 
 @lru_cache(maxsize=1)
 def code_hash() -> str:
     """SHA-256 (hex) over the relative paths and contents of the ``proxy`` package's code files."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.suffix in _CODE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
@@ -37,10 +34,12 @@ def code_hash() -> str:
     return digest.hexdigest()
 
 
-def runtime_inputs() -> dict[str, Any]:
+def runtime_inputs(execution: dict[str, Any]) -> dict[str, Any]:
     """The code and what it runs on: the ``proxy`` package's code hash, the Python, torch and
-    transformers versions, torch's CPU capability, this project's CPU kernels in use and torch's
-    thread count (JSON-serializable; also part of the compiled decode step's key)."""
+    transformers versions, torch's CPU capability, torch's thread count, and ``execution``, the
+    engine's execution choice (``proxy.engine.execution.choice.ExecutionChoice.key``: the kernels chosen, the
+    switches, the CPU flags and builds they were chosen from), JSON-serializable; also part of the
+    compiled decode step's key."""
     import transformers
 
     return {
@@ -49,8 +48,7 @@ def runtime_inputs() -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_kernels": {"q8_isa": int8_linear.KERNEL_ISA, "amx_int4": amx_int4.in_use(),
-                        "torch_ops": cpp_kernels_loaded()},
+        "execution": execution,
         "num_threads": torch.get_num_threads(),
     }
 

@@ -2,7 +2,8 @@
 
 vLLM's PagedAttention layout: one flat pool of ``num_blocks * block_size`` slots per layer and per
 K / V; slot ``block * block_size + offset`` holds one position. Each layer's pools have the shapes
-the layer produces (:class:`LayerSpec`, measured by :func:`proxy.engine.attention.probe.probe_layers`):
+the layer produces (:class:`LayerSpec`, measured by
+:func:`proxy.engine.execution.attention.probe.probe_layers`):
 K and V of their own widths for multi-head latent attention (DeepSeek V2/V3: K is
 ``qk_nope_head_dim + qk_rope_head_dim`` wide, V ``v_head_dim``).
 """
@@ -72,7 +73,7 @@ class PagedKVCache:
     ``block * block_size + offset`` holds one position. Create it outside ``torch.inference_mode()``
     (writes inside inference mode then work in place). ``num_scratch_slots`` more slots follow the
     blocks (from :attr:`scratch_slot` on): no block contains them, so the padded rows of a captured
-    decode graph (``proxy.engine.decode_graphs``) write and read there.
+    decode graph (``proxy.engine.execution.decode_graphs``) write and read there.
 
     Args:
         layers: one :class:`LayerSpec` per layer, in ``layer_idx`` order.

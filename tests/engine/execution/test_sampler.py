@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from proxy.engine.execution.sampler import Sampler
 from proxy.engine.request import Request
-from proxy.engine.sampler import Sampler
 from proxy.sampling import SamplingParams
 
 CPU = torch.device("cpu")
@@ -158,7 +158,7 @@ def test_top_p_zero_is_greedy() -> None:
 
 
 def test_argmax_rows_is_argmax_with_ties_and_nans() -> None:
-    from proxy.engine.sampler import argmax_rows
+    from proxy.engine.execution.sampler import argmax_rows
 
     g = torch.Generator().manual_seed(0)
     values = torch.randint(0, 40, (6, 49152), generator=g).float()  # ties everywhere

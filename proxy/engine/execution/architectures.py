@@ -14,9 +14,10 @@ Two gates, both before the server reports ready:
    with its own ``layer_idx`` and grouped-query head counts; the per-layer shapes, windows,
    chunk sizes, soft-caps and sinks measured there become the cache's :class:`LayerSpec` list.
 
-Served (and checked token by token against ``generate()`` in ``tests/engine/test_architectures.py``):
-full, sliding-window (per layer, ``layer_types``) and chunked (Llama 4) attention, soft-capping
-(Gemma 2), attention sinks (GPT-OSS), multi-head latent attention (DeepSeek V2/V3, GLM-4.7-Flash).
+Served (and checked token by token against ``generate()`` in
+``tests/engine/execution/test_architectures.py``): full, sliding-window (per layer, ``layer_types``)
+and chunked (Llama 4) attention, soft-capping (Gemma 2), attention sinks (GPT-OSS), multi-head latent
+attention (DeepSeek V2/V3, GLM-4.7-Flash).
 The load-time self-check (``proxy.engine.selfcheck``) catches what these rules do not foresee.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.engine.attention import LayerProbe, LayerSpec
+from proxy.engine.execution.attention import LayerProbe, LayerSpec
 from proxy.models.loaded import ModelLoadError
 from proxy.models.vision import is_served_vision
 from proxy.models.vision import refusal as vision_refusal

@@ -1,6 +1,6 @@
 """One forward pass's rows (:class:`StepRows`) and the flat model inputs built from them
 (:func:`build_step_inputs`): token ids, positions, the sampling rows' logits index and the step's
-:class:`~proxy.engine.attention.PagedAttentionMetadata`.
+:class:`~proxy.engine.execution.attention.PagedAttentionMetadata`.
 
 A *row* is a run of consecutive tokens of one request: ``counts[i]`` tokens of ``requests[i]``
 from position ``starts[i]``. The scheduler's step is one row per request, starting at its
@@ -13,7 +13,7 @@ attends).
 Decode rows (one query token each, the first ``num_decodes`` rows) and prefill rows (chunks,
 padded to the longest) get their attention metadata from two functions, :func:`_decode_metadata`
 and :func:`_prefill_metadata`; both pad the key length to ``KEY_PAD`` (batch invariance,
-``proxy.engine.attention.metadata``).
+``proxy.engine.execution.attention.metadata``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from proxy.engine.attention import PagedAttentionMetadata, PagedKVCache, padded_key_length
+from proxy.engine.execution.attention import PagedAttentionMetadata, PagedKVCache, padded_key_length
 from proxy.engine.request import Request
 from proxy.engine.scheduler import SchedulerOutput
 
@@ -84,7 +84,7 @@ class StepRows:
 
 @dataclass(frozen=True)
 class ImageSlots:
-    """The positions of one step that take image embeddings (``proxy.engine.image_embeds``).
+    """The positions of one step that take image embeddings (``proxy.engine.execution.image_embeds``).
 
     Attributes:
         flat_index: ``[K]`` int64, indices into the step's ``T`` flat tokens (CPU).
