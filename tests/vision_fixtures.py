@@ -1,7 +1,14 @@
-"""A tiny random LLaVA (a 2-layer Llama over the API tests' BPE tokenizer + a 2-layer CLIP vision tower
-on 32 x 32 images in 8 x 8 patches + the projector) and its processor, built from configs (no hub
-downloads): 16 placeholder tokens per image (4 x 4 patches, the CLS feature dropped by the ``default``
-strategy). The processor uses Pillow (``CLIPImageProcessorPil``), as the server does."""
+"""Tiny random vision-language models and their processors, built from configs (no hub downloads),
+each over the API tests' BPE tokenizer with its image tokens added and a ChatML template that renders
+``<image>`` per image part; the processors use Pillow, as the server does.
+
+- LLaVA: a 2-layer Llama + a 2-layer CLIP vision tower on 32 x 32 images in 8 x 8 patches + the
+  projector: 16 placeholder tokens per image (4 x 4 patches, the CLS feature dropped by the
+  ``default`` strategy).
+- Idefics3: the same Llama + a 2-layer Idefics3 vision tower on 32 x 32 tiles, pixel-shuffled by 2:
+  4 placeholders per tile; an image is resized to a longest edge of 64 and split into tiles plus a
+  global view (a 40 x 30 image: 4 tiles + 1, 20 placeholders).
+"""
 
 from __future__ import annotations
 
@@ -75,4 +82,77 @@ def make_tiny_llava(folder: Path) -> Path:
     """:func:`build_tiny_llava` and :func:`llava_processor` saved as a Hugging Face folder."""
     build_tiny_llava().save_pretrained(folder)
     llava_processor().save_pretrained(folder)
+    return folder
+
+
+IDEFICS3_TOKENS = ["<fake_token_around_image>", IMAGE_TOKEN, "<end_of_utterance>", "<global-img>"]
+IDEFICS3_SEQ_LEN = 4
+"""Placeholders per tile: (32 / 8)^2 patches, pixel-shuffled by ``scale_factor`` 2."""
+
+
+@functools.lru_cache(maxsize=1)
+def idefics3_tokenizer() -> Any:
+    """The API tests' BPE tokenizer with Idefics3's image tokens added and the vision template."""
+    from tests.api.fakes import make_hf_tokenizer
+
+    tok = copy.deepcopy(make_hf_tokenizer())
+    tok.add_special_tokens({"additional_special_tokens": IDEFICS3_TOKENS})
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def idefics3_processor() -> Any:
+    """``Idefics3Processor`` with a Pillow image processor that resizes to a longest edge of 64 and
+    splits into 32 x 32 tiles (plus the global view)."""
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    images = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE},
+                                       max_image_size={"longest_edge": IMAGE_SIZE}, do_image_splitting=True)
+    return Idefics3Processor(image_processor=images, tokenizer=idefics3_tokenizer(),
+                             image_seq_len=IDEFICS3_SEQ_LEN, chat_template=TEMPLATE)
+
+
+def build_tiny_idefics3(seed: int = 0) -> Any:
+    """A tiny random ``Idefics3ForConditionalGeneration`` (fp32, CPU, eval, SDPA), weights as
+    :func:`build_tiny_llava`'s."""
+    import torch
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
+
+    tok = idefics3_tokenizer()
+    torch.manual_seed(seed)
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                       bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), tie_word_embeddings=False)
+    vision = Idefics3VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8)
+    config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2,
+                            image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN))
+    model = Idefics3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+FAMILIES = {
+    "llava": (build_tiny_llava, llava_processor, llava_tokenizer),
+    "idefics3": (build_tiny_idefics3, idefics3_processor, idefics3_tokenizer),
+}
+"""Family -> (model builder, processor, tokenizer) of the tiny vision-language models."""
+
+
+def make_tiny_vlm(family: str, folder: Path) -> Path:
+    """The tiny model of ``family`` and its processor saved as a Hugging Face folder."""
+    build, processor, _ = FAMILIES[family]
+    build().save_pretrained(folder)
+    processor().save_pretrained(folder)
     return folder

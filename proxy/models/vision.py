@@ -1,11 +1,16 @@
 """Vision-language models: which are served with their images, their processor (the API side), and
 their vision encoder (the engine side).
 
-Served with images (:data:`SERVED`): LLaVA (``LlavaForConditionalGeneration``: a CLIP-style vision
-tower and a projector in front of a decoder with 1-D positions), whose images become
-``image_seq_length`` placeholder tokens each and whose forward places the projected image features on
-those tokens' embeddings (``LlavaModel.forward``: ``masked_scatter``), so a prompt with images runs
-as ``inputs_embeds`` through the same paged decoder. Other image-text-to-text model types that
+Served with images (:data:`SERVED`), decoders with 1-D positions whose forward places the projected
+image features, in order, on the embeddings of the image placeholder tokens (``masked_scatter``), so a
+prompt with images runs as ``inputs_embeds`` through the same paged decoder:
+
+- LLaVA (``LlavaForConditionalGeneration``: a CLIP-style vision tower and a projector): each image
+  becomes ``image_seq_length`` placeholder tokens (``LlavaModel.forward``);
+- Idefics3 (``Idefics3ForConditionalGeneration``, the architecture of SmolVLM's first release): each
+  image is split into tiles plus a global view, each ``image_seq_len`` placeholders between row /
+  column marker tokens (``Idefics3Model.inputs_merger``).
+ Other image-text-to-text model types that
 transformers' causal-LM classes do not load are refused at load by name
 (:func:`refusal`); those its causal-LM classes load (Gemma 3, Llama 4, ...) are served as text models
 and refuse images per request.
@@ -28,7 +33,10 @@ from proxy.errors import InvalidRequestError
 from proxy.media.decode import LoadedImage
 from proxy.media.prompt import PromptImages
 
-SERVED: dict[str, str] = {"llava": "LlavaForConditionalGeneration"}
+SERVED: dict[str, str] = {
+    "llava": "LlavaForConditionalGeneration",
+    "idefics3": "Idefics3ForConditionalGeneration",
+}
 """Model types served with their images -> the transformers class that runs them."""
 
 

@@ -15,7 +15,7 @@ import torch
 
 from proxy.settings import Settings
 from tests.media.images import data_url, encode, picture
-from tests.vision_fixtures import NUM_IMAGE_TOKENS, make_tiny_llava
+from tests.vision_fixtures import NUM_IMAGE_TOKENS, make_tiny_llava, make_tiny_vlm
 
 from .real_app import real_app
 
@@ -30,10 +30,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def reference(folder: Path, content: list[dict[str, Any]], images: list[Any]) -> tuple[str, int]:
     """``(generate()'s text, prompt length)`` of one user turn with the folder's own processor."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
-    model = LlavaForConditionalGeneration.from_pretrained(str(folder), attn_implementation="sdpa").eval()
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), attn_implementation="sdpa").eval()
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True)
     enc = processor(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
@@ -157,3 +157,18 @@ def test_bad_images_are_a_400_naming_the_part_and_the_server_keeps_serving(model
         assert err["param"] == "messages[0].content[3]" and words in err["message"], (name, err)
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
     assert good.status_code == 200
+
+
+def test_idefics3_tiles_equal_generate(tmp_path: Path) -> None:
+    folder = make_tiny_vlm("idefics3", tmp_path / "tiny-idefics3")
+    want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])
+
+    async def main() -> httpx.Response:
+        async with real_app(settings(folder, False)) as (client, state):
+            assert state.features.accepts_images
+            return await client.post("/v1/chat/completions", json=chat_body())
+
+    response = asyncio.run(main())
+    assert response.status_code == 200, response.text
+    chat = response.json()
+    assert chat["choices"][0]["message"]["content"] == want and chat["usage"]["prompt_tokens"] == prompt_len

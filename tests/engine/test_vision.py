@@ -1,10 +1,12 @@
-"""A tiny random LLaVA through the engine: greedy ids equal transformers' ``generate()`` with the same
-processor for one and two images, alone and batched with a text-only request, with prefill chunks
-that cut images; the prefix cache reuses an image's blocks for the same image only."""
+"""Tiny random vision-language models (LLaVA, Idefics3) through the engine: greedy ids equal
+transformers' ``generate()`` with the same processor for one and two images, alone and batched with a
+text-only request, with prefill chunks that cut images; the prefix cache reuses an image's blocks for
+the same image only; unserved vision-language types are refused at load by name."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from proxy.models.vision import VisionProcessor, refusal
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 from tests.media.images import encode, picture
-from tests.vision_fixtures import NUM_IMAGE_TOKENS, build_tiny_llava, llava_processor, llava_tokenizer
+from tests.vision_fixtures import FAMILIES, IMAGE_TOKEN, NUM_IMAGE_TOKENS
 
 from .engine_helpers import assert_blocks_conserved, assert_greedy_matches
 
@@ -27,49 +29,66 @@ NEW_TOKENS = 12
 PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def llava() -> Any:
-    return build_tiny_llava()
+@dataclass(frozen=True)
+class Family:
+    """One tiny vision-language model with its processor and tokenizer."""
+
+    model: Any
+    processor: Any
+    tokenizer: Any
+
+    @property
+    def vision(self) -> VisionProcessor:
+        return VisionProcessor(self.processor, self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
+
+    def text_of(self, *parts: str | None) -> str:
+        """The chat template's prompt of one user turn (``None``: an image part)."""
+        content = [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]
+        out: str = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                      add_generation_prompt=True)
+        return out
+
+    def reference(self, text: str, images: list[LoadedImage]) -> tuple[list[int], list[float]]:
+        """``generate(do_sample=False)`` of one prompt with the processor's inputs, and its top-2 gaps."""
+        if images:
+            enc = self.processor(text=[text], images=[im.image for im in images], return_tensors="pt",
+                                 add_special_tokens=False)
+        else:
+            enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
+        with torch.inference_mode():
+            out = self.model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                      do_sample=False, pad_token_id=0, output_scores=True,
+                                      return_dict_in_generate=True)
+        ids = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
+        gaps = [float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores]
+        return ids, gaps
+
+    def prompt_of(self, text: str, images: list[LoadedImage]) -> tuple[list[int], PromptImages | None]:
+        if not images:
+            return list(self.tokenizer.encode(text, add_special_tokens=False)), None
+        return self.vision.prompt(text, images)
+
+    def engine(self, chunk: int = 64, prefix_caching: bool = True) -> EngineCore:
+        settings = Settings(num_kv_blocks=256, block_size=4, max_num_batched_tokens=chunk,
+                            long_prefill_token_threshold=0, enable_prefix_caching=prefix_caching, seed=0)
+        eos = [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return EngineCore(copy.deepcopy(self.model), settings, eos, 512)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest) -> Family:
+    build, processor, tokenizer = FAMILIES[request.param]
+    return Family(build(), processor(), tokenizer())
 
 
 @pytest.fixture(scope="module")
-def vision() -> VisionProcessor:
-    return VisionProcessor(llava_processor(), llava_tokenizer().convert_tokens_to_ids("<image>"))
+def llava() -> Family:
+    build, processor, tokenizer = FAMILIES["llava"]
+    return Family(build(), processor(), tokenizer())
 
 
 def image(seed: int, size: tuple[int, int] = (40, 30)) -> LoadedImage:
     return decode_image(encode(picture(size, seed=seed)), f"messages[0].content[{seed}]")
-
-
-def text_of(*parts: str | None) -> str:
-    """The chat template's prompt of one user turn (``None``: an image part)."""
-    content = [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]
-    out: str = llava_tokenizer().apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                     add_generation_prompt=True)
-    return out
-
-
-def reference(model: Any, text: str, images: list[LoadedImage]) -> tuple[list[int], list[float]]:
-    """``generate(do_sample=False)`` of one prompt with the processor's inputs, and its top-2 gaps."""
-    proc = llava_processor()
-    if images:
-        enc = proc(text=[text], images=[im.image for im in images], return_tensors="pt",
-                   add_special_tokens=False)
-    else:
-        enc = proc.tokenizer([text], return_tensors="pt", add_special_tokens=False)
-    with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-    ids = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
-    gaps = [float(s[0].topk(2).values[0] - s[0].topk(2).values[1]) for s in out.scores]
-    return ids, gaps
-
-
-def prompt_of(vision: VisionProcessor, text: str,
-              images: list[LoadedImage]) -> tuple[list[int], PromptImages | None]:
-    if not images:
-        return list(llava_tokenizer().encode(text, add_special_tokens=False)), None
-    return vision.prompt(text, images)
 
 
 def run(core: EngineCore, prompts: list[tuple[list[int], PromptImages | None]]) -> dict[str, Any]:
@@ -88,13 +107,6 @@ def run(core: EngineCore, prompts: list[tuple[list[int], PromptImages | None]]) 
     return out
 
 
-def engine(model: Any, chunk: int = 64, prefix_caching: bool = True) -> EngineCore:
-    settings = Settings(num_kv_blocks=96, block_size=4, max_num_batched_tokens=chunk,
-                        long_prefill_token_threshold=0, enable_prefix_caching=prefix_caching, seed=0)
-    eos = [llava_tokenizer().convert_tokens_to_ids("<|im_end|>")]
-    return EngineCore(copy.deepcopy(model), settings, eos, 256)
-
-
 CASES = {
     "one image": (("What is", None, "?"), [0]),
     "two images": (("Compare", None, "with", None), [1, 2]),
@@ -104,20 +116,18 @@ CASES = {
 
 
 @pytest.mark.parametrize("chunk", [64, 7], ids=["whole prompts", "chunks of 7 cutting images"])
-def test_greedy_equals_generate_alone_and_batched(llava: Any, vision: VisionProcessor, chunk: int) -> None:
+def test_greedy_equals_generate_alone_and_batched(family: Family, chunk: int) -> None:
     prompts, refs = [], []
     for parts, seeds in CASES.values():
         images = [image(s) for s in seeds]
-        text = text_of(*parts)
-        prompts.append(prompt_of(vision, text, images))
-        refs.append(reference(llava, text, images))
-    for i, ((ids, images), _) in enumerate(zip(prompts, refs, strict=True)):
-        parts = list(CASES.values())[i][0]
-        expected = len(llava_tokenizer().encode(text_of(*parts), add_special_tokens=False))
-        if images is not None:  # each <image> became 16 placeholders
-            assert len(ids) == expected + (NUM_IMAGE_TOKENS - 1) * images.num_images
-    alone = [run(engine(llava, chunk), [p])["0"] for p in prompts]
-    batched = run(engine(llava, chunk), prompts)
+        text = family.text_of(*parts)
+        prompts.append(family.prompt_of(text, images))
+        refs.append(family.reference(text, images))
+    image_token = family.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    for ids, images in prompts:
+        assert ids.count(image_token) == (sum(images.counts) if images is not None else 0)
+    alone = [run(family.engine(chunk), [p])["0"] for p in prompts]
+    batched = run(family.engine(chunk), prompts)
     for i, name in enumerate(CASES):
         ref_ids, gaps = refs[i]
         assert_greedy_matches(alone[i][0], ref_ids, gaps, f"{name} alone")
@@ -125,34 +135,35 @@ def test_greedy_equals_generate_alone_and_batched(llava: Any, vision: VisionProc
         assert alone[i][1] == len(prompts[i][0])  # usage counts the placeholder tokens
 
 
-def test_images_change_the_output(llava: Any, vision: VisionProcessor) -> None:
-    text = text_of("What is", None, "?")
-    a = run(engine(llava), [prompt_of(vision, text, [image(0)])])["0"][0]
-    b = run(engine(llava), [prompt_of(vision, text, [image(1)])])["0"][0]
+def test_images_change_the_output(family: Family) -> None:
+    text = family.text_of("What is", None, "?")
+    a = run(family.engine(), [family.prompt_of(text, [image(0)])])["0"][0]
+    b = run(family.engine(), [family.prompt_of(text, [image(1)])])["0"][0]
     assert a != b  # the image reaches the decoder (a test that could not fail otherwise)
 
 
-def test_prefix_cache_reuses_the_same_image_only(llava: Any, vision: VisionProcessor) -> None:
-    text = text_of("What is", None, "?")
-    core = engine(llava)
-    first_image = prompt_of(vision, text, [image(0)])
+def test_prefix_cache_reuses_the_same_image_only(family: Family) -> None:
+    text = family.text_of("What is", None, "?")
+    core = family.engine()
+    first_image = family.prompt_of(text, [image(0)])
     ids, images = first_image
     assert images is not None
     first = run(core, [first_image])["0"]
     encoded = core.runner.images.num_encoded if core.runner.images is not None else -1
     again = run(core, [first_image])["0"]
     assert again[0] == first[0] and again[2] == (len(ids) - 1) // 4 * 4  # every full block but the last token
-    other = prompt_of(vision, text, [image(1)])
+    other = family.prompt_of(text, [image(1)])
     assert other[0] == ids  # the same tokens ...
     third = run(core, [other])["0"]
     first_image_block = images.token_positions[0] // 4
     assert third[2] == first_image_block * 4  # ... reused only up to the block the image starts in
-    assert third[0] == run(engine(llava, prefix_caching=False), [other])["0"][0]
+    assert third[0] == run(family.engine(prefix_caching=False), [other])["0"][0]
     assert core.runner.images is not None and core.runner.images.num_encoded == encoded + 1
 
 
-def test_prompt_images_positions_and_block_keys(vision: VisionProcessor) -> None:
-    ids, images = vision.prompt(text_of("a", None, "b", None), [image(0), image(1)])
+def test_prompt_images_positions_and_block_keys(llava: Family) -> None:
+    vision = llava.vision
+    ids, images = vision.prompt(llava.text_of("a", None, "b", None), [image(0), image(1)])
     assert images.counts == (NUM_IMAGE_TOKENS, NUM_IMAGE_TOKENS) and len(images.hashes) == 2
     (s0, e0), (s1, e1) = images.spans()
     assert e0 - s0 == e1 - s1 == NUM_IMAGE_TOKENS - 1 and e0 < s1
@@ -169,7 +180,7 @@ def test_prompt_images_positions_and_block_keys(vision: VisionProcessor) -> None
     assert tuple(images.encoder_inputs["pixel_values"].shape) == (2, 3, 32, 32)
 
 
-@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "Idefics3Config", "LlavaNextConfig",
+@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "SmolVLMConfig", "LlavaNextConfig",
                                   "LlavaOnevisionConfig", "Mistral3Config"])
 def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     import transformers
@@ -178,13 +189,13 @@ def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     with pytest.raises(ModelLoadError) as err:
         check_supported(config)
     want = (f"model type '{config.model_type}' is a vision-language model that streamproxy does not serve "
-            "yet (served with images: llava); serve it with vLLM or llama.cpp, or pick a pure-attention "
-            "model")
+            "yet (served with images: idefics3, llava); serve it with vLLM or llama.cpp, or pick a "
+            "pure-attention model")
     assert str(err.value) == want
 
 
-def test_llava_is_served_and_causal_vision_models_load_as_text(llava: Any) -> None:
+def test_served_families_pass_and_causal_vision_models_load_as_text(family: Family) -> None:
     from transformers import Gemma3Config
 
-    check_supported(llava.config)
-    assert refusal(llava.config) is None and refusal(Gemma3Config()) is None  # Gemma 3: text, images a 400
+    check_supported(family.model.config)
+    assert refusal(family.model.config) is None and refusal(Gemma3Config()) is None  # Gemma 3: text
