@@ -143,8 +143,57 @@ def build_tiny_idefics3(seed: int = 0) -> Any:
     return model.eval()
 
 
+GRID_PINPOINTS = [[32, 64], [64, 32], [64, 64]]
+
+
+def llava_next_processor() -> Any:
+    """``LlavaNextProcessor`` with a Pillow image processor over 32 x 32 crops and the grid pinpoints
+    :data:`GRID_PINPOINTS`."""
+    from transformers import LlavaNextProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": IMAGE_SIZE},
+                                        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                                        image_grid_pinpoints=GRID_PINPOINTS)
+    return LlavaNextProcessor(image_processor=images, tokenizer=llava_tokenizer(), patch_size=8,
+                              vision_feature_select_strategy="default", chat_template=TEMPLATE,
+                              image_token=IMAGE_TOKEN, num_additional_image_tokens=1)
+
+
+def build_tiny_llava_next(seed: int = 0) -> Any:
+    """A tiny random ``LlavaNextForConditionalGeneration``: :func:`build_tiny_llava`'s parts with the
+    grid pinpoints :data:`GRID_PINPOINTS`."""
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    config = build_tiny_llava(seed).config
+    torch_seed(seed)
+    next_config = LlavaNextConfig(vision_config=config.vision_config, text_config=config.text_config,
+                                  image_token_id=config.image_token_id, image_grid_pinpoints=GRID_PINPOINTS,
+                                  vision_feature_layer=-2, vision_feature_select_strategy="default")
+    return _init(LlavaNextForConditionalGeneration(next_config))
+
+
+def torch_seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def _init(model: Any) -> Any:
+    """Weights drawn larger than the default init (logits far from ties); eval, SDPA."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
 FAMILIES = {
     "llava": (build_tiny_llava, llava_processor, llava_tokenizer),
+    "llava_next": (build_tiny_llava_next, llava_next_processor, llava_tokenizer),
     "idefics3": (build_tiny_idefics3, idefics3_processor, idefics3_tokenizer),
 }
 """Family -> (model builder, processor, tokenizer) of the tiny vision-language models."""

@@ -7,6 +7,9 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
 
 - LLaVA (``LlavaForConditionalGeneration``: a CLIP-style vision tower and a projector): each image
   becomes ``image_seq_length`` placeholder tokens (``LlavaModel.forward``);
+- LLaVA-Next (``LlavaNextForConditionalGeneration``): an image is cut to the best of its grid pinpoints
+  plus a base view, its features packed with a newline embedding per row (``pack_image_features``),
+  one placeholder per packed feature;
 - Idefics3 (``Idefics3ForConditionalGeneration``, the architecture of SmolVLM's first release): each
   image is split into tiles plus a global view, each ``image_seq_len`` placeholders between row /
   column marker tokens (``Idefics3Model.inputs_merger``).
@@ -36,6 +39,7 @@ from proxy.media.prompt import PromptImages
 SERVED: dict[str, str] = {
     "llava": "LlavaForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
 }
 """Model types served with their images -> the transformers class that runs them."""
 

@@ -159,8 +159,9 @@ def test_bad_images_are_a_400_naming_the_part_and_the_server_keeps_serving(model
     assert good.status_code == 200
 
 
-def test_idefics3_tiles_equal_generate(tmp_path: Path) -> None:
-    folder = make_tiny_vlm("idefics3", tmp_path / "tiny-idefics3")
+@pytest.mark.parametrize("family", ["idefics3", "llava_next"])
+def test_other_families_equal_generate(family: str, tmp_path: Path) -> None:
+    folder = make_tiny_vlm(family, tmp_path / family)
     want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])
 
     async def main() -> httpx.Response:

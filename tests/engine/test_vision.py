@@ -1,4 +1,4 @@
-"""Tiny random vision-language models (LLaVA, Idefics3) through the engine: greedy ids equal
+"""Tiny random vision-language models (LLaVA, LLaVA-Next, Idefics3) through the engine: greedy ids equal
 transformers' ``generate()`` with the same processor for one and two images, alone and batched with a
 text-only request, with prefill chunks that cut images; the prefix cache reuses an image's blocks for
 the same image only; unserved vision-language types are refused at load by name."""
@@ -180,7 +180,7 @@ def test_prompt_images_positions_and_block_keys(llava: Family) -> None:
     assert tuple(images.encoder_inputs["pixel_values"].shape) == (2, 3, 32, 32)
 
 
-@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "SmolVLMConfig", "LlavaNextConfig",
+@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "Qwen3VLConfig", "SmolVLMConfig",
                                   "LlavaOnevisionConfig", "Mistral3Config"])
 def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     import transformers
@@ -189,8 +189,8 @@ def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     with pytest.raises(ModelLoadError) as err:
         check_supported(config)
     want = (f"model type '{config.model_type}' is a vision-language model that streamproxy does not serve "
-            "yet (served with images: idefics3, llava); serve it with vLLM or llama.cpp, or pick a "
-            "pure-attention model")
+            "yet (served with images: idefics3, llava, llava_next); serve it with vLLM or llama.cpp, or "
+            "pick a pure-attention model")
     assert str(err.value) == want
 
 
