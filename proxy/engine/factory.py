@@ -79,7 +79,7 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
 
     from proxy.engine.core_proc.grammar import ChildGrammarCompiler
     from proxy.engine.core_proc.proc_client import EngineProcClient
-    from proxy.models.vision import VisionProcessor
+    from proxy.media.processor import VisionProcessor
     from proxy.tokenizer import Tokenizer
 
     core = EngineProcClient(settings)

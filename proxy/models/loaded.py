@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from proxy.models.vision import VisionProcessor
+from proxy.media.processor import VisionProcessor
 
 
 class ModelLoadError(RuntimeError):

@@ -1,5 +1,6 @@
-"""Vision-language models: which are served with their images, their processor (the API side), and
-their vision encoder (the engine side).
+"""Vision-language models: which are served with their images (:data:`SERVED`, in
+``proxy.media.processor`` with their processor, the API side), how they load, and their vision encoder
+(the engine side).
 
 Served with images (:data:`SERVED`), decoders with 1-D positions whose forward places the projected
 image features, in order, on the embeddings of the image placeholder tokens (``masked_scatter``), so a
@@ -13,40 +14,23 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
 - Idefics3 (``Idefics3ForConditionalGeneration``, the architecture of SmolVLM's first release): each
   image is split into tiles plus a global view, each ``image_seq_len`` placeholders between row /
   column marker tokens (``Idefics3Model.inputs_merger``).
- Other image-text-to-text model types that
-transformers' causal-LM classes do not load are refused at load by name
-(:func:`refusal`); those its causal-LM classes load (Gemma 3, Llama 4, ...) are served as text models
-and refuse images per request.
 
-The processor: transformers' ``AutoProcessor`` with the Pillow image backend (``backend="pil"``), as
-torchvision is not installed here and the two backends resize differently (a reference must use the
-same one); the chat is rendered by the tokenizer's template as for text models, then the processor
-expands the image placeholders and computes ``pixel_values`` (:meth:`VisionProcessor.prompt`).
+Other image-text-to-text model types that transformers' causal-LM classes do not load are refused at
+load by name (:func:`refusal`): Qwen2-VL / Qwen2.5-VL / Qwen3-VL (3-D M-RoPE positions; their
+processors also need torchvision for video), SmolVLM and LLaVA-OneVision (processors with a video part
+that needs torchvision or ``num2words``), Mistral3, ... Those its causal-LM classes load (Gemma 3, whose
+image tokens attend bidirectionally; Llama 4, ...) are served as text models and refuse images per
+request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from proxy.errors import InvalidRequestError
-from proxy.media.decode import LoadedImage
+from proxy.media.processor import SERVED, VisionProcessor, is_served_vision
 from proxy.media.prompt import PromptImages
-
-SERVED: dict[str, str] = {
-    "llava": "LlavaForConditionalGeneration",
-    "idefics3": "Idefics3ForConditionalGeneration",
-    "llava_next": "LlavaNextForConditionalGeneration",
-}
-"""Model types served with their images -> the transformers class that runs them."""
-
-
-def is_served_vision(config: Any) -> bool:
-    """True for a config of a model type in :data:`SERVED`."""
-    return str(getattr(config, "model_type", "")) in SERVED
 
 
 def refusal(config: Any) -> str | None:
@@ -80,60 +64,6 @@ def load_model_class(config: Any) -> Any:
     return getattr(transformers, SERVED[str(config.model_type)])
 
 
-class VisionProcessor:
-    """The served model's processor, for prompts with images.
-
-    Args:
-        processor: the transformers processor (``tokenizer``, ``image_processor``, ``image_token``).
-        image_token_id: the placeholder token of one image patch (``config.image_token_id``).
-    """
-
-    def __init__(self, processor: Any, image_token_id: int) -> None:
-        self.processor = processor
-        self.image_token_id = image_token_id
-
-    @classmethod
-    def load(cls, folder: str | Path, config: Any = None) -> VisionProcessor | None:
-        """``AutoProcessor.from_pretrained(folder, backend="pil")`` of a :data:`SERVED` model's folder;
-        None for any other model (``config``: its ``AutoConfig``, read from ``folder`` when None)."""
-        from transformers import AutoConfig, AutoProcessor
-
-        config = config if config is not None else AutoConfig.from_pretrained(str(folder))
-        if not is_served_vision(config):
-            return None
-        processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
-        return cls(processor, int(config.image_token_id))
-
-    def num_tokens(self, images: Sequence[LoadedImage]) -> list[int]:
-        """Placeholder tokens of each image (the processor's ``_get_num_multimodal_tokens``, the
-        count vLLM's transformers backend reads too)."""
-        sizes = [[im.size[1], im.size[0]] for im in images]
-        return [int(n) for n in self.processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens]
-
-    def prompt(self, text: str, images: Sequence[LoadedImage]) -> tuple[list[int], PromptImages]:
-        """The token ids of the rendered chat ``text`` with each image placeholder expanded, and the
-        prompt's :class:`PromptImages` (placeholder positions, content hashes, ``pixel_values``).
-        CPU work (resize, normalise): callers run it off the event loop.
-
-        Raises:
-            InvalidRequestError: the text's placeholders do not match the images (a message that
-                writes the placeholder token itself), naming the first image.
-        """
-        param = images[0].param
-        try:
-            enc = self.processor(text=[text], images=[im.image for im in images], return_tensors="pt",
-                                 add_special_tokens=False)
-            ids = [int(t) for t in enc.pop("input_ids")[0].tolist()]
-            enc.pop("attention_mask", None)
-            return ids, PromptImages.of(ids, self.image_token_id, self.num_tokens(images),
-                                        [im.content_hash for im in images], dict(enc))
-        except ValueError as exc:
-            raise InvalidRequestError(
-                f"'{param}': the prompt's image placeholders do not match its {len(images)} image(s) (does "
-                f"a message write the placeholder {getattr(self.processor, 'image_token', '')!r} itself?): "
-                f"{exc}", param=param) from None
-
-
 def encode_images(model: Any, images: PromptImages, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The embeddings of a prompt's images, one row per placeholder token in prompt order:
     ``[sum(images.counts), hidden]`` in ``dtype`` on ``device``, from the model's vision encoder and
@@ -153,3 +83,7 @@ def encode_images(model: Any, images: PromptImages, device: torch.device, dtype:
         raise ValueError(f"the vision encoder gave {rows.shape[0]} rows for {len(images.token_positions)} "
                          "image placeholder tokens")
     return rows
+
+
+__all__ = ["SERVED", "VisionProcessor", "decoder_attention", "encode_images", "is_served_vision",
+           "load_model_class", "refusal"]

@@ -15,9 +15,10 @@ import torch
 from proxy.engine.core import EngineCore
 from proxy.engine.execution.architectures import check_supported
 from proxy.media.decode import LoadedImage, decode_image
+from proxy.media.processor import VisionProcessor
 from proxy.media.prompt import PromptImages
 from proxy.models.loaded import ModelLoadError
-from proxy.models.vision import VisionProcessor, refusal
+from proxy.models.vision import refusal
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 from tests.media.images import encode, picture

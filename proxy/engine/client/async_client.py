@@ -19,9 +19,9 @@ from proxy.engine.output import OutputProcessor
 from proxy.engine.request import RequestOutput
 from proxy.engine.stats import MetricsRecorder
 from proxy.errors import InvalidRequestError, RateLimitError
+from proxy.media.processor import VisionProcessor
 from proxy.media.prompt import PromptImages
 from proxy.metrics import Metrics
-from proxy.models.vision import VisionProcessor
 from proxy.protocol import choice_params, resolve_max_tokens
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tokenizer import Tokenizer

@@ -14,9 +14,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from proxy.engine.client.core_client import EngineStats, FaultInjector
 from proxy.engine.generation import Generation
+from proxy.media.processor import VisionProcessor
 from proxy.media.prompt import PromptImages
 from proxy.metrics import Metrics
-from proxy.models.vision import VisionProcessor
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.tokenizer import Tokenizer
 
