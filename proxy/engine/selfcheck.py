@@ -194,7 +194,7 @@ def _engine_run(
 
 
 def run_self_check(
-    model: Any, settings: Settings, max_model_len: int, eos_token_ids: Iterable[int] = ()
+    model: Any, settings: Settings, max_model_len: int, eos_token_ids: Iterable[int] = (), vision: Any = None,
 ) -> SelfCheckReport:
     """Compare the engine's greedy ids with ``generate()`` on the same loaded model (module docstring).
 
@@ -204,6 +204,8 @@ def run_self_check(
         settings: the served settings (``block_size`` is kept; pool and budget are the check's own).
         max_model_len: the served context in tokens (bounds the prompts).
         eos_token_ids: unused by the comparison (EOS is ignored on both sides); kept for callers.
+        vision: a vision-language model's ``VisionProcessor``: one image prompt is checked too
+            (:mod:`proxy.engine.selfcheck_images`); None: text only.
 
     Returns:
         a :class:`SelfCheckReport`.
@@ -258,9 +260,19 @@ def run_self_check(
                     f"{fail}: prompt {i} ({len(prompt)} tokens): the engine generated {len(got)} tokens, "
                     f"generate() {len(want)}; {advice}"
                 )
+    lengths = tuple(len(p) for p in prompts)
+    if vision is not None:
+        from proxy.engine.selfcheck_images import check_image_prompt
+
+        try:
+            image_len, tie = check_image_prompt(model, vision, settings, max_model_len, NUM_NEW_TOKENS,
+                                                tolerance)
+        except Exception as exc:
+            raise SelfCheckError(f"{fail}: {type(exc).__name__}: {exc}; {advice}") from exc
+        lengths, near_ties = (*lengths, image_len), near_ties + tie
     report = SelfCheckReport(
         model_type=model_type,
-        prompt_lengths=tuple(len(p) for p in prompts),
+        prompt_lengths=lengths,
         num_new_tokens=NUM_NEW_TOKENS,
         num_near_ties=near_ties,
         seconds=time.monotonic() - start,

@@ -171,7 +171,7 @@ def check_at_load(loaded: LoadedModel, settings: Settings, max_model_len: int) -
                     "--self-check forces it)", path, time.monotonic() - start)
         return None
     try:
-        report = run_self_check(loaded.model, settings, max_model_len)
+        report = run_self_check(loaded.model, settings, max_model_len, vision=loaded.vision)
     except SelfCheckError:
         forget(path)
         raise

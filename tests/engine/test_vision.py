@@ -14,11 +14,13 @@ import torch
 
 from proxy.engine.core import EngineCore
 from proxy.engine.execution.architectures import check_supported
+from proxy.engine.execution.image_embeds import ImageEncoder
+from proxy.engine.selfcheck import SelfCheckError, run_self_check
 from proxy.media.decode import LoadedImage, decode_image
 from proxy.media.processor import VisionProcessor
 from proxy.media.prompt import PromptImages
 from proxy.models.loaded import ModelLoadError
-from proxy.models.vision import refusal
+from proxy.models.vision import decoder_attention, refusal
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 from tests.media.images import encode, picture
@@ -200,3 +202,26 @@ def test_served_families_pass_and_causal_vision_models_load_as_text(family: Fami
 
     check_supported(family.model.config)
     assert refusal(family.model.config) is None and refusal(Gemma3Config()) is None  # Gemma 3: text
+
+
+def paged(model: Any) -> Any:
+    """A copy of ``model`` whose decoder takes the paged attention, as the loader gives it."""
+    from proxy.engine.execution.attention import register
+
+    clone = copy.deepcopy(model)
+    clone.set_attn_implementation(decoder_attention(clone.config, register()))
+    return clone
+
+
+def test_self_check_covers_one_image(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(block_size=4, seed=0)
+    report = run_self_check(paged(family.model), settings, 256, vision=family.vision)
+    assert len(report.prompt_lengths) == 4 and report.num_near_ties == 0  # 3 text prompts + the image's
+
+    def no_images(self: ImageEncoder, input_ids: torch.Tensor, slots: Any) -> torch.Tensor:
+        embeds: torch.Tensor = self.model.get_input_embeddings()(input_ids)
+        return embeds  # the image positions keep their placeholder's embedding: wrong text
+
+    monkeypatch.setattr(ImageEncoder, "embed", no_images)
+    with pytest.raises(SelfCheckError, match="the image prompt .* first differs at generated token"):
+        run_self_check(paged(family.model), settings, 256, vision=family.vision)
