@@ -71,11 +71,11 @@ class Family:
             return list(self.tokenizer.encode(text, add_special_tokens=False)), None
         return self.vision.prompt(text, images)
 
-    def engine(self, chunk: int = 64, prefix_caching: bool = True) -> EngineCore:
-        settings = Settings(num_kv_blocks=256, block_size=4, max_num_batched_tokens=chunk,
+    def engine(self, chunk: int = 64, prefix_caching: bool = True, num_blocks: int = 256) -> EngineCore:
+        settings = Settings(num_kv_blocks=num_blocks, block_size=4, max_num_batched_tokens=chunk,
                             long_prefill_token_threshold=0, enable_prefix_caching=prefix_caching, seed=0)
         eos = [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        return EngineCore(copy.deepcopy(self.model), settings, eos, 512)
+        return EngineCore(copy.deepcopy(self.model), settings, eos, min(512, num_blocks * 4))
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -136,6 +136,18 @@ def test_greedy_equals_generate_alone_and_batched(family: Family, chunk: int) ->
         assert_greedy_matches(alone[i][0], ref_ids, gaps, f"{name} alone")
         assert_greedy_matches(batched[str(i)][0], ref_ids, gaps, f"{name} batched")
         assert alone[i][1] == len(prompts[i][0])  # usage counts the placeholder tokens
+
+
+def test_preempted_image_requests_recompute_their_images(family: Family) -> None:
+    text = family.text_of("What is", None, "?")
+    prompts = [family.prompt_of(text, [image(seed)]) for seed in range(3)]
+    longest = max(len(ids) for ids, _ in prompts) + NEW_TOKENS
+    core = family.engine(chunk=16, num_blocks=-(-longest // 4) * 2)  # two of the three fit at a time
+    out = run(core, prompts)
+    assert core.scheduler.num_preemptions >= 1
+    for seed in range(3):
+        ref_ids, gaps = family.reference(text, [image(seed)])
+        assert_greedy_matches(out[str(seed)][0], ref_ids, gaps, f"image {seed} preempted")
 
 
 def test_images_change_the_output(family: Family) -> None:
