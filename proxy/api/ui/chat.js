@@ -1,7 +1,9 @@
 // The built-in chat page of streamproxy (served at /).
 //
 // A client of the public API only: GET /v1/models and POST /v1/chat/completions with
-// stream: true and stream_options.include_usage. The SSE body is read with fetch +
+// stream: true and stream_options.include_usage. A user turn may carry images (picked with
+// "Image" or pasted into the prompt): each is read as a data: URL, shown as a thumbnail and sent
+// as an {"type": "image_url"} content part. The SSE body is read with fetch +
 // ReadableStream and a streaming TextDecoder (a UTF-8 character split across two network
 // reads is held until complete), and parsed line by line as the HTML Living Standard's
 // "text/event-stream" interpretation says: "data:" lines form an event's data, a blank line
@@ -167,9 +169,48 @@
 
   // history: the turns sent with the next request; epoch: bumped by "Clear chat", so a reply that
   // ends after a clear does not bring its turn back
-  const state = { history: [], controller: null, epoch: 0, statuses: false };
+  // images: the data: URLs attached to the next message
+  const state = { history: [], controller: null, epoch: 0, statuses: false, images: [] };
 
-  function addMessage(role, text) {
+  function thumbnail(url, alt) {
+    const img = document.createElement("img");
+    img.className = "thumb";
+    img.src = url;
+    img.alt = alt;
+    return img;
+  }
+
+  function renderAttachments() {
+    const box = $("attachments");
+    box.replaceChildren(...state.images.map((url, i) => {
+      const figure = document.createElement("figure");
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.textContent = "×";
+      remove.title = "Remove this image";
+      remove.addEventListener("click", () => {
+        state.images.splice(i, 1);
+        renderAttachments();
+      });
+      figure.append(thumbnail(url, `attached image ${i + 1}`), remove);
+      return figure;
+    }));
+    box.hidden = state.images.length === 0;
+  }
+
+  function attachImages(files) {
+    for (const file of files) {
+      if (!file || !file.type.startsWith("image/")) continue;
+      const reader = new FileReader();
+      reader.onload = () => {
+        state.images.push(String(reader.result));
+        renderAttachments();
+      };
+      reader.readAsDataURL(file);
+    }
+  }
+
+  function addMessage(role, text, images = []) {
     const el = document.createElement("article");
     el.className = "message " + role;
     const meta = document.createElement("div");
@@ -184,7 +225,14 @@
     body.className = "text";
     const textNode = document.createTextNode(text);
     body.append(textNode);
-    el.append(meta, body);
+    el.append(meta);
+    if (images.length) {
+      const gallery = document.createElement("div");
+      gallery.className = "images";
+      gallery.append(...images.map((url, i) => thumbnail(url, `image ${i + 1}`)));
+      el.append(gallery);
+    }
+    el.append(body);
     // the thinking of a reasoning model: collapsed above the answer, created with its first delta
     let thinkingNode = null;
     const thinking = () => {
@@ -295,11 +343,14 @@
     return $(id).value.trim() === "" || !Number.isFinite(v) ? fallback : v;
   }
 
-  async function send(text) {
+  async function send(text, images = []) {
     const messages = [];
     const system = $("system").value.trim();
     if (system) messages.push({ role: "system", content: system });
-    messages.push(...state.history, { role: "user", content: text });
+    const content = images.length
+      ? [{ type: "text", text }, ...images.map((url) => ({ type: "image_url", image_url: { url } }))]
+      : text;
+    messages.push(...state.history, { role: "user", content });
     const body = {
       model: $("model").value,
       messages,
@@ -308,13 +359,13 @@
       temperature: numberField("temperature", 0.7),
       max_tokens: Math.trunc(numberField("max-tokens", 512)),
     };
-    addMessage("user", text);
+    addMessage("user", text, images);
     const reply = addMessage("assistant", "");
     reply.setState("streaming");
     const controller = new AbortController();
     const epoch = state.epoch;
     const remember = (reply) => {
-      if (state.epoch === epoch) state.history.push({ role: "user", content: text }, { role: "assistant", content: reply });
+      if (state.epoch === epoch) state.history.push({ role: "user", content }, { role: "assistant", content: reply });
     };
     setBusy(controller);
     showNotice("");
@@ -362,6 +413,10 @@
         showError(describe(err));
         if (err instanceof ApiError && err.status === 401) askForKey(describe(err));
         if (!$("prompt").value) $("prompt").value = text;
+        if (!state.images.length && images.length) {
+          state.images = images;
+          renderAttachments();
+        }
       }
     } finally {
       if (state.controller === controller) setBusy(null);
@@ -419,9 +474,26 @@
     $("composer").addEventListener("submit", (ev) => {
       ev.preventDefault();
       const text = $("prompt").value;
-      if (!text.trim() || state.controller) return;
+      if ((!text.trim() && !state.images.length) || state.controller) return;
+      const images = state.images;
+      state.images = [];
+      renderAttachments();
       $("prompt").value = "";
-      send(text);
+      send(text, images);
+    });
+    $("attach").addEventListener("click", () => $("image-file").click());
+    $("image-file").addEventListener("change", (ev) => {
+      attachImages(ev.target.files);
+      ev.target.value = "";
+    });
+    $("prompt").addEventListener("paste", (ev) => {
+      const files = [...(ev.clipboardData ? ev.clipboardData.items : [])]
+        .filter((item) => item.kind === "file" && item.type.startsWith("image/"))
+        .map((item) => item.getAsFile());
+      if (files.length) {
+        ev.preventDefault();
+        attachImages(files);
+      }
     });
     $("prompt").addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
@@ -436,6 +508,8 @@
       if (state.controller) state.controller.abort();
       state.epoch += 1;
       state.history = [];
+      state.images = [];
+      renderAttachments();
       $("log").replaceChildren();
       showNotice("");
       setStats("TTFT – · – tok/s");
