@@ -173,3 +173,36 @@ def test_other_families_equal_generate(family: str, tmp_path: Path) -> None:
     assert response.status_code == 200, response.text
     chat = response.json()
     assert chat["choices"][0]["message"]["content"] == want and chat["usage"]["prompt_tokens"] == prompt_len
+
+
+def test_n_choices_follow_up_turns_and_previous_response_id(model_dir: Path) -> None:
+    want, _ = reference(model_dir, IMAGE_PARTS, [RED, BLUE])
+    turns = [*chat_body()["messages"], {"role": "assistant", "content": "Two pictures."},
+             {"role": "user", "content": "Which is red?"}]
+
+    async def main() -> dict[str, httpx.Response]:
+        async with real_app(settings(model_dir, False)) as (client, _):
+            parts = [{"type": "input_text", "text": "What is"},
+                     {"type": "input_image", "image_url": data_url(encode(RED))}]
+            first = await client.post("/v1/responses", json={
+                "model": NAME, "max_output_tokens": 4, "temperature": 0,
+                "input": [{"role": "user", "content": parts}]})
+            return {
+                "n": await client.post("/v1/chat/completions", json=chat_body(n=2)),
+                "turns": await client.post("/v1/chat/completions", json={**chat_body(), "messages": turns}),
+                "count": await client.post("/tokenize", json={"model": NAME, "messages": turns,
+                                                               "add_generation_prompt": True}),
+                "first": first,
+                "second": await client.post("/v1/responses", json={
+                    "model": NAME, "max_output_tokens": 4, "temperature": 0, "input": "And the colour?",
+                    "previous_response_id": first.json()["id"]}),
+            }
+
+    out = asyncio.run(main())
+    for name, response in out.items():
+        assert response.status_code == 200, (name, response.text)
+    assert [c["message"]["content"] for c in out["n"].json()["choices"]] == [want, want]
+    assert out["turns"].json()["usage"]["prompt_tokens"] == out["count"].json()["count"]
+    first, second = out["first"].json()["usage"], out["second"].json()["usage"]
+    assert second["input_tokens"] > first["input_tokens"] + first["output_tokens"]  # the image came along
+    assert second["input_tokens_details"]["cached_tokens"] > NUM_IMAGE_TOKENS  # its blocks reused
