@@ -32,7 +32,7 @@ TEMPLATE = (
 @functools.lru_cache(maxsize=1)
 def llava_tokenizer() -> Any:
     """The API tests' byte-level BPE tokenizer with ``<image>`` added and the vision template."""
-    from tests.api.fakes import make_hf_tokenizer
+    from api.fakes import make_hf_tokenizer
 
     tok = copy.deepcopy(make_hf_tokenizer())
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
@@ -93,7 +93,7 @@ IDEFICS3_SEQ_LEN = 4
 @functools.lru_cache(maxsize=1)
 def idefics3_tokenizer() -> Any:
     """The API tests' BPE tokenizer with Idefics3's image tokens added and the vision template."""
-    from tests.api.fakes import make_hf_tokenizer
+    from api.fakes import make_hf_tokenizer
 
     tok = copy.deepcopy(make_hf_tokenizer())
     tok.add_special_tokens({"additional_special_tokens": IDEFICS3_TOKENS})

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from media.images import data_url, encode, picture
+from vision_fixtures import NUM_IMAGE_TOKENS, make_tiny_llava, make_tiny_vlm
 
 from proxy.settings import Settings
-from tests.media.images import data_url, encode, picture
-from tests.vision_fixtures import NUM_IMAGE_TOKENS, make_tiny_llava, make_tiny_vlm
 
 from .real_app import real_app
 

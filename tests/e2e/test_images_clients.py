@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from media.images import data_url, encode, picture
+from vision_fixtures import make_tiny_llava
 
 from proxy.ports import LocalServer, start_serve
-from tests.media.images import data_url, encode, picture
-from tests.vision_fixtures import make_tiny_llava
 
 NAME = "tiny-llava"
 NEW_TOKENS = 8

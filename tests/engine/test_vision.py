@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from media.images import encode, picture
+from vision_fixtures import FAMILIES, IMAGE_TOKEN, NUM_IMAGE_TOKENS
 
 from proxy.engine.core import EngineCore
 from proxy.engine.execution.architectures import check_supported
@@ -23,8 +25,6 @@ from proxy.models.loaded import ModelLoadError
 from proxy.models.vision import decoder_attention, refusal
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
-from tests.media.images import encode, picture
-from tests.vision_fixtures import FAMILIES, IMAGE_TOKEN, NUM_IMAGE_TOKENS
 
 from .engine_helpers import assert_blocks_conserved, assert_greedy_matches
 

@@ -11,10 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from e2e.test_images_clients import NAME, PNG, QUESTION
+from vision_fixtures import make_tiny_llava
 
 from proxy.ports import start_serve
-from tests.e2e.test_images_clients import NAME, PNG, QUESTION
-from tests.vision_fixtures import make_tiny_llava
 
 HERE = Path(__file__).resolve().parent
 NODE = shutil.which("node")

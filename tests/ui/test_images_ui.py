@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+from media.images import data_url, encode, picture
+from vision_fixtures import make_tiny_llava
 
 from proxy.api.app import create_app
 from proxy.settings import Settings
-from tests.media.images import data_url, encode, picture
-from tests.vision_fixtures import make_tiny_llava
 
 from .conftest import live_app
 from .test_browser import console_errors, open_page, send, wait_for, wait_reply
