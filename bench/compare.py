@@ -234,23 +234,36 @@ def llama_sources(scratch: Path) -> Path:
     return src
 
 
-def build_llama_server(scratch: Path, cuda: bool = False) -> Path:
-    """Build llama.cpp's ``llama-server`` with cmake from the vendored sources; returns the binary."""
+def build_llama_cpp(scratch: Path, target: str = "llama-server", cuda: bool = False) -> Path:
+    """Build one of llama.cpp's cmake targets (``llama-server``, ``llama-quantize``, ...) with cmake
+    from the vendored sources into one build folder shared by all targets; returns the binary.
+
+    A target is rebuilt when its binary is missing or was built with other cmake flags (a stamp file
+    per target holds them).
+
+    Raises:
+        PeerUnavailable: when cmake fails or the binary is missing afterwards.
+    """
     build = scratch / ("llama.cpp-build-cuda" if cuda else "llama.cpp-build")
-    binary = build / "bin" / "llama-server"
+    binary = build / "bin" / target
     flags = LLAMA_CMAKE_FLAGS + llama_isa_flags() + (["-DGGML_CUDA=ON"] if cuda else [])
-    stamp = build / "streamproxy-cmake-flags.txt"  # a build with other flags is reconfigured
+    stamp = build / f"streamproxy-cmake-flags-{target}.txt"  # a build with other flags is reconfigured
     if binary.exists() and stamp.exists() and stamp.read_text() == " ".join(flags):
         return binary
     src = llama_sources(scratch) / "vendor" / "llama.cpp"
-    logf = scratch / "logs" / "llama-server-build.log"
-    log(f"building llama-server in {build} (about 6 minutes on 2 cores; log {logf})")
+    logf = scratch / "logs" / f"{target}-build.log"
+    log(f"building {target} in {build} (about 6 minutes on 2 cores for the first target; log {logf})")
     _run(["cmake", "-S", str(src), "-B", str(build), *flags], logf)
-    _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)], logf)
+    _run(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)], logf)
     if not binary.exists():
         raise PeerUnavailable(f"cmake finished but {binary} is missing")
     stamp.write_text(" ".join(flags))
     return binary
+
+
+def build_llama_server(scratch: Path, cuda: bool = False) -> Path:
+    """Build llama.cpp's ``llama-server`` (``build_llama_cpp``); returns the binary."""
+    return build_llama_cpp(scratch, "llama-server", cuda)
 
 
 def venv_python(venv: Path) -> Path:

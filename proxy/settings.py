@@ -61,7 +61,9 @@ class Settings:
         block_size: tokens per KV cache block.
         num_kv_blocks: KV blocks on CPU; None: enough for ``max_num_seqs`` full contexts, capped by
             ``kv_cache_bytes``.
-        kv_cache_bytes: KV cache size on CPU in bytes when ``num_kv_blocks`` is None.
+        kv_cache_bytes: KV cache size on CPU in bytes when ``num_kv_blocks`` is None; None: half of the
+            memory the kernel reports available (MemAvailable) once the weights are loaded, at most
+            what max_num_seqs full contexts need (``proxy.engine.attention.cache.cpu_pool_size``).
         gpu_memory_utilization: fraction of free CUDA memory the KV cache may take.
         max_waiting: most requests waiting to be scheduled; past it, 429.
         num_threads: torch intra-op threads on CPU; None: torch's default.
@@ -140,7 +142,7 @@ class Settings:
     enable_prefix_caching: bool = True
     block_size: int = 16
     num_kv_blocks: int | None = None
-    kv_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.85
     max_waiting: int = 256
     num_threads: int | None = None

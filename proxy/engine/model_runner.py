@@ -89,14 +89,16 @@ class ModelRunner:
         self.num_groups = self.layers[0].num_heads // self.layers[0].num_kv_heads
         self.block_size = settings.block_size
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
-        num_blocks = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
+        pool = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
+        num_blocks = pool.num_blocks
         self.kv_cache = PagedKVCache(
             self.layers, num_blocks, self.block_size, self.dtype, self.device, num_scratch_slots=1
         )
         self.kv_bytes_per_token = bytes_per_token
         logger.info(
-            "KV cache: %d blocks x %d tokens, %.1f MiB (%d bytes/token) on %s",
-            num_blocks, self.block_size, self.kv_cache.num_bytes / 2**20, bytes_per_token, self.device,
+            "KV cache: %d blocks x %d tokens (%d tokens), %.1f MiB (%d bytes/token) on %s: %s",
+            num_blocks, self.block_size, num_blocks * self.block_size, self.kv_cache.num_bytes / 2**20,
+            bytes_per_token, self.device, pool.reason,
         )
         self.max_num_seqs = settings.max_num_seqs
         self.max_model_len = max_model_len

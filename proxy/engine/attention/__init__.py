@@ -17,7 +17,15 @@ One module a concept:
 from __future__ import annotations
 
 from proxy.engine.attention.binding import ATTN_IMPLEMENTATION, METADATA_KWARG, active_metadata
-from proxy.engine.attention.cache import LayerSpec, PagedKVCache, choose_num_blocks, lazy_zeros
+from proxy.engine.attention.cache import (
+    KVPoolSize,
+    LayerSpec,
+    PagedKVCache,
+    choose_num_blocks,
+    cpu_pool_size,
+    lazy_zeros,
+    mem_available_bytes,
+)
 from proxy.engine.attention.forward import paged_attention_forward, register
 from proxy.engine.attention.metadata import KEY_PAD, PagedAttentionMetadata, padded_key_length
 from proxy.engine.attention.probe import LayerProbe, probe_layers
@@ -26,13 +34,16 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "KEY_PAD",
     "METADATA_KWARG",
+    "KVPoolSize",
     "LayerProbe",
     "LayerSpec",
     "PagedAttentionMetadata",
     "PagedKVCache",
     "active_metadata",
     "choose_num_blocks",
+    "cpu_pool_size",
     "lazy_zeros",
+    "mem_available_bytes",
     "padded_key_length",
     "paged_attention_forward",
     "probe_layers",
