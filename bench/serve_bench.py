@@ -678,6 +678,11 @@ async def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+_BESIDE_FIELDS = ("beside_ttft_ms", "beside_prefill_tok_s", "stream_itl_before_p99_ms",
+                  "stream_itl_during_p50_ms", "stream_itl_during_p99_ms", "stream_itl_during_max_ms",
+                  "stream_gaps_during")
+
+
 async def long_prompt_point(
     cfg: ClientConfig,
     length: int,
@@ -699,7 +704,8 @@ async def long_prompt_point(
        overlap the window from its send to the first chunk every stream sends after its first token
        (:func:`gaps_overlapping`): p50, p99 and max, beside the p99 of their gaps before it was sent.
        The streams are then cancelled. ``streams_outlasted`` is False when a stream ended before the
-       window closed (raise ``stream_output_len``).
+       window closed (raise ``stream_output_len``). ``streams=0`` skips this part (its fields None):
+       for a server that runs one request at a time, where the prompt would wait for the streams.
 
     Returns a dict of those fields (ms, tokens/s; None where nothing was measured) and ``errors``.
     """
@@ -715,6 +721,8 @@ async def long_prompt_point(
                    alone_prefill_tok_s=tokens / alone.ttft if alone.success and alone.ttft > 0 else None)
         if not alone.success:
             out["errors"].append(f"alone: {alone.error}")
+        if streams == 0:
+            return {**out, **dict.fromkeys(_BESIDE_FIELDS), "streams_outlasted": True}
         stamps: list[list[float]] = [[] for _ in stream_reqs]
         tasks = [asyncio.create_task(send_request(client, cfg, r, st)) for r, st in zip(stream_reqs, stamps)]
         warm = await _wait_for(lambda: all(len(st) >= warm_chunks for st in stamps), cfg.timeout_s)
@@ -754,12 +762,16 @@ def long_prompt_line(p: dict[str, Any]) -> str:
     def f(v: float | None, unit: str = "") -> str:
         return "-" if v is None else f"{v:,.0f}{unit}"
 
-    return (
-        f"prompt {p['prompt_tokens']:>6} tok  alone: TTFT {f(p['alone_ttft_ms'], ' ms')}, "
-        f"{f(p['alone_prefill_tok_s'], ' tok/s')}  beside {p['streams']} streams: TTFT "
+    beside = (
+        f"  beside {p['streams']} streams: TTFT "
         f"{f(p['beside_ttft_ms'], ' ms')}; their gaps p50/p99/max {f(p['stream_itl_during_p50_ms'])}/"
         f"{f(p['stream_itl_during_p99_ms'])}/{f(p['stream_itl_during_max_ms'])} ms "
         f"(p99 before {f(p['stream_itl_before_p99_ms'])} ms)"
+        if p["stream_gaps_during"] is not None else ""
+    )
+    return (
+        f"prompt {p['prompt_tokens']:>6} tok  alone: TTFT {f(p['alone_ttft_ms'], ' ms')}, "
+        f"{f(p['alone_prefill_tok_s'], ' tok/s')}" + beside
         + ("" if p["streams_outlasted"] else "  [a stream ended early]")
         + "".join(f"\n    error: {e}" for e in p["errors"])
     )
