@@ -35,6 +35,7 @@ from proxy.engine.attention import (
     LayerSpec,
     PagedAttentionMetadata,
     PagedKVCache,
+    activation_dtype,
     active_metadata,
     choose_num_blocks,
     probe_layers,
@@ -78,9 +79,8 @@ class ModelRunner:
 
             register()
             model.set_attn_implementation(ATTN_IMPLEMENTATION)  # type: ignore[operator]
-        param = next(model.parameters())
-        self.device = param.device
-        self.dtype = param.dtype
+        self.device = next(model.parameters()).device
+        self.dtype = activation_dtype(model)
         probe = probe_layers(model)
         self.layers: list[LayerSpec] = layer_specs(model.config, probe)
         odd = unexpected_kwargs(probe)

@@ -12,6 +12,7 @@ import torch
 from proxy.engine.attention import (
     LayerSpec,
     PagedKVCache,
+    activation_dtype,
     choose_num_blocks,
     cpu_pool_size,
     mem_available_bytes,
@@ -81,3 +82,18 @@ def test_mem_available_is_read_from_meminfo(tmp_path: Path) -> None:
     meminfo.write_text("MemTotal:       24000000 kB\n")
     assert mem_available_bytes(meminfo) is None
     assert mem_available_bytes(tmp_path / "missing") is None
+
+
+def test_the_pools_take_the_hidden_states_dtype_not_an_fp32_bias() -> None:
+    """A Qwen2 GGUF served with int8 embeddings: the first parameter is layer 0's fp32 q/k/v bias
+    (Int8Linear keeps biases in fp32); the pools must be bf16 like the queries."""
+    model = torch.nn.Module()
+    model.qkv = torch.nn.Module()
+    model.qkv.bias = torch.nn.Parameter(torch.zeros(4, dtype=torch.float32), requires_grad=False)
+    model.norm = torch.nn.Module()
+    model.norm.weight = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16), requires_grad=False)
+    assert next(model.parameters()).dtype == torch.float32
+    assert activation_dtype(model) == torch.bfloat16
+    only_bias = torch.nn.Module()
+    only_bias.bias = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16), requires_grad=False)
+    assert activation_dtype(only_bias) == torch.float16
