@@ -1,7 +1,8 @@
 """Side-by-side serving comparison of streamproxy against its peers, on one machine, in one run.
 
-Each server is started in turn on 127.0.0.1 with the same model (SmolLM2-135M-Instruct: an HF
-folder for the torch servers, the GGUF itself for llama.cpp), the same thread count, and driven by
+Each server is started in turn on 127.0.0.1 with the same model (SmolLM2-135M-Instruct, or
+``--model PATH``: an HF folder for the torch servers, the GGUF itself for llama.cpp; ``BenchModel``),
+the same thread count, and driven by
 the same ``bench/serve_bench.py`` sweep; then one table prints every server's numbers with ratios
 against streamproxy. Peers (``--peers``):
 
@@ -35,6 +36,8 @@ Usage (CPU, the issue's sweep)::
     python bench/compare.py --eos-logit-bias      # every peer masks EOS by logit_bias, not ignore_eos
     python bench/compare.py --device cuda         # GPU: streamproxy, transformers, vllm
     python bench/compare.py --peers streamproxy,streamproxy-dense,vllm --concurrency 1,16   # vLLM's CPU build
+    python bench/compare.py --model M.gguf --peers streamproxy,llama-server --long-prompts 1024,8192
+        # another model (bench/sized_models.py builds real shapes), prefill at long prompts too
 """
 
 from __future__ import annotations
