@@ -67,10 +67,12 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
 
 def activation_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype of ``model``'s hidden states, and so of its KV pools: its first parameter's that is
-    not a bias (a norm's or a dense layer's weight), else its first parameter's. Not simply the first
-    parameter's: a layer may keep its bias in fp32 (``Int8Linear`` of ``proxy.quant``), and with the
-    embedding held as int8 codes (no parameter) a Qwen2 GGUF's first parameter is layer 0's fp32
-    q/k/v bias, which made fp32 pools beside bf16 queries."""
+    not a bias (a norm's or a dense layer's weight), else its first parameter's. Biases do not decide
+    it: a layer may keep its bias in fp32 (``Int8Linear`` of ``proxy.quant``), and a model whose
+    embedding is int8 codes (no parameter) with q/k/v biases (Qwen2 from a GGUF) starts with one.
+
+    Raises:
+        ValueError: the model has no parameters."""
     first: torch.dtype | None = None
     for name, param in model.named_parameters():
         if not name.endswith("bias"):
