@@ -21,8 +21,12 @@ finds it and returns at once:
   (and one slice of a large tensor) at a time, so memory holds one slice, never the model; the
   tokenizer: Qwen2's and Llama 3's from the test suite's tokenizer zoo (``tests/testdata.py``, real
   tokenizers converted from the vocab GGUFs llama.cpp ships), SmolLM2's from the default model's
-  converted folder (``bench/compare.py``'s ``hf_folder``); the chat template the real model uses
-  (Qwen2's and SmolLM2's come with the tokenizer; Llama 3's is :data:`LLAMA3_CHAT_TEMPLATE`).
+  converted folder (``bench/compare.py``'s ``hf_folder``); a chat template in the real model's format
+  (ChatML for Qwen2 and SmolLM2, from the tokenizer's folder; Llama 3's header format,
+  :data:`LLAMA3_CHAT_TEMPLATE`), without the real templates' tool and default-system parts. The zoo's
+  Llama 3 tokenizer adds no BOS of its own (the template writes it), so the converter names its
+  pre-tokenizer ``smaug-bpe`` (llama.cpp splits it by the same rule as ``llama-bpe``, without its
+  ``ignore_merges``).
 - ``<name>/<name>-BF16.gguf`` from llama.cpp's ``convert_hf_to_gguf.py`` (``--outtype bf16``), then
   ``<name>/<name>-<TYPE>.gguf`` for each of ``--quants`` (default Q4_0, Q4_K_M, Q8_0) from
   ``llama-quantize``; both from the llama.cpp sources vendored in the ``llama-cpp-python`` sdist that
