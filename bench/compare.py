@@ -1052,7 +1052,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-model", default=None, help="the HF folder of a GGUF --model, for the torch peers")
     p.add_argument("--vllm-gguf", action="store_true", help="vLLM loads the GGUF (its GGUF loader)")
     p.add_argument("--long-prompts", default="",
-                   help="comma list of prompt lengths (tokens), e.g. 1024,8192,32768: after its sweep, each "
+                   help="comma list of prompt lengths (tokens), e.g. 1024,8192,32000: after its sweep, each "
                         "server's prefill alone and beside --long-prompt-streams streams (serve_bench "
                         "--long-prompt-lens); lengths past the model's context are left out")
     p.add_argument("--long-prompt-streams", type=int, default=8)

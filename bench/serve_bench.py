@@ -986,7 +986,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-warmups", type=int, default=2, help="requests sent (and not measured) before each run"
     )
     p.add_argument("--long-prompt-lens", type=_ints, default=[],
-                   help="after the sweep, prefill at these prompt lengths (tokens), e.g. 1024,8192,32768: "
+                   help="after the sweep, prefill at these prompt lengths (tokens), e.g. 1024,8192,32000: "
                         "alone and beside --long-prompt-streams running streams (long_prompt_point)")
     p.add_argument("--long-prompt-streams", type=int, default=8,
                    help="streams running (--random-input-len in) while a long prompt prefills")
