@@ -215,17 +215,20 @@ def tokenizer_folder(shape: Shape) -> Path:
     return testdata.zoo_path(shape.tokenizer)
 
 
-def build_hf(name: str) -> Path:
-    """The shape's Hugging Face folder (built once); returns it."""
-    shape = SHAPES[name]
-    folder = sized_root() / name / "hf"
-    if (folder / "model.safetensors").exists():
-        return folder
+def write_small_files(shape: Shape, folder: Path) -> None:
+    """The folder's config, generation config, tokenizer and chat template (rewritten on every build:
+    they are small). Added tokens whose id is past the config's ``vocab_size`` are dropped (the zoo's
+    Llama 3 tokenizer carries an ``<|endoftext|>`` at 128256, one past Llama 3's vocabulary, which
+    the converter refuses)."""
     folder.mkdir(parents=True, exist_ok=True)
     src = tokenizer_folder(shape)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    for f in ("tokenizer_config.json", "chat_template.jinja"):
         if (src / f).exists():
             shutil.copyfile(src / f, folder / f)
+    tok = json.loads((src / "tokenizer.json").read_text())
+    vocab = shape.config["vocab_size"]
+    tok["added_tokens"] = [t for t in tok.get("added_tokens", []) if t["id"] < vocab]
+    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
     tok_cfg["eos_token"] = shape.eos_token
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
@@ -235,6 +238,17 @@ def build_hf(name: str) -> Path:
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def build_hf(name: str) -> Path:
+    """The shape's Hugging Face folder (weights written once, :func:`write_small_files` every time);
+    returns it."""
+    shape = SHAPES[name]
+    folder = sized_root() / name / "hf"
+    write_small_files(shape, folder)
+    if (folder / "model.safetensors").exists():
+        return folder
+    cfg = shape.config
     params = sum(math.prod(s) for _, s in tensor_shapes(cfg))
     log(f"{name}: writing {params / 1e9:.2f} B random bf16 weights ({2 * params / 2**30:.1f} GiB) "
         f"to {folder}")

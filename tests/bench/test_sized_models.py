@@ -89,3 +89,15 @@ def test_a_built_folder_loads_in_transformers(tmp_path: Path, monkeypatch: pytes
         logits = model(torch.tensor([tok.encode("hi")])).logits
     assert logits.shape[-1] == 151936 and torch.isfinite(logits).all()
     assert sized.build_hf("tiny") == folder  # built once
+
+
+def test_added_tokens_past_the_vocabulary_are_dropped(tmp_path: Path) -> None:
+    """The zoo's Llama 3 tokenizer has an ``<|endoftext|>`` at 128256, one past Llama 3's 128256-token
+    vocabulary; the converter asserts every id is below ``vocab_size``."""
+    shape = sized.SHAPES["llama-3.2-3b"]
+    sized.write_small_files(shape, tmp_path)
+    added = json.loads((tmp_path / "tokenizer.json").read_text())["added_tokens"]
+    assert max(t["id"] for t in added) == 128255
+    assert "<|endoftext|>" not in {t["content"] for t in added}
+    assert (tmp_path / "chat_template.jinja").read_text() == sized.LLAMA3_CHAT_TEMPLATE
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|eot_id|>"
