@@ -181,7 +181,7 @@ def hf_folder(scratch: Path) -> Path:
     """An HF folder of the default model for the torch servers.
 
     Streamproxy's own converted copy under ~/.cache/streamproxy/ when there is one (a folder holding
-    config.json and *.safetensors whose name mentions smollm2); else the GGUF dequantized to float32
+    config.json and *.safetensors whose name mentions smollm2-135m); else the GGUF dequantized to float32
     with transformers into ``scratch`` (once; about 30 s).
     """
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "streamproxy"
@@ -189,7 +189,7 @@ def hf_folder(scratch: Path) -> Path:
         for cfg in sorted(cache.rglob("config.json")):
             d = cfg.parent
             if (
-                "smollm2" in str(d).lower()
+                "smollm2-135m" in str(d).lower()  # not another SmolLM2 served from a GGUF (1.7B ...)
                 and any(d.glob("*.safetensors"))
                 and (d / "tokenizer.json").exists()
             ):

@@ -147,3 +147,23 @@ def test_long_prompt_table_rows() -> None:
     assert lines[2] == "| 8201 | llama-cpp-python | 20,500 | 400 | 0 | - | - | - |"
     assert lines[3] == "| 8201 | streamproxy | 20,500 | 400 | 8 | 30,000 | 210 / 950 / 1,200 | 300 |"
     assert compare.long_prompt_table({"x": {"runs": []}}) == ""
+
+
+def test_the_default_models_folder_is_never_another_smollm2(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """streamproxy serving the SmolLM2-1.7B shape's GGUF caches ``smollm2-1.7b-Q4_K_M/`` beside the
+    default model's folder: the torch peers of a default run must not take it."""
+    other = tmp_path / "cache" / "streamproxy" / "smollm2-1.7b-Q4_K_M"
+    other.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        (other / f).write_text("{}")
+    converted = tmp_path / "scratch" / "smollm2-135m-instruct-hf"
+    converted.mkdir(parents=True)
+    (converted / "model.safetensors").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert compare.hf_folder(tmp_path / "scratch") == converted
+    default = tmp_path / "cache" / "streamproxy" / "SmolLM2-135M-Instruct"
+    default.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        (default / f).write_text("{}")
+    assert compare.hf_folder(tmp_path / "scratch") == default
