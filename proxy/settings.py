@@ -12,6 +12,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+#: Share of the memory the kernel reports available (``MemAvailable`` of /proc/meminfo), read once the
+#: weights are loaded, that a CPU KV pool sized by default (``kv_cache_bytes`` None) may take; the other
+#: half is left to activations, dense prefill copies, the compiled step and the rest of the machine. The
+#: CPU counterpart of ``gpu_memory_utilization`` (a share of free CUDA memory after the weights).
+CPU_KV_MEMORY_FRACTION = 0.5
+#: The CPU pool when ``MemAvailable`` cannot be read (not Linux) and nothing is set.
+CPU_KV_FALLBACK_BYTES = 1 << 30
+
 EMBEDDING_POOLINGS = ("last", "mean", "cls")
 """``--embedding-pooling`` values (``proxy.models.pooling.POOLING_MODES``)."""
 
@@ -38,7 +46,7 @@ class Settings:
             is unloaded first); 0: no bound.
         model_ttl_s: with several models, unload one idle for this many seconds; 0: never.
         models_memory_bytes: with several models, the most host memory the loaded models may take
-            together, each counted at its estimate (``proxy.catalog.estimate_bytes``: its weight
+            together, each counted at its estimate (``proxy.model_memory.estimate_bytes``: its weight
             files plus ``kv_cache_bytes``): before a load the least recently used idle models are
             unloaded to make room, and a model that cannot fit is refused (503). None: the memory
             available at start (``MemAvailable``) less 10%; 0: no check.
@@ -78,7 +86,9 @@ class Settings:
         block_size: tokens per KV cache block.
         num_kv_blocks: KV blocks on CPU; None: enough for ``max_num_seqs`` full contexts, capped by
             ``kv_cache_bytes``.
-        kv_cache_bytes: KV cache size on CPU in bytes when ``num_kv_blocks`` is None.
+        kv_cache_bytes: KV cache size on CPU in bytes when ``num_kv_blocks`` is None; None: half of the
+            memory the kernel reports available (MemAvailable) once the weights are loaded, at most
+            what max_num_seqs full contexts need (``proxy.engine.execution.attention.cache.cpu_pool_size``).
         gpu_memory_utilization: fraction of free CUDA memory the KV cache may take.
         max_waiting: most requests waiting to be scheduled; past it, 429.
         num_threads: torch intra-op threads on CPU; None: torch's default.
@@ -163,7 +173,7 @@ class Settings:
     enable_prefix_caching: bool = True
     block_size: int = 16
     num_kv_blocks: int | None = None
-    kv_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.85
     max_waiting: int = 256
     num_threads: int | None = None
