@@ -67,22 +67,28 @@ def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
                       rows: Callable[[str, torch.Tensor], torch.Tensor], device: torch.device,
                       decoded: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
     """Swap ``model``'s input embedding for an :class:`Int8Embedding` of the GGUF's ``Q8_0`` blocks
-    when it is a plain ``nn.Embedding`` (not a subclass that scales its rows), the shape divides into
-    groups, and every row equals the dense reference table: ``rows(parameter name, ids)`` returns
+    (or of another type's int8 codes, ``decoded``) when it is a plain ``nn.Embedding`` (not a
+    subclass that scales its rows), the shape divides into groups, and every row equals the dense
+    reference table: ``rows(parameter name, ids)`` returns
     rows ``ids`` (long ``[R]``, consecutive) ``[R, K]`` in the model's dtype, read 4096 at a time
     (the whole fp32 table of the default model is 113 MB; read at once it was the load's RSS peak).
-    ``decoded``: the ``(codes, scales)`` of :func:`q8_0_codes` already on ``device``, when a tied
-    lm_head holds them (:class:`proxy.quant.int8_linear.Int8Linear`): the embedding then shares
-    those tensors instead of decoding a second copy.
+    ``decoded``: the ``(codes int8 [V, K], scales fp32 [V, K / 32])`` already decoded on ``device``:
+    those a tied lm_head holds (:class:`proxy.quant.int8_linear.Int8Linear`), which the embedding
+    then shares instead of decoding a second copy, or those of a type other than ``Q8_0`` with an
+    int8 layout (``proxy.quant.gguf_types.int8_codes``); without it only ``Q8_0`` blocks are read.
     Returns whether it was swapped; a mismatch is logged and the embedding stays dense."""
     get_in = getattr(model, "get_input_embeddings", None)
     inp = get_in() if callable(get_in) else None
-    if type_name != "Q8_0" or type(inp) is not nn.Embedding or inp.embedding_dim % GROUP_SIZE:
+    if type_name != "Q8_0" and decoded is None:
+        return False
+    if type(inp) is not nn.Embedding or inp.embedding_dim % GROUP_SIZE:
         return False
     if inp.max_norm is not None:  # renormalizes rows in place at lookup
         return False
     shape = (inp.num_embeddings, inp.embedding_dim)
     codes, scales = q8_0_codes(raw, shape) if decoded is None else decoded
+    if tuple(codes.shape) != shape:
+        return False
     name = next(n for n, m in model.named_modules() if m is inp)
     pname = f"{name}.weight" if name else "weight"
     layer: Int8Embedding | None = None
@@ -92,7 +98,7 @@ def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
         if layer is None:
             layer = Int8Embedding(codes.to(device), scales.to(device), want.dtype)
         if not torch.equal(layer(ids.to(device)), want):
-            logger.warning("the Q8_0 token embedding does not match the dense table; it stays dense")
+            logger.warning("the %s token embedding does not match the dense table; it stays dense", type_name)
             return False
     if layer is None:
         return False

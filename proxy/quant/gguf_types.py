@@ -1,0 +1,162 @@
+"""GGUF block types beyond ``Q4_0`` / ``Q4_1`` / ``Q8_0`` decoded into layouts that hold the file's values.
+
+Block layouts (ggml ``ggml-common.h``, ``dequantize_row_*`` of ``ggml-quants.c``; gguf-py's
+``gguf.quants`` is the reference the tests compare with; ``QK_K`` = 256 weights a super-block):
+
+- ``Q4_K``: 144 bytes a super-block: ``d``, ``dmin`` (fp16), 12 bytes of 6-bit sub-block scales
+  ``sc`` and mins ``m`` (8 each), 128 bytes of nibbles; sub-block ``2j`` is the low nibbles of bytes
+  ``32j .. 32j + 31``, sub-block ``2j + 1`` their high nibbles; value ``d * sc * q - dmin * m``.
+- ``Q5_0``: 22 bytes: ``d`` (fp16), ``qh`` (32 fifth bits, little-endian), 16 bytes of nibbles
+  (weights ``j`` and ``j + 16`` in byte ``j``); value ``d * (q - 16)``.
+- ``IQ4_NL``: 18 bytes: ``d`` (fp16), 16 bytes of nibbles as ``Q4_0``; value ``d * kvalues[q]``
+  (:data:`IQ4_KVALUES`, int8).
+- ``IQ4_XS``: 136 bytes a super-block: ``d`` (fp16), ``scales_h`` (uint16: 2 high bits a
+  sub-block), ``scales_l`` (4 bytes: 4 low bits a sub-block), 128 bytes of nibbles (16 a sub-block
+  of 32, as ``IQ4_NL``); value ``d * (ls - 32) * kvalues[q]``.
+
+``Q4_K`` maps onto one :class:`~proxy.quant.linear.Int4Plane` in groups of 32 (:func:`q4_k_planes`);
+``Q8_0``, ``Q5_0``, ``IQ4_NL`` and ``IQ4_XS`` onto int8 codes with one fp32 scale per 32 weights
+(:func:`int8_codes`), each product exact in fp32. The types without such a layout here are
+re-quantized by the loader, for the reason :func:`requantize_reason` gives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from proxy.quant.embedding import q8_0_codes
+from proxy.quant.linear import Int4Plane
+
+GROUP_SIZE = 32
+QK_K = 256
+#: types held as one int4 plane in groups of 32 / as int8 codes with a scale per 32
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+INT8_TYPES = ("Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS")
+#: the weights a block of each type covers (the input dimension must be a multiple)
+BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q4_K": QK_K, "Q8_0": 32, "Q5_0": 32, "IQ4_NL": 32, "IQ4_XS": QK_K}
+#: ``kvalues_iq4nl`` of ``ggml-common.h``
+IQ4_KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+
+_REASONS = {
+    "Q6_K": "6-bit codes with an int8 scale per 16 weights: no kernel here takes groups of 16",
+    "Q5_1": "5-bit codes plus a min per 32: the int8 kernel has no zero term, the int4 kernels take 4 bits",
+    "Q5_K": "5-bit codes plus a min per 32: the int8 kernel has no zero term, the int4 kernels take 4 bits",
+}
+
+
+def requantize_reason(type_name: str) -> str:
+    """Why a tensor of ``type_name`` is not served at its own precision (for the load log)."""
+    return _REASONS.get(type_name, f"no packed layout holds {type_name} blocks here")
+
+
+def exact_layout(type_name: str, in_features: int) -> str | None:
+    """``"int4"`` or ``"int8"``: the layout :func:`q4_k_planes` / :func:`int8_codes` (or
+    ``gguf_blocks.decode_blocks``) gives a tensor of ``type_name`` with ``in_features`` inputs; None
+    when there is none (the type, or an input size that is not a whole number of blocks)."""
+    block = BLOCK_WEIGHTS.get(type_name)
+    if block is None or in_features % block:
+        return None
+    return "int4" if type_name in INT4_TYPES else "int8"
+
+
+def _blocks(raw: np.ndarray, n: int, k: int, block: int, nbytes: int) -> np.ndarray:
+    return np.ascontiguousarray(raw).reshape(n, k // block, nbytes)
+
+
+def _f16(two_bytes: np.ndarray) -> np.ndarray:
+    """fp32 values of the fp16 fields ``[..., 2]`` (uint8): ``[...]``."""
+    return np.ascontiguousarray(two_bytes).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """uint8 ``[..., 16]`` -> ``[..., 32]``: the low nibbles, then the high ones (a 32-weight block)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 6-bit ``(sc, m)`` uint8 ``[..., 8]`` of ``Q4_K`` / ``Q5_K``'s 12 scale bytes ``[..., 12]``
+    (``get_scale_min_k4``): bytes 0-3 hold ``sc`` 0-3 (low 6 bits) and the top bits of ``sc`` 4-7,
+    bytes 4-7 ``m`` 0-3 and the top bits of ``m`` 4-7, bytes 8-11 the low 4 bits of ``sc`` / ``m`` 4-7."""
+    s = scales.reshape(*scales.shape[:-1], 3, 4)
+    dq, mq, low = s[..., 0, :], s[..., 1, :], s[..., 2, :]
+    sc = np.concatenate([dq & 0x3F, (low & 0x0F) | ((dq >> 2) & 0x30)], axis=-1)
+    m = np.concatenate([mq & 0x3F, (low >> 4) | ((mq >> 2) & 0x30)], axis=-1)
+    return sc, m
+
+
+def q4_k_planes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[list[Int4Plane], int]:
+    """The plane of a ``Q4_K`` tensor: codes ``q``, ``scale = d * sc``, ``zero = 8 * scale - dmin * m``
+    per 32 weights (the plane's ``(code - 8) * scale + zero`` is ``d * sc * q - dmin * m``).
+
+    ``scale`` and ``dmin * m`` are exact in fp32 (an 11-bit fp16 significand times a 6-bit integer);
+    where ``zero`` is exact too, the plane's fp32 value (:meth:`Int4Plane.dequantize`, one rounding)
+    is gguf's ``d * sc * q - dmin * m`` bit for bit: the exact sum, rounded once. ``zero`` is exact
+    when ``d`` and ``dmin`` are within a factor of about 16 of each other (llama.cpp's quantizer
+    gives ``dmin / d`` near 7 for centred weights); the other groups are counted.
+
+    Args:
+        raw: the tensor's bytes, uint8 ``[N, K / 256 * 144]``.
+        shape: ``(N, K)``, ``K`` a multiple of 256.
+    Returns:
+        ``([plane], groups whose zero was rounded)``; the plane's fields as :class:`Int4Plane`.
+    """
+    n, k = shape
+    blocks = _blocks(raw, n, k, QK_K, 144)
+    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+    sc, m = k_scale_min(blocks[..., 4:16])
+    qs = blocks[..., 16:].reshape(n, k // QK_K, 4, 32)
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
+    scale = (d[..., None] * sc.astype(np.float32)).reshape(n, k // GROUP_SIZE)
+    dm = (dmin[..., None] * m.astype(np.float32)).reshape(n, k // GROUP_SIZE)
+    zero = np.float32(8.0) * scale - dm
+    inexact = int(np.count_nonzero(zero.astype(np.float64) != 8.0 * scale.astype(np.float64) - dm))
+    plane = Int4Plane(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero))
+    return [plane], inexact
+
+
+def _q5_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    blocks = _blocks(raw, n, k, 32, 22)
+    qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)  # [n, g, 1]
+    high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, g, 32]: bit j -> weight j
+    q = _nibbles(blocks[..., 6:22]) | (high << 4)
+    return (q.astype(np.int8) - np.int8(16)).reshape(n, k), _f16(blocks[..., 0:2])
+
+
+def _iq4_nl(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    blocks = _blocks(raw, n, k, 32, 18)
+    return IQ4_KVALUES[_nibbles(blocks[..., 2:18])].reshape(n, k), _f16(blocks[..., 0:2])
+
+
+def _iq4_xs(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    blocks = _blocks(raw, n, k, QK_K, 136)
+    d = _f16(blocks[..., 0:2])
+    scales_h = np.ascontiguousarray(blocks[..., 2:4]).view(np.uint16)  # [n, nb, 1]
+    high = (scales_h >> np.arange(0, 16, 2, dtype=np.uint16)) & 3  # [n, nb, 8]
+    low = np.stack([blocks[..., 4:8] & 0x0F, blocks[..., 4:8] >> 4], axis=-1).reshape(*d.shape, 8)
+    ls = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
+    scales = (d[..., None] * ls.astype(np.float32)).reshape(n, k // GROUP_SIZE)
+    codes = IQ4_KVALUES[_nibbles(blocks[..., 8:].reshape(n, k // QK_K, 8, 16))]
+    return codes.reshape(n, k), scales
+
+
+def int8_codes(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes int8 [N, K], scales fp32 [N, K / 32])`` with ``codes * scales`` the tensor's values,
+    each product exact in fp32 (an int8 code times an fp16 ``d``, or ``IQ4_XS``'s ``d * (ls - 32)``:
+    17 significant bits times 7), so equal to gguf's dequantization bit for bit.
+
+    Args:
+        type_name: one of :data:`INT8_TYPES`.
+        raw: the tensor's bytes, uint8 ``[N, K / block * block_bytes]``.
+        shape: ``(N, K)``, ``K`` a multiple of the type's block (:data:`BLOCK_WEIGHTS`).
+    Raises:
+        ValueError: another type.
+    """
+    n, k = shape
+    if type_name == "Q8_0":
+        return q8_0_codes(raw, shape)
+    decode = {"Q5_0": _q5_0, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}.get(type_name)
+    if decode is None:
+        raise ValueError(f"{type_name} blocks have no int8 layout here")
+    codes, scales = decode(raw, n, k)
+    return torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(np.ascontiguousarray(scales))
