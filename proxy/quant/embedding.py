@@ -22,12 +22,20 @@ GROUP_SIZE = 32
 Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8 q (ggml-common.h)
 
 
+def group_of(codes: torch.Tensor, scales: torch.Tensor) -> int:
+    """The group size of int8 ``codes [N, K]`` with ``scales [N, K / group]``: ``K`` over the scales'
+    columns (32, or 16 for ``Q6_K``); :data:`GROUP_SIZE` when ``K`` is 0."""
+    k, g = int(codes.shape[-1]), int(scales.shape[-1])
+    return k // g if g else GROUP_SIZE
+
+
 class Int8Embedding(nn.Module):
-    """``nn.Embedding`` over int8 codes with one fp32 scale per group of :data:`GROUP_SIZE` values.
+    """``nn.Embedding`` over int8 codes with one fp32 scale per group of values (:data:`GROUP_SIZE`,
+    or 16 for ``Q6_K``: :func:`group_of`).
 
     Args:
         codes: int8 ``[num_embeddings, embedding_dim]``.
-        scales: fp32 ``[num_embeddings, embedding_dim / GROUP_SIZE]``.
+        scales: fp32 ``[num_embeddings, embedding_dim / group]``.
         dtype: the dtype of the rows returned (the model's; the product is rounded to it once).
 
     ``forward(ids)``: long ``[...]`` -> ``[..., embedding_dim]`` in ``dtype``; row ``i`` is
@@ -43,14 +51,15 @@ class Int8Embedding(nn.Module):
         self.dtype = dtype
         self.register_buffer("codes", codes.contiguous(), persistent=False)
         self.register_buffer("scales", scales.to(torch.float32).contiguous(), persistent=False)
+        self.group_size = group_of(codes, scales)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        groups = self.codes[ids].view(*ids.shape, -1, GROUP_SIZE).to(torch.float32)
+        groups = self.codes[ids].view(*ids.shape, -1, self.group_size).to(torch.float32)
         rows = (groups * self.scales[ids].unsqueeze(-1)).view(*ids.shape, self.embedding_dim)
         return rows if self.dtype == torch.float32 else rows.to(self.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int8 g{GROUP_SIZE}, dtype={self.dtype}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 g{self.group_size}, dtype={self.dtype}"
 
 
 def q8_0_codes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,6 +45,7 @@ from proxy.quant.embedding import pack_q8_embedding
 from proxy.quant.gguf_file import GGUFTensor, gguf_tensors, hf_to_gguf_names
 from proxy.quant.gguf_rows import ModuleWeights, WeightSource, match_row_order, planes_rows, q8_rows
 from proxy.quant.gguf_types import (
+    GROUP_16_TYPES,
     INT4_TYPES,
     INT8_TYPES,
     exact_layout,
@@ -77,7 +78,7 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> li
     """
     n, k = shape
     g = k // GROUP_SIZE
-    if type_name in INT8_TYPES:
+    if type_name in INT8_TYPES and type_name not in GROUP_16_TYPES:  # planes take groups of 32
         return int8_planes(*int8_codes(type_name, raw, shape))
     if type_name == "Q4_K":
         planes, inexact = q4_k_planes(raw, shape)
@@ -129,8 +130,9 @@ def _int8_layer(
         if order is not None:
             assert isinstance(order, torch.Tensor)
             codes, scales = codes[order], scales[order]
-        _set_int8_linear(model, name, codes, scales, bias, f"{type_name} as int8 g32", device, tied)
-        return f"{type_name} -> int8 g32"
+        scheme = f"int8 g{shape[1] // scales.shape[1]}"
+        _set_int8_linear(model, name, codes, scales, bias, f"{type_name} as {scheme}", device, tied)
+        return f"{type_name} -> {scheme}"
     codes, scales = quantize_int8_codes(source.full(pname), GROUP_SIZE)
     scheme = f"{type_name} as int8 g32 (re-quantized)"
     _set_int8_linear(model, name, codes, scales, bias, scheme, device, False)
@@ -169,7 +171,8 @@ def load_gguf_linears(
     ``meta`` device (then ``device`` says where to pack), and only the sampled rows of each
     reference are ever read (no dense copy of a packed linear exists; its ``meta`` weight is
     dropped with the module). Per linear: ``Q4_0``/``Q4_1``/``Q4_K`` -> int4 g32 and
-    ``Q8_0``/``Q5_0``/``IQ4_NL``/``IQ4_XS`` -> int8 g32, lossless (:data:`LOSSLESS_TYPES`); other
+    ``Q8_0``/``Q5_0``/``IQ4_NL``/``IQ4_XS`` -> int8 g32 and ``Q6_K`` -> int8 g16 (on the int8
+    kernel only), lossless (:data:`LOSSLESS_TYPES`); other
     quantized types -> int8 g32 re-quantized from the dequantized weight, logged per type with the
     reason and the bytes; float types, unknown names and shapes the kernel refuses stay dense.
     A tied lm_head uses ``token_embd``; a ``token_embd`` of an int8 type also serves the input
@@ -219,6 +222,8 @@ def load_gguf_linears(
         if bias is not None and bias.is_meta:
             bias = source.full(f"{name}.bias")
         layout = exact_layout(type_name, k)
+        if type_name in GROUP_16_TYPES and not q8_kernel:
+            layout = None  # the int4 planes take groups of 32 (requantize_reason)
         if q8_kernel and layout != "int4" and k % GROUP_SIZE == 0:
             outcome = _int8_layer(model, name, tensor, type_name, source, pname, (n, k), heads, bias, device,
                                   linear is out and tensor is tensors.get("token_embd.weight"))
@@ -280,7 +285,7 @@ def _embedding(model: nn.Module, embd: GGUFTensor, source: WeightSource, device:
     elif exact_layout(type_name, embd.shape[1]) == "int8":
         decoded = int8_codes(type_name, embd.data, (embd.shape[0], embd.shape[1]))
     if decoded is not None and pack_q8_embedding(model, type_name, embd.data, source.rows, device, decoded):
-        counts[f"token_embd {type_name} -> int8 g32"] += 1
+        counts[f"token_embd {type_name} -> int8 g{embd.shape[1] // decoded[1].shape[1]}"] += 1
         trim_heap()
         return
     get_in = getattr(model, "get_input_embeddings", None)

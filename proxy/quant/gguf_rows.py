@@ -106,10 +106,13 @@ def planes_rows(planes: list[Int4Plane]) -> RowValues:
 
 
 def q8_rows(codes: torch.Tensor, scales: torch.Tensor) -> RowValues:
-    """:data:`RowValues` of int8 ``codes [N, K]`` with fp32 ``scales [N, K / 32]`` (exact products)."""
+    """:data:`RowValues` of int8 ``codes [N, K]`` with fp32 ``scales [N, K / group]`` (exact products;
+    ``group`` 32, or 16 for ``Q6_K``)."""
+    group = codes.shape[1] // scales.shape[1] if scales.shape[1] else GROUP_SIZE
+
     def values(idx: torch.Tensor) -> torch.Tensor:
         q = codes[idx]
-        return (q.view(len(idx), -1, GROUP_SIZE).float() * scales[idx, :, None]).view(q.shape)
+        return (q.view(len(idx), -1, group).float() * scales[idx, :, None]).view(q.shape)
     return values
 
 

@@ -13,10 +13,15 @@ Block layouts (ggml ``ggml-common.h``, ``dequantize_row_*`` of ``ggml-quants.c``
 - ``IQ4_XS``: 136 bytes a super-block: ``d`` (fp16), ``scales_h`` (uint16: 2 high bits a
   sub-block), ``scales_l`` (4 bytes: 4 low bits a sub-block), 128 bytes of nibbles (16 a sub-block
   of 32, as ``IQ4_NL``); value ``d * (ls - 32) * kvalues[q]``.
+- ``Q6_K``: 210 bytes a super-block: ``ql`` (128 bytes: in half ``h``, bytes ``64h .. 64h + 63``
+  hold weights ``128h + i`` in their low nibbles and ``128h + 64 + i`` in their high ones), ``qh``
+  (64 bytes: byte ``32h + i`` holds the top 2 bits of weights ``128h + 32s + i`` at bits ``2s``),
+  16 int8 ``scales`` (one a 16 weights), ``d`` (fp16); value ``d * scale * (q - 32)``.
 
 ``Q4_K`` maps onto one :class:`~proxy.quant.linear.Int4Plane` in groups of 32 (:func:`q4_k_planes`);
 ``Q8_0``, ``Q5_0``, ``IQ4_NL`` and ``IQ4_XS`` onto int8 codes with one fp32 scale per 32 weights
-(:func:`int8_codes`), each product exact in fp32. The types without such a layout here are
+(:func:`int8_codes`), and ``Q6_K`` onto int8 codes with one fp32 scale per 16 (served only by the
+int8 kernel, which takes groups of 16), each product exact in fp32. The types without such a layout here are
 re-quantized by the loader, for the reason :func:`requantize_reason` gives.
 """
 
@@ -32,14 +37,17 @@ GROUP_SIZE = 32
 QK_K = 256
 #: types held as one int4 plane in groups of 32 / as int8 codes with a scale per 32
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-INT8_TYPES = ("Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS")
+INT8_TYPES = ("Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q6_K")
+#: the int8 types whose codes come with a scale per 16 weights (:func:`int8_codes`), not 32
+GROUP_16_TYPES = ("Q6_K",)
 #: the weights a block of each type covers (the input dimension must be a multiple)
-BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q4_K": QK_K, "Q8_0": 32, "Q5_0": 32, "IQ4_NL": 32, "IQ4_XS": QK_K}
+BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q4_K": QK_K, "Q8_0": 32, "Q5_0": 32, "IQ4_NL": 32, "IQ4_XS": QK_K,
+                 "Q6_K": QK_K}
 #: ``kvalues_iq4nl`` of ``ggml-common.h``
 IQ4_KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 
 _REASONS = {
-    "Q6_K": "6-bit codes with an int8 scale per 16 weights: no kernel here takes groups of 16",
+    "Q6_K": "a scale per 16 weights: only the int8 kernel (x86-64 with AVX2) takes groups of 16",
     "Q5_1": "5-bit codes plus a min per 32: the int8 kernel has no zero term, the int4 kernels take 4 bits",
     "Q5_K": "5-bit codes plus a min per 32: the int8 kernel has no zero term, the int4 kernels take 4 bits",
 }
@@ -53,7 +61,8 @@ def requantize_reason(type_name: str) -> str:
 def exact_layout(type_name: str, in_features: int) -> str | None:
     """``"int4"`` or ``"int8"``: the layout :func:`q4_k_planes` / :func:`int8_codes` (or
     ``gguf_blocks.decode_blocks``) gives a tensor of ``type_name`` with ``in_features`` inputs; None
-    when there is none (the type, or an input size that is not a whole number of blocks)."""
+    when there is none (the type, or an input size that is not a whole number of blocks). The int8
+    layout of :data:`GROUP_16_TYPES` runs only on the int8 kernel."""
     block = BLOCK_WEIGHTS.get(type_name)
     if block is None or in_features % block:
         return None
@@ -140,10 +149,22 @@ def _iq4_xs(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return codes.reshape(n, k), scales
 
 
+def _q6_k(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    blocks = _blocks(raw, n, k, QK_K, 210)
+    ql = blocks[..., :128].reshape(n, k // QK_K, 2, 1, 64)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=3)  # [n, nb, 2, 2, 64]: weight 128h + 64j + i
+    qh = blocks[..., 128:192].reshape(n, k // QK_K, 2, 1, 32)
+    high = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3  # [n, nb, 2, 4, 32]
+    q = low.reshape(n, k // QK_K, 2, 128) | (high.reshape(n, k // QK_K, 2, 128) << 4)
+    scales = _f16(blocks[..., 208:210])[..., None] * blocks[..., 192:208].view(np.int8).astype(np.float32)
+    return (q.astype(np.int8) - np.int8(32)).reshape(n, k), scales.reshape(n, k // 16)
+
+
 def int8_codes(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(codes int8 [N, K], scales fp32 [N, K / 32])`` with ``codes * scales`` the tensor's values,
-    each product exact in fp32 (an int8 code times an fp16 ``d``, or ``IQ4_XS``'s ``d * (ls - 32)``:
-    17 significant bits times 7), so equal to gguf's dequantization bit for bit.
+    """``(codes int8 [N, K], scales fp32 [N, K / group])`` with ``codes * scales`` the tensor's values,
+    ``group`` 32 (16 for :data:`GROUP_16_TYPES`), each product exact in fp32 (an int8 code times an
+    fp16 ``d``, ``IQ4_XS``'s ``d * (ls - 32)``: 17 significant bits times 7, or ``Q6_K``'s
+    ``d * scale``: 18 bits times 6), so equal to gguf's dequantization bit for bit.
 
     Args:
         type_name: one of :data:`INT8_TYPES`.
@@ -155,7 +176,7 @@ def int8_codes(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> tuple
     n, k = shape
     if type_name == "Q8_0":
         return q8_0_codes(raw, shape)
-    decode = {"Q5_0": _q5_0, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}.get(type_name)
+    decode = {"Q5_0": _q5_0, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "Q6_K": _q6_k}.get(type_name)
     if decode is None:
         raise ValueError(f"{type_name} blocks have no int8 layout here")
     codes, scales = decode(raw, n, k)

@@ -1,5 +1,6 @@
-"""``Int8Linear``: an int8 g32 linear (a GGUF's ``Q8_0`` codes, or weights re-quantized to int8 g32)
-served by this project's CPU kernel; every int8 g32 linear on a CPU where :func:`kernel_available`.
+"""``Int8Linear``: an int8 g32 linear (a GGUF's ``Q8_0`` codes, or weights re-quantized to int8 g32), or
+int8 g16 (a GGUF's ``Q6_K``), served by this project's CPU kernel; every int8 g32 linear on a CPU where
+:func:`kernel_available`.
 
 Why: the default model's lm_head is its ``Q8_0`` token embedding (tied, 49152 x 576). As a
 :class:`~proxy.quant.linear.PackedLinear` it ran as two int4 planes through torch's int4 kernel
@@ -28,7 +29,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from proxy.quant.embedding import GROUP_SIZE
+from proxy.quant.embedding import GROUP_SIZE, group_of
 from proxy.quant.kernels import define_cpu_op
 
 _q8_matmul: ModuleType | None
@@ -77,12 +78,13 @@ def set_kernel_isa(name: str) -> None:
 
 def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
     if x.dim() != 2 or codes.dim() != 2 or scales.dim() != 2:
-        raise ValueError("q8_matmul takes x [M, K], codes [N, K], scales [N, K / 32]")
+        raise ValueError("q8_matmul takes x [M, K], codes [N, K], scales [N, K / 32] or [N, K / 16]")
     n, k = codes.shape
-    if x.shape[1] != k or k % GROUP_SIZE or tuple(scales.shape) != (n, k // GROUP_SIZE):
+    if (x.shape[1] != k or k % GROUP_SIZE or scales.shape[0] != n
+            or scales.shape[1] not in (k // GROUP_SIZE, k // 16)):
         raise ValueError(
             f"q8_matmul shapes do not fit: x {tuple(x.shape)}, codes {tuple(codes.shape)}, "
-            f"scales {tuple(scales.shape)} (K a multiple of {GROUP_SIZE})"
+            f"scales {tuple(scales.shape)} (K a multiple of {GROUP_SIZE}, a scale per 32 or 16 inputs)"
         )
     if x.dtype != torch.float32 or codes.dtype != torch.int8 or scales.dtype != torch.float32:
         raise ValueError(f"q8_matmul takes fp32 x and scales and int8 codes, not {x.dtype}, "
@@ -92,12 +94,12 @@ def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
 
 
 def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` with ``W[n, k] = codes[n, k] * scales[n, k // 32]``, in fp32, through the kernel.
+    """``x @ W.T`` with ``W[n, k] = codes[n, k] * scales[n, k // group]``, in fp32, through the kernel.
 
     Args:
         x: fp32 ``[M, K]`` (made contiguous here).
         codes: int8 ``[N, K]``, contiguous.
-        scales: fp32 ``[N, K / 32]``, contiguous.
+        scales: fp32 ``[N, K / group]``, contiguous; ``group`` 32, or 16 (``Q6_K``).
     Returns:
         fp32 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
     Raises:
@@ -126,8 +128,8 @@ def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, is
     n = codes.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
-        _q8_matmul.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), n, out.data_ptr(),
-                             torch.get_num_threads(), isa)
+        _q8_matmul.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), group_of(codes, scales),
+                             n, out.data_ptr(), torch.get_num_threads(), isa)
     return out
 
 
@@ -144,10 +146,11 @@ def q8_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     output rows at a time): the same values up to the order of the fp32 sums."""
     _check(x, codes, scales)
     n, k = codes.shape
+    group = group_of(codes, scales)
     parts = []
     for start in range(0, n, REFERENCE_ROWS):
         q = codes[start:start + REFERENCE_ROWS]
-        w = (q.view(q.shape[0], -1, GROUP_SIZE).float() * scales[start:start + REFERENCE_ROWS, :, None])
+        w = (q.view(q.shape[0], -1, group).float() * scales[start:start + REFERENCE_ROWS, :, None])
         parts.append(x @ w.view(q.shape[0], k).t())
     return torch.cat(parts, dim=1) if parts else x.new_empty(x.shape[0], 0)
 
@@ -157,7 +160,8 @@ class Int8Linear(nn.Module):
 
     Args:
         codes: int8 ``[out_features, in_features]``.
-        scales: fp32 ``[out_features, in_features / 32]`` (GGUF's fp16 ``d``, widened exactly).
+        scales: fp32 ``[out_features, in_features / group]``, ``group`` 32 (GGUF's fp16 ``d``, widened
+            exactly) or 16 (``Q6_K``'s ``d * scale``, exact in fp32).
         bias: ``[out_features]`` or None (kept in fp32, added in fp32).
         scheme: how the weight was stored, for ``extra_repr`` and the load summary.
 
@@ -177,6 +181,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         _check(codes.new_empty(0, codes.shape[1], dtype=torch.float32), codes, scales)
         self.out_features, self.in_features = int(codes.shape[0]), int(codes.shape[1])
+        self.group_size = group_of(codes, scales)
         self.scheme = scheme
         self.register_buffer("codes", codes.contiguous(), persistent=False)
         self.register_buffer("scales", scales.contiguous(), persistent=False)
@@ -190,7 +195,7 @@ class Int8Linear(nn.Module):
     def concat(cls, parts: list[Int8Linear]) -> Int8Linear:
         """One layer whose output rows are ``parts``' rows in order (their outputs side by side;
         each output column is computed alone, so a fused column equals the part's bit for bit).
-        All parts must share ``in_features`` and whether they have a bias."""
+        All parts must share ``in_features``, ``group_size`` and whether they have a bias."""
         biases = [p.bias for p in parts]
         bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
         return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), bias,
@@ -213,8 +218,9 @@ class Int8Linear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight ``[out_features, in_features]`` (exact: ``codes * scales``)."""
-        w = self.codes.view(self.out_features, -1, GROUP_SIZE).float() * self.scales[..., None]
+        w = self.codes.view(self.out_features, -1, self.group_size).float() * self.scales[..., None]
         return w.view(self.out_features, self.in_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}, "
+                f"group_size={self.group_size}")

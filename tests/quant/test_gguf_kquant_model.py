@@ -105,12 +105,14 @@ def test_each_type_served_at_its_own_precision_or_logged(tmp_path: Path, caplog)
     model = copy.deepcopy(dense)
     with caplog.at_level("INFO"):
         counts = load_gguf_linears(model, path, torch.float32)
+    q6_k = "Q6_K -> int8 g16" if kernel_available() else "Q6_K -> int8 g32 (re-quantized)"
     assert counts == Counter({
         "Q4_K -> int4 g32": 7, "IQ4_XS -> int8 g32": 1, "Q5_0 -> int8 g32": 1, "IQ4_NL -> int8 g32": 1,
-        "Q6_K -> int8 g32 (re-quantized)": 3, "Q5_K -> int8 g32 (re-quantized)": 1,
-        "Q5_1 -> int8 g32 (re-quantized)": 1, "token_embd Q4_K -> dense": 1,
+        q6_k: 3, "Q5_K -> int8 g32 (re-quantized)": 1, "Q5_1 -> int8 g32 (re-quantized)": 1,
+        "token_embd Q4_K -> dense": 1,
     })
     int8_type = Int8Linear if kernel_available() else PackedLinear
+    exact = (T.Q4_K, T.IQ4_XS, T.Q5_0, T.IQ4_NL) + ((T.Q6_K,) if kernel_available() else ())
     for hf_name, _, qtype, _ in MIXED[:-1]:
         layer = model.get_submodule(hf_name)
         want = dense.get_submodule(hf_name).weight.detach()
@@ -118,24 +120,45 @@ def test_each_type_served_at_its_own_precision_or_logged(tmp_path: Path, caplog)
             assert type(layer) is PackedLinear and layer.num_planes == 1, hf_name
         else:
             assert type(layer) is int8_type, hf_name
-        if qtype in (T.Q4_K, T.IQ4_XS, T.Q5_0, T.IQ4_NL):  # the file's values, rows in HF order
+        if qtype in exact:  # the file's values, rows in HF order
             assert torch.equal(layer.dequantize(), want), hf_name
         else:
             assert not torch.equal(layer.dequantize(), want), hf_name
     assert type(model.model.embed_tokens) is nn.Embedding
     log = caplog.text
-    assert "GGUF Q6_K -> int8 g32 (re-quantized) x3, not at its own precision (6-bit codes" in log
-    assert "groups of 16" in log and "token_embd Q4_K -> dense x1" in log
-    head_file = 112 * 256 // 256 * 210 / (1 << 20)
-    assert f"{2 * 256 * 256 // 256 * 210 / (1 << 20) + 256 * 512 // 256 * 210 / (1 << 20) + head_file:.1f}" \
-        " MiB in the file" in log
+    file_mib, served_mib = 512 * 176 / (1 << 20), (512 * 256 + 512 * 8 * 4) / (1 << 20)  # Q5_K gate_proj
+    assert (f"GGUF Q5_K -> int8 g32 (re-quantized) x1, not at its own precision (5-bit codes plus a min per "
+            f"32: the int8 kernel has no zero term, the int4 kernels take 4 bits): {file_mib:.1f} MiB in the "
+            f"file, {served_mib:.1f} MiB served (+{served_mib - file_mib:.1f} MiB)") in log
+    assert "GGUF token_embd Q4_K -> dense x1, not at its own precision (no packed layout" in log
 
 
-#: the lossless types only, so that the served weights are the dense model's
+@pytest.mark.skipif(not kernel_available(), reason="Q6_K's groups of 16 run on the int8 kernel only")
+def test_a_tied_q6_k_embedding_is_served_from_the_lm_heads_codes(tmp_path: Path) -> None:
+    """A Q4_K_M file of a model with tied embeddings stores ``token_embd`` as Q6_K: the lm_head is an
+    int8 g16 layer of its codes, and the input embedding looks up the same tensors."""
+    path = tmp_path / "tied.gguf"
+    dense = write_gguf(path, [("lm_head", "token_embd", T.Q6_K, 0)])
+    with torch.no_grad():
+        dense.model.embed_tokens.weight.copy_(dense.lm_head.weight)
+    dense.lm_head.weight = dense.model.embed_tokens.weight
+    dense.config.tie_word_embeddings = True
+    model = copy.deepcopy(dense)
+    counts = load_gguf_linears(model, path, torch.float32)
+    assert counts["Q6_K -> int8 g16"] == 1 and counts["token_embd Q6_K -> int8 g16"] == 1
+    head, embed = model.lm_head, model.model.embed_tokens
+    assert type(head) is Int8Linear and head.tied_embedding and head.codes is embed.codes
+    ids = torch.arange(112)
+    with torch.inference_mode():
+        assert torch.equal(embed(ids), dense.model.embed_tokens(ids))
+        assert torch.equal(head.dequantize(), dense.lm_head.weight)
+
+
+#: the lossless types only, so that the served weights are the dense model's (Q4_K_M's pattern in layer 0)
 LOSSLESS = [
-    *_layer(0, (T.Q4_K, T.Q4_K, T.IQ4_NL, T.Q4_K, T.Q4_K, T.Q4_K, T.IQ4_XS)),
-    *_layer(1, (T.Q4_K, T.Q5_0, T.Q4_K, T.Q4_K, T.Q4_K, T.Q4_K, T.Q4_K)),
-    ("lm_head", "output", T.Q8_0, 0),
+    *_layer(0, (T.Q4_K, T.Q4_K, T.Q6_K, T.Q4_K, T.Q4_K, T.Q4_K, T.Q6_K)),
+    *_layer(1, (T.IQ4_XS, T.Q5_0, T.IQ4_NL, T.Q4_K, T.Q4_K, T.Q4_K, T.Q4_K)),
+    ("lm_head", "output", T.Q6_K, 0),
 ]
 
 
@@ -147,6 +170,7 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.skipif(not kernel_available(), reason="Q6_K's groups of 16 run on the int8 kernel only")
 def test_engine_greedy_equals_generate_on_the_files_values(tmp_path: Path, one_torch_thread) -> None:
     """The served kernels (bf16 activations on the int4 kernel, its scale and zero rounded to bf16;
     fp32 on the int8 kernel) against fp32 ``generate()`` on the GGUF's dequantized weights: token for
@@ -155,8 +179,8 @@ def test_engine_greedy_equals_generate_on_the_files_values(tmp_path: Path, one_t
     dense = write_gguf(path, LOSSLESS)
     model = copy.deepcopy(dense)
     counts = load_gguf_linears(model, path, kernel_dtype(CPU))
-    assert counts == Counter({"Q4_K -> int4 g32": 11, "IQ4_NL -> int8 g32": 1, "IQ4_XS -> int8 g32": 1,
-                              "Q5_0 -> int8 g32": 1, "Q8_0 -> int8 g32": 1})
+    assert counts == Counter({"Q4_K -> int4 g32": 9, "Q6_K -> int8 g16": 3, "IQ4_NL -> int8 g32": 1,
+                              "IQ4_XS -> int8 g32": 1, "Q5_0 -> int8 g32": 1})
     model.set_attn_implementation(register())
     dense.set_attn_implementation("sdpa")
     g = torch.Generator().manual_seed(7)
