@@ -45,13 +45,15 @@ from proxy.quant.embedding import pack_q8_embedding
 from proxy.quant.gguf_file import GGUFTensor, gguf_tensors, hf_to_gguf_names
 from proxy.quant.gguf_rows import ModuleWeights, WeightSource, match_row_order, planes_rows, q8_rows
 from proxy.quant.gguf_types import (
+    CODE_TYPES,
     GROUP_16_TYPES,
     INT4_TYPES,
     INT8_TYPES,
+    ZERO_TYPES,
     exact_layout,
     int8_codes,
+    log_not_at_own_precision,
     q4_k_planes,
-    requantize_reason,
 )
 from proxy.quant.int8_linear import Int8Linear, kernel_available
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8, quantize_int8_codes
@@ -60,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 GROUP_SIZE = 32
 LOSSLESS_TYPES = INT4_TYPES + INT8_TYPES
+#: int8 types whose layout (groups of 16, zeros) only :class:`Int8Linear` on the kernel serves
+KERNEL_ONLY_TYPES = GROUP_16_TYPES + ZERO_TYPES
 DENSE_TYPES = ("F32", "F16", "BF16", "F64")
 
 
@@ -67,7 +71,7 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> li
     """Planes holding exactly the values of a tensor of one of :data:`LOSSLESS_TYPES`: one int4
     plane (``Q4_0``, ``Q4_1``, ``Q4_K``: :func:`~proxy.quant.gguf_types.q4_k_planes`, whose groups
     with a rounded zero are logged) or the two planes of int8 codes (:func:`int8_planes` of
-    :func:`~proxy.quant.gguf_types.int8_codes`).
+    :func:`~proxy.quant.gguf_types.int8_codes`; not :data:`KERNEL_ONLY_TYPES`).
 
     Args:
         type_name: the GGML type's name.
@@ -78,8 +82,8 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> li
     """
     n, k = shape
     g = k // GROUP_SIZE
-    if type_name in INT8_TYPES and type_name not in GROUP_16_TYPES:  # planes take groups of 32
-        return int8_planes(*int8_codes(type_name, raw, shape))
+    if type_name in INT8_TYPES and type_name not in KERNEL_ONLY_TYPES:  # planes: groups of 32, no zeros
+        return int8_planes(*int8_codes(type_name, raw, shape)[:2])
     if type_name == "Q4_K":
         planes, inexact = q4_k_planes(raw, shape)
         if inexact:
@@ -101,12 +105,13 @@ def decode_blocks(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> li
 
 def _set_int8_linear(
     model: nn.Module, name: str, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-    scheme: str, device: torch.device, tied: bool,
+    scheme: str, device: torch.device, tied: bool, zeros: torch.Tensor | None = None,
 ) -> None:
     """Replace linear ``name`` by an :class:`~proxy.quant.int8_linear.Int8Linear` (the ``Q8_0`` CPU
     kernel); ``tied``: it is the output layer over ``token_embd``, whose input embedding then takes
     the same codes (:func:`proxy.quant.embedding.pack_q8_embedding`)."""
-    layer = Int8Linear(codes.to(device), scales.to(device), bias, scheme)
+    layer = Int8Linear(codes.to(device), scales.to(device), bias, scheme,
+                       None if zeros is None else zeros.to(device))
     layer.tied_embedding = tied
     set_module(model, name, layer)
 
@@ -120,18 +125,19 @@ def _int8_layer(
     as :func:`match_row_order` does), any other quantized type re-quantized to int8 g32 from the
     dense weight. Returns the outcome to count."""
     if exact_layout(type_name, shape[1]) == "int8":
-        codes, scales = int8_codes(type_name, tensor.data, shape)
+        codes, scales, zeros = int8_codes(type_name, tensor.data, shape)
         tensor.release()  # the codes are copies
-        order = match_row_order(q8_rows(codes, scales), codes.shape[0], functools.partial(source.rows, pname),
-                                heads)
+        order = match_row_order(q8_rows(codes, scales, zeros), codes.shape[0],
+                                functools.partial(source.rows, pname), heads)
         if order is False:
             logger.warning("%s: %s blocks do not match the dense weight, stays dense", name, type_name)
             return f"{type_name} -> dense (no match)"
         if order is not None:
             assert isinstance(order, torch.Tensor)
             codes, scales = codes[order], scales[order]
+            zeros = None if zeros is None else zeros[order]
         scheme = f"int8 g{shape[1] // scales.shape[1]}"
-        _set_int8_linear(model, name, codes, scales, bias, f"{type_name} as {scheme}", device, tied)
+        _set_int8_linear(model, name, codes, scales, bias, f"{type_name} as {scheme}", device, tied, zeros)
         return f"{type_name} -> {scheme}"
     codes, scales = quantize_int8_codes(source.full(pname), GROUP_SIZE)
     scheme = f"{type_name} as int8 g32 (re-quantized)"
@@ -142,17 +148,6 @@ def _int8_layer(
 def _module_bytes(module: nn.Module) -> int:
     """Bytes of a module's parameters and buffers (what a layer holds once packed)."""
     return sum(t.nbytes for t in (*module.parameters(), *module.buffers()))
-
-
-def _log_not_at_own_precision(costs: dict[str, list[int]]) -> None:
-    """One line per GGUF type served at another precision: how many tensors, why, and the bytes the
-    file holds against the bytes served (``costs``: outcome -> ``[tensors, file bytes, served bytes]``)."""
-    mib = 1 << 20
-    for outcome, (count, file_bytes, served) in sorted(costs.items()):
-        type_name = outcome.split(" -> ")[0].removeprefix("token_embd ")
-        logger.info("GGUF %s x%d, not at its own precision (%s): %.1f MiB in the file, %.1f MiB served "
-                    "(%+.1f MiB)", outcome, count, requantize_reason(type_name), file_bytes / mib,
-                    served / mib, (served - file_bytes) / mib)
 
 
 def load_gguf_linears(
@@ -171,8 +166,8 @@ def load_gguf_linears(
     ``meta`` device (then ``device`` says where to pack), and only the sampled rows of each
     reference are ever read (no dense copy of a packed linear exists; its ``meta`` weight is
     dropped with the module). Per linear: ``Q4_0``/``Q4_1``/``Q4_K`` -> int4 g32 and
-    ``Q8_0``/``Q5_0``/``IQ4_NL``/``IQ4_XS`` -> int8 g32 and ``Q6_K`` -> int8 g16 (on the int8
-    kernel only), lossless (:data:`LOSSLESS_TYPES`); other
+    ``Q8_0``/``Q5_0``/``IQ4_NL``/``IQ4_XS`` -> int8 g32, ``Q6_K`` -> int8 g16 and ``Q5_1``/``Q5_K``
+    -> int8 g32 with zeros (these on the int8 kernel only), lossless (:data:`LOSSLESS_TYPES`); other
     quantized types -> int8 g32 re-quantized from the dequantized weight, logged per type with the
     reason and the bytes; float types, unknown names and shapes the kernel refuses stay dense.
     A tied lm_head uses ``token_embd``; a ``token_embd`` of an int8 type also serves the input
@@ -222,8 +217,8 @@ def load_gguf_linears(
         if bias is not None and bias.is_meta:
             bias = source.full(f"{name}.bias")
         layout = exact_layout(type_name, k)
-        if type_name in GROUP_16_TYPES and not q8_kernel:
-            layout = None  # the int4 planes take groups of 32 (requantize_reason)
+        if type_name in KERNEL_ONLY_TYPES and not q8_kernel:
+            layout = None  # the int4 planes take groups of 32 and no zeros (requantize_reason)
         if q8_kernel and layout != "int4" and k % GROUP_SIZE == 0:
             outcome = _int8_layer(model, name, tensor, type_name, source, pname, (n, k), heads, bias, device,
                                   linear is out and tensor is tensors.get("token_embd.weight"))
@@ -266,7 +261,7 @@ def load_gguf_linears(
     if embd is not None:
         _embedding(model, embd, source, device, counts, costs)
         embd.release()
-    _log_not_at_own_precision(costs)
+    log_not_at_own_precision(costs)
     return counts
 
 
@@ -281,8 +276,8 @@ def _embedding(model: nn.Module, embd: GGUFTensor, source: WeightSource, device:
     shared = output_layer(model)
     decoded = None
     if isinstance(shared, Int8Linear) and shared.tied_embedding:
-        decoded = (shared.codes, shared.scales)
-    elif exact_layout(type_name, embd.shape[1]) == "int8":
+        decoded = (shared.codes, shared.scales, shared.zeros)
+    elif type_name in CODE_TYPES and exact_layout(type_name, embd.shape[1]) is not None:
         decoded = int8_codes(type_name, embd.data, (embd.shape[0], embd.shape[1]))
     if decoded is not None and pack_q8_embedding(model, type_name, embd.data, source.rows, device, decoded):
         counts[f"token_embd {type_name} -> int8 g{embd.shape[1] // decoded[1].shape[1]}"] += 1

@@ -8,6 +8,10 @@ Block layouts (ggml ``ggml-common.h``, ``dequantize_row_*`` of ``ggml-quants.c``
   ``32j .. 32j + 31``, sub-block ``2j + 1`` their high nibbles; value ``d * sc * q - dmin * m``.
 - ``Q5_0``: 22 bytes: ``d`` (fp16), ``qh`` (32 fifth bits, little-endian), 16 bytes of nibbles
   (weights ``j`` and ``j + 16`` in byte ``j``); value ``d * (q - 16)``.
+- ``Q5_1``: 24 bytes: ``d``, ``m`` (fp16), ``qh`` and nibbles as ``Q5_0``; value ``d * q + m``.
+- ``Q5_K``: 176 bytes a super-block: ``d``, ``dmin``, 12 scale bytes as ``Q4_K``, ``qh`` (32 bytes:
+  bit ``s`` of byte ``i`` is the fifth bit of weight ``i`` of sub-block ``s``), 128 bytes of nibbles
+  as ``Q4_K``; value ``d * sc * q - dmin * m``.
 - ``IQ4_NL``: 18 bytes: ``d`` (fp16), 16 bytes of nibbles as ``Q4_0``; value ``d * kvalues[q]``
   (:data:`IQ4_KVALUES`, int8).
 - ``IQ4_XS``: 136 bytes a super-block: ``d`` (fp16), ``scales_h`` (uint16: 2 high bits a
@@ -20,12 +24,15 @@ Block layouts (ggml ``ggml-common.h``, ``dequantize_row_*`` of ``ggml-quants.c``
 
 ``Q4_K`` maps onto one :class:`~proxy.quant.linear.Int4Plane` in groups of 32 (:func:`q4_k_planes`);
 ``Q8_0``, ``Q5_0``, ``IQ4_NL`` and ``IQ4_XS`` onto int8 codes with one fp32 scale per 32 weights
-(:func:`int8_codes`), and ``Q6_K`` onto int8 codes with one fp32 scale per 16 (served only by the
-int8 kernel, which takes groups of 16), each product exact in fp32. The types without such a layout here are
+(:func:`int8_codes`), ``Q6_K`` onto int8 codes with one fp32 scale per 16, and ``Q5_1`` / ``Q5_K``
+onto int8 codes with a scale and a zero per 32 (the last two served only by the int8 kernel, which
+takes groups of 16 and zeros), each product exact in fp32. The types without such a layout here are
 re-quantized by the loader, for the reason :func:`requantize_reason` gives.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
@@ -33,23 +40,30 @@ import torch
 from proxy.quant.embedding import q8_0_codes
 from proxy.quant.linear import Int4Plane
 
+logger = logging.getLogger(__name__)
+
 GROUP_SIZE = 32
 QK_K = 256
 #: types held as one int4 plane in groups of 32 / as int8 codes with a scale per 32
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-INT8_TYPES = ("Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q6_K")
+INT8_TYPES = ("Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q6_K", "Q5_1", "Q5_K")
 #: the int8 types whose codes come with a scale per 16 weights (:func:`int8_codes`), not 32
 GROUP_16_TYPES = ("Q6_K",)
+#: the int8 types whose groups have a zero term too
+ZERO_TYPES = ("Q5_1", "Q5_K")
+#: the types :func:`int8_codes` decodes (``Q4_K`` for an embedding table; its linears take int4)
+CODE_TYPES = (*INT8_TYPES, "Q4_K")
 #: the weights a block of each type covers (the input dimension must be a multiple)
 BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q4_K": QK_K, "Q8_0": 32, "Q5_0": 32, "IQ4_NL": 32, "IQ4_XS": QK_K,
-                 "Q6_K": QK_K}
+                 "Q6_K": QK_K, "Q5_1": 32, "Q5_K": QK_K}
 #: ``kvalues_iq4nl`` of ``ggml-common.h``
 IQ4_KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 
 _REASONS = {
     "Q6_K": "a scale per 16 weights: only the int8 kernel (x86-64 with AVX2) takes groups of 16",
-    "Q5_1": "5-bit codes plus a min per 32: the int8 kernel has no zero term, the int4 kernels take 4 bits",
-    "Q5_K": "5-bit codes plus a min per 32: the int8 kernel has no zero term, the int4 kernels take 4 bits",
+    "Q5_1": "5-bit codes plus a min per 32: only the int8 kernel (x86-64 with AVX2) adds a zero term",
+    "Q5_K": "5-bit codes plus a min per 32: only the int8 kernel (x86-64 with AVX2) adds a zero term",
+    "Q4_K": "a min per 32: an embedding table holds int8 codes with zeros, a linear int4 planes",
 }
 
 
@@ -58,11 +72,22 @@ def requantize_reason(type_name: str) -> str:
     return _REASONS.get(type_name, f"no packed layout holds {type_name} blocks here")
 
 
+def log_not_at_own_precision(costs: dict[str, list[int]]) -> None:
+    """One line per GGUF type served at another precision: how many tensors, why, and the bytes the
+    file holds against the bytes served (``costs``: outcome -> ``[tensors, file bytes, served bytes]``)."""
+    mib = 1 << 20
+    for outcome, (count, file_bytes, served) in sorted(costs.items()):
+        type_name = outcome.split(" -> ")[0].removeprefix("token_embd ")
+        logger.info("GGUF %s x%d, not at its own precision (%s): %.1f MiB in the file, %.1f MiB served "
+                    "(%+.1f MiB)", outcome, count, requantize_reason(type_name), file_bytes / mib,
+                    served / mib, (served - file_bytes) / mib)
+
+
 def exact_layout(type_name: str, in_features: int) -> str | None:
     """``"int4"`` or ``"int8"``: the layout :func:`q4_k_planes` / :func:`int8_codes` (or
     ``gguf_blocks.decode_blocks``) gives a tensor of ``type_name`` with ``in_features`` inputs; None
     when there is none (the type, or an input size that is not a whole number of blocks). The int8
-    layout of :data:`GROUP_16_TYPES` runs only on the int8 kernel."""
+    layouts of :data:`GROUP_16_TYPES` and :data:`ZERO_TYPES` run only on the int8 kernel."""
     block = BLOCK_WEIGHTS.get(type_name)
     if block is None or in_features % block:
         return None
@@ -124,20 +149,57 @@ def q4_k_planes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[list[Int4Plane
     return [plane], inexact
 
 
-def _q5_0(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    blocks = _blocks(raw, n, k, 32, 22)
-    qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)  # [n, g, 1]
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+
+
+def _q5(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The 5-bit ``q`` uint8 ``[..., 32]`` of ``Q5_0`` / ``Q5_1`` blocks, ``qh`` at byte ``at``."""
+    qh = np.ascontiguousarray(blocks[..., at:at + 4]).view(np.uint32)  # [n, g, 1]
     high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, g, 32]: bit j -> weight j
-    q = _nibbles(blocks[..., 6:22]) | (high << 4)
-    return (q.astype(np.int8) - np.int8(16)).reshape(n, k), _f16(blocks[..., 0:2])
+    return np.asarray(_nibbles(blocks[..., at + 4:at + 20]) | (high << 4))
 
 
-def _iq4_nl(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _q5_0(raw: np.ndarray, n: int, k: int) -> Decoded:
+    blocks = _blocks(raw, n, k, 32, 22)
+    return (_q5(blocks, 2).astype(np.int8) - np.int8(16)).reshape(n, k), _f16(blocks[..., 0:2]), None
+
+
+def _q5_1(raw: np.ndarray, n: int, k: int) -> Decoded:
+    blocks = _blocks(raw, n, k, 32, 24)
+    return _q5(blocks, 4).astype(np.int8).reshape(n, k), _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+
+
+def _k_scales(blocks: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(d * sc, -(dmin * m))`` fp32 ``[n, k / 32]`` of ``Q4_K`` / ``Q5_K`` super-blocks (both exact)."""
+    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+    sc, m = k_scale_min(blocks[..., 4:16])
+    scale = (d[..., None] * sc.astype(np.float32)).reshape(n, k // GROUP_SIZE)
+    return scale, -(dmin[..., None] * m.astype(np.float32)).reshape(n, k // GROUP_SIZE)
+
+
+def _q4_k(raw: np.ndarray, n: int, k: int) -> Decoded:
+    blocks = _blocks(raw, n, k, QK_K, 144)
+    qs = blocks[..., 16:].reshape(n, k // QK_K, 4, 32)
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
+    return (codes.astype(np.int8), *_k_scales(blocks, n, k))
+
+
+def _q5_k(raw: np.ndarray, n: int, k: int) -> Decoded:
+    blocks = _blocks(raw, n, k, QK_K, 176)
+    qs = blocks[..., 48:].reshape(n, k // QK_K, 4, 32)
+    low = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k // QK_K, 8, 32)
+    qh = blocks[..., 16:48].reshape(n, k // QK_K, 1, 32)
+    high = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # [n, nb, 8, 32]
+    codes = (low | (high << 4)).astype(np.int8).reshape(n, k)
+    return (codes, *_k_scales(blocks, n, k))
+
+
+def _iq4_nl(raw: np.ndarray, n: int, k: int) -> Decoded:
     blocks = _blocks(raw, n, k, 32, 18)
-    return IQ4_KVALUES[_nibbles(blocks[..., 2:18])].reshape(n, k), _f16(blocks[..., 0:2])
+    return IQ4_KVALUES[_nibbles(blocks[..., 2:18])].reshape(n, k), _f16(blocks[..., 0:2]), None
 
 
-def _iq4_xs(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _iq4_xs(raw: np.ndarray, n: int, k: int) -> Decoded:
     blocks = _blocks(raw, n, k, QK_K, 136)
     d = _f16(blocks[..., 0:2])
     scales_h = np.ascontiguousarray(blocks[..., 2:4]).view(np.uint16)  # [n, nb, 1]
@@ -146,10 +208,10 @@ def _iq4_xs(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     ls = (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
     scales = (d[..., None] * ls.astype(np.float32)).reshape(n, k // GROUP_SIZE)
     codes = IQ4_KVALUES[_nibbles(blocks[..., 8:].reshape(n, k // QK_K, 8, 16))]
-    return codes.reshape(n, k), scales
+    return codes.reshape(n, k), scales, None
 
 
-def _q6_k(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _q6_k(raw: np.ndarray, n: int, k: int) -> Decoded:
     blocks = _blocks(raw, n, k, QK_K, 210)
     ql = blocks[..., :128].reshape(n, k // QK_K, 2, 1, 64)
     low = np.concatenate([ql & 0x0F, ql >> 4], axis=3)  # [n, nb, 2, 2, 64]: weight 128h + 64j + i
@@ -157,17 +219,22 @@ def _q6_k(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     high = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3  # [n, nb, 2, 4, 32]
     q = low.reshape(n, k // QK_K, 2, 128) | (high.reshape(n, k // QK_K, 2, 128) << 4)
     scales = _f16(blocks[..., 208:210])[..., None] * blocks[..., 192:208].view(np.int8).astype(np.float32)
-    return (q.astype(np.int8) - np.int8(32)).reshape(n, k), scales.reshape(n, k // 16)
+    return (q.astype(np.int8) - np.int8(32)).reshape(n, k), scales.reshape(n, k // 16), None
 
 
-def int8_codes(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(codes int8 [N, K], scales fp32 [N, K / group])`` with ``codes * scales`` the tensor's values,
-    ``group`` 32 (16 for :data:`GROUP_16_TYPES`), each product exact in fp32 (an int8 code times an
-    fp16 ``d``, ``IQ4_XS``'s ``d * (ls - 32)``: 17 significant bits times 7, or ``Q6_K``'s
-    ``d * scale``: 18 bits times 6), so equal to gguf's dequantization bit for bit.
+def int8_codes(
+    type_name: str, raw: np.ndarray, shape: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(codes int8 [N, K], scales fp32 [N, K / group], zeros)`` with ``codes * scales + zeros`` the
+    tensor's values, ``group`` 32 (16 for :data:`GROUP_16_TYPES`), ``zeros`` fp32 shaped as the
+    scales for :data:`ZERO_TYPES` and ``Q4_K`` (``m``, ``-dmin * m``), else None. Each product is
+    exact in fp32 (an int8 code times an fp16 ``d``, ``IQ4_XS``'s ``d * (ls - 32)``: 17 significant
+    bits times 7, ``Q6_K``'s ``d * scale``: 18 bits times 6, a K-quant's ``d * sc``: 17 bits times
+    5), so ``codes * scales + zeros`` in fp32 is gguf's dequantization bit for bit (its one rounding
+    is the sum's, as in gguf's ``d * q - dm``).
 
     Args:
-        type_name: one of :data:`INT8_TYPES`.
+        type_name: one of :data:`CODE_TYPES`.
         raw: the tensor's bytes, uint8 ``[N, K / block * block_bytes]``.
         shape: ``(N, K)``, ``K`` a multiple of the type's block (:data:`BLOCK_WEIGHTS`).
     Raises:
@@ -175,9 +242,11 @@ def int8_codes(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> tuple
     """
     n, k = shape
     if type_name == "Q8_0":
-        return q8_0_codes(raw, shape)
-    decode = {"Q5_0": _q5_0, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "Q6_K": _q6_k}.get(type_name)
+        return (*q8_0_codes(raw, shape), None)
+    decode = {"Q5_0": _q5_0, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "Q6_K": _q6_k, "Q5_1": _q5_1,
+              "Q5_K": _q5_k, "Q4_K": _q4_k}.get(type_name)
     if decode is None:
         raise ValueError(f"{type_name} blocks have no int8 layout here")
-    codes, scales = decode(raw, n, k)
-    return torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(np.ascontiguousarray(scales))
+    codes, scales, zeros = decode(raw, n, k)
+    return (torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(np.ascontiguousarray(scales)),
+            None if zeros is None else torch.from_numpy(np.ascontiguousarray(zeros)))

@@ -20,6 +20,7 @@ from torch import nn
 from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
 from proxy.quant import kernel_dtype
+from proxy.quant.embedding import Int8Embedding
 from proxy.quant.gguf_blocks import load_gguf_linears
 from proxy.quant.int8_linear import Int8Linear, kernel_available
 from proxy.quant.linear import PackedLinear
@@ -33,7 +34,7 @@ CPU = torch.device("cpu")
 EOS = 2
 #: fp16 ``d`` ranges that give weights of a few hundredths (the codes and sub-block scales are random)
 D_RANGE = {T.Q4_K: (5e-5, 1.5e-4), T.Q5_K: (2e-5, 6e-5), T.Q6_K: (5e-6, 1.5e-5), T.IQ4_NL: (2e-4, 6e-4),
-           T.IQ4_XS: (1e-5, 2e-5)}
+           T.IQ4_XS: (1e-5, 2e-5), T.Q2_K: (5e-4, 1.5e-3)}
 
 
 def _tiny_llama() -> nn.Module:
@@ -53,8 +54,8 @@ def _blocks(qtype: T, shape: tuple[int, int], seed: int) -> np.ndarray:
     lo, hi = D_RANGE[qtype]  # rescale d (and dmin with it) into the type's range
     nbytes = gguf.GGML_QUANT_SIZES[qtype][1]
     r = raw.reshape(shape[0], -1, nbytes)
-    at = 208 if qtype == T.Q6_K else 0
-    for off in (at, 2) if qtype in (T.Q4_K, T.Q5_K) else (at,):
+    at = {T.Q6_K: 208, T.Q2_K: 80}.get(qtype, 0)
+    for off in (at, at + 2) if qtype in (T.Q4_K, T.Q5_K, T.Q2_K) else (at,):
         v = r[..., off:off + 2].copy().view(np.float16).astype(np.float32) / 4e-4 * hi
         r[..., off:off + 2] = np.maximum(v, lo).astype(np.float16).view(np.uint8)
     return r.reshape(shape[0], -1)
@@ -90,10 +91,11 @@ def _layer(i: int, types: tuple[T, ...]) -> list[tuple[str, str, T, int]]:
     return list(zip(hf, gg, types, heads, strict=True))
 
 
-#: Q4_K_M's pattern (Q4_K, Q6_K for attn_v / ffn_down / output) and the other types in layer 1
+#: Q4_K_M's pattern (Q4_K, Q6_K for attn_v / ffn_down / output) and the other types in layer 1 (Q2_K:
+#: a type without a layout here)
 MIXED = [
     *_layer(0, (T.Q4_K, T.Q4_K, T.Q6_K, T.Q4_K, T.Q4_K, T.Q4_K, T.Q6_K)),
-    *_layer(1, (T.IQ4_XS, T.Q5_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q4_K, T.Q5_1)),
+    *_layer(1, (T.IQ4_XS, T.Q5_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q2_K, T.Q5_1)),
     ("lm_head", "output", T.Q6_K, 0),
     ("model.embed_tokens", "token_embd", T.Q4_K, 0),
 ]
@@ -105,14 +107,16 @@ def test_each_type_served_at_its_own_precision_or_logged(tmp_path: Path, caplog)
     model = copy.deepcopy(dense)
     with caplog.at_level("INFO"):
         counts = load_gguf_linears(model, path, torch.float32)
-    q6_k = "Q6_K -> int8 g16" if kernel_available() else "Q6_K -> int8 g32 (re-quantized)"
+    kernel = kernel_available()  # groups of 16 and zeros run on the int8 kernel only
     assert counts == Counter({
-        "Q4_K -> int4 g32": 7, "IQ4_XS -> int8 g32": 1, "Q5_0 -> int8 g32": 1, "IQ4_NL -> int8 g32": 1,
-        q6_k: 3, "Q5_K -> int8 g32 (re-quantized)": 1, "Q5_1 -> int8 g32 (re-quantized)": 1,
-        "token_embd Q4_K -> dense": 1,
+        "Q4_K -> int4 g32": 6, "IQ4_XS -> int8 g32": 1, "Q5_0 -> int8 g32": 1, "IQ4_NL -> int8 g32": 1,
+        "Q6_K -> int8 g16" if kernel else "Q6_K -> int8 g32 (re-quantized)": 3,
+        "Q5_K -> int8 g32" if kernel else "Q5_K -> int8 g32 (re-quantized)": 1,
+        "Q5_1 -> int8 g32" if kernel else "Q5_1 -> int8 g32 (re-quantized)": 1,
+        "Q2_K -> int8 g32 (re-quantized)": 1, "token_embd Q4_K -> int8 g32": 1,
     })
-    int8_type = Int8Linear if kernel_available() else PackedLinear
-    exact = (T.Q4_K, T.IQ4_XS, T.Q5_0, T.IQ4_NL) + ((T.Q6_K,) if kernel_available() else ())
+    int8_type = Int8Linear if kernel else PackedLinear
+    exact = (T.Q4_K, T.IQ4_XS, T.Q5_0, T.IQ4_NL) + ((T.Q6_K, T.Q5_K, T.Q5_1) if kernel else ())
     for hf_name, _, qtype, _ in MIXED[:-1]:
         layer = model.get_submodule(hf_name)
         want = dense.get_submodule(hf_name).weight.detach()
@@ -124,13 +128,17 @@ def test_each_type_served_at_its_own_precision_or_logged(tmp_path: Path, caplog)
             assert torch.equal(layer.dequantize(), want), hf_name
         else:
             assert not torch.equal(layer.dequantize(), want), hf_name
-    assert type(model.model.embed_tokens) is nn.Embedding
-    log = caplog.text
-    file_mib, served_mib = 512 * 176 / (1 << 20), (512 * 256 + 512 * 8 * 4) / (1 << 20)  # Q5_K gate_proj
-    assert (f"GGUF Q5_K -> int8 g32 (re-quantized) x1, not at its own precision (5-bit codes plus a min per "
-            f"32: the int8 kernel has no zero term, the int4 kernels take 4 bits): {file_mib:.1f} MiB in the "
-            f"file, {served_mib:.1f} MiB served (+{served_mib - file_mib:.1f} MiB)") in log
-    assert "GGUF token_embd Q4_K -> dense x1, not at its own precision (no packed layout" in log
+    embed = model.model.embed_tokens
+    assert type(embed) is Int8Embedding and embed.zeros is not None  # Q4_K's -dmin * m
+    ids = torch.arange(112)
+    with torch.inference_mode():
+        assert torch.equal(embed(ids), dense.model.embed_tokens(ids))
+    up = model.model.layers[1].mlp.up_proj  # Q2_K
+    file_mib = 512 * 84 / (1 << 20)
+    served_mib = sum(t.nbytes for t in (*up.parameters(), *up.buffers())) / (1 << 20)
+    assert (f"GGUF Q2_K -> int8 g32 (re-quantized) x1, not at its own precision (no packed layout holds "
+            f"Q2_K blocks here): {file_mib:.1f} MiB in the file, {served_mib:.1f} MiB served "
+            f"(+{served_mib - file_mib:.1f} MiB)") in caplog.text
 
 
 @pytest.mark.skipif(not kernel_available(), reason="Q6_K's groups of 16 run on the int8 kernel only")
@@ -157,8 +165,9 @@ def test_a_tied_q6_k_embedding_is_served_from_the_lm_heads_codes(tmp_path: Path)
 #: the lossless types only, so that the served weights are the dense model's (Q4_K_M's pattern in layer 0)
 LOSSLESS = [
     *_layer(0, (T.Q4_K, T.Q4_K, T.Q6_K, T.Q4_K, T.Q4_K, T.Q4_K, T.Q6_K)),
-    *_layer(1, (T.IQ4_XS, T.Q5_0, T.IQ4_NL, T.Q4_K, T.Q4_K, T.Q4_K, T.Q4_K)),
+    *_layer(1, (T.IQ4_XS, T.Q5_0, T.IQ4_NL, T.Q4_K, T.Q5_K, T.Q5_1, T.Q4_K)),
     ("lm_head", "output", T.Q6_K, 0),
+    ("model.embed_tokens", "token_embd", T.Q4_K, 0),
 ]
 
 
@@ -170,7 +179,7 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.skipif(not kernel_available(), reason="Q6_K's groups of 16 run on the int8 kernel only")
+@pytest.mark.skipif(not kernel_available(), reason="Q6_K / Q5_K / Q5_1 run on the int8 kernel only")
 def test_engine_greedy_equals_generate_on_the_files_values(tmp_path: Path, one_torch_thread) -> None:
     """The served kernels (bf16 activations on the int4 kernel, its scale and zero rounded to bf16;
     fp32 on the int8 kernel) against fp32 ``generate()`` on the GGUF's dequantized weights: token for
@@ -179,8 +188,9 @@ def test_engine_greedy_equals_generate_on_the_files_values(tmp_path: Path, one_t
     dense = write_gguf(path, LOSSLESS)
     model = copy.deepcopy(dense)
     counts = load_gguf_linears(model, path, kernel_dtype(CPU))
-    assert counts == Counter({"Q4_K -> int4 g32": 9, "Q6_K -> int8 g16": 3, "IQ4_NL -> int8 g32": 1,
-                              "IQ4_XS -> int8 g32": 1, "Q5_0 -> int8 g32": 1})
+    assert counts == Counter({"Q4_K -> int4 g32": 7, "Q6_K -> int8 g16": 3, "IQ4_NL -> int8 g32": 1,
+                              "IQ4_XS -> int8 g32": 1, "Q5_0 -> int8 g32": 1, "Q5_K -> int8 g32": 1,
+                              "Q5_1 -> int8 g32": 1, "token_embd Q4_K -> int8 g32": 1})
     model.set_attn_implementation(register())
     dense.set_attn_implementation("sdpa")
     g = torch.Generator().manual_seed(7)

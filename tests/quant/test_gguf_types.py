@@ -1,6 +1,7 @@
-"""proxy.quant.gguf_types: Q4_K / Q5_0 / IQ4_NL / IQ4_XS / Q6_K blocks decoded into layouts whose weights
-equal gguf-py's dequantization bit for bit, on random blocks (gguf-py quantizes only Q5_0 of these: the others
-are random bytes with valid fp16 scales), and the reasons the other types are re-quantized."""
+"""proxy.quant.gguf_types: Q4_K / Q5_0 / Q5_1 / Q5_K / IQ4_NL / IQ4_XS / Q6_K blocks decoded into layouts
+whose weights equal gguf-py's dequantization bit for bit, on random blocks (gguf-py quantizes only Q5_0 and
+Q5_1 of these: the others are random bytes with valid fp16 scales), and the reasons the other types are
+re-quantized."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ FP16_FIELDS = {
     T.IQ4_NL: ((0, 2),),
     T.IQ4_XS: ((0, 2),),
     T.Q5_1: ((0, 2), (2, 4)),
+    T.Q2_K: ((80, 82), (82, 84)),  # after 16 scale bytes and 64 bytes of 2-bit codes
 }
 
 
@@ -77,23 +79,28 @@ def test_q4_k_zero_rounded_only_when_dmin_is_far_from_d() -> None:
     assert bool(((got - want).abs() <= half_ulp).all())
 
 
-@pytest.mark.parametrize("qtype", [T.Q5_0, T.IQ4_NL, T.IQ4_XS, T.Q8_0, T.Q6_K])
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.IQ4_NL, T.IQ4_XS, T.Q8_0, T.Q6_K, T.Q5_1, T.Q5_K, T.Q4_K])
 def test_int8_codes_equal_gguf_dequantize_bit_for_bit(qtype: T) -> None:
     shape = (48, 512)
     group = 16 if qtype == T.Q6_K else 32
-    if qtype in (T.Q5_0, T.Q8_0):  # gguf-py quantizes these
+    if qtype in (T.Q5_0, T.Q8_0, T.Q5_1):  # gguf-py quantizes these
         w = np.random.default_rng(3).standard_normal(shape).astype(np.float32) * 0.05
         raw = quantize(w, qtype)
     else:
         raw = random_blocks(qtype, *shape, seed=3)
-    codes, scales = int8_codes(qtype.name, raw, shape)
+    codes, scales, zeros = int8_codes(qtype.name, raw, shape)
     assert codes.dtype == torch.int8 and scales.dtype == torch.float32 and scales.shape == (48, 512 // group)
+    assert (zeros is not None) == (qtype in (T.Q5_1, T.Q5_K, T.Q4_K))
     want = _gguf_values(raw, qtype, shape)
-    got = (codes.view(48, -1, group).float() * scales[..., None]).view(shape)
-    assert torch.equal(got, want)
-    if qtype == T.Q6_K:  # groups of 16: the int8 kernel's layout only (tests/quant/test_int8_linear.py)
-        with pytest.raises(ValueError, match="not decoded losslessly"):
-            decode_blocks(qtype.name, raw, shape)
+    got = codes.view(48, -1, group).float() * scales[..., None]
+    if zeros is not None:
+        assert zeros.shape == scales.shape and zeros.dtype == torch.float32
+        got += zeros[..., None]
+    assert torch.equal(got.view(shape), want)
+    if qtype in (T.Q6_K, T.Q5_1, T.Q5_K, T.Q4_K):  # int8 kernel only (tests/quant/test_int8_linear.py)
+        if qtype != T.Q4_K:  # Q4_K's linears are int4 planes (above)
+            with pytest.raises(ValueError, match="not decoded losslessly"):
+                decode_blocks(qtype.name, raw, shape)
         return
     planes = decode_blocks(qtype.name, raw, shape)  # the two-plane layout where the int8 kernel does not run
     layer = PackedLinear(planes, None, 32, CPU, torch.float32, qtype.name)
@@ -106,7 +113,7 @@ def test_iq4_xs_uses_every_sub_block_scale() -> None:
     raw = random_blocks(T.IQ4_XS, 4, 256, seed=4).reshape(4, 136)
     raw[:, 2:4] = np.array([0b1110010011100100], np.uint16).view(np.uint8)  # high bits 0,1,2,3,0,1,2,3
     raw[:, 4:8] = np.array([0x10, 0x32, 0x54, 0x76], np.uint8)  # low bits 0..7
-    _, scales = int8_codes("IQ4_XS", raw, (4, 256))
+    _, scales, _ = int8_codes("IQ4_XS", raw, (4, 256))
     d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)
     ls = np.array([0, 1, 2, 3, 4, 5, 6, 7]) | (np.array([0, 1, 2, 3, 0, 1, 2, 3]) << 4)
     assert torch.equal(scales, torch.from_numpy(d * (ls - 32).astype(np.float32)))
@@ -116,9 +123,10 @@ def test_layouts_and_reasons() -> None:
     assert exact_layout("Q4_K", 512) == "int4" and exact_layout("Q4_K", 96) is None
     assert exact_layout("IQ4_XS", 256) == "int8" and exact_layout("Q5_0", 96) == "int8"
     assert exact_layout("Q6_K", 256) == "int8" and exact_layout("Q6_K", 128) is None
-    assert exact_layout("Q5_K", 256) is None and exact_layout("F16", 256) is None
+    assert exact_layout("Q5_K", 256) == "int8" and exact_layout("Q5_1", 64) == "int8"
+    assert exact_layout("Q2_K", 256) is None and exact_layout("F16", 256) is None
     assert "groups of 16" in requantize_reason("Q6_K")
     assert "zero term" in requantize_reason("Q5_K") and "zero term" in requantize_reason("Q5_1")
     assert requantize_reason("IQ2_XS") == "no packed layout holds IQ2_XS blocks here"
-    with pytest.raises(ValueError, match="Q5_K blocks have no int8 layout"):
-        int8_codes("Q5_K", np.zeros((1, 176), np.uint8), (1, 256))
+    with pytest.raises(ValueError, match="Q2_K blocks have no int8 layout"):
+        int8_codes("Q2_K", np.zeros((1, 84), np.uint8), (1, 256))

@@ -87,6 +87,26 @@ def test_unit_rows_give_the_gguf_values_exactly(group: int, isa: str) -> None:
 
 
 @needs_kernel
+def test_zeros_are_added_to_the_exact_products(isa: str) -> None:
+    """``Q5_1`` / ``Q5_K``: ``W = codes * scales + zeros``, the exact product plus the zero rounded
+    once (gguf's ``d * q + m``); unit rows give it exactly, a row's bits do not depend on the batch."""
+    codes, scales = _weights(48, 96)
+    codes = codes.abs().clamp(max=31)  # 5-bit codes
+    zeros = -(torch.rand(48, 3, generator=torch.Generator().manual_seed(4)) * 0.3).half().float()
+    layer = Int8Linear(codes, scales, None, "Q5_1 as int8 g32", zeros)
+    want = (codes.double().view(48, 3, 32) * scales.double()[..., None] + zeros.double()[..., None]).float()
+    assert torch.equal(layer.dequantize(), want.view(48, 96))
+    assert torch.equal(q8_matmul(torch.eye(96), codes, scales, zeros).t(), want.view(48, 96))
+    x = torch.randn(19, 96, generator=torch.Generator().manual_seed(5))
+    whole = layer(x)
+    assert torch.equal(layer(x[7:8]), whole[7:8]) and torch.equal(layer(x[2:19]), whole[2:19])
+    ref = q8_matmul_reference(x, codes, scales, zeros).double()
+    assert (whole.double() - ref).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="zeros shaped as the scales"):
+        Int8Linear(codes, scales, None, "x", zeros[:, :1])
+
+
+@needs_kernel
 @pytest.mark.parametrize("group", [32, 16])
 def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads(group: int, isa: str) -> None:
     codes, scales = _weights(200, 576, group=group)
@@ -157,8 +177,10 @@ def test_the_op_is_registered_for_torch_compile() -> None:
     codes, scales = _weights(16, 64)
     assert int8_linear._q8_matmul is not None and int8_linear.KERNEL_ISA is not None
     isa = int8_linear._q8_matmul.ISAS[int8_linear.KERNEL_ISA]
-    torch.library.opcheck(torch.ops.streamproxy.q8_matmul.default, (torch.randn(3, 64), codes, scales, isa),
-                          test_utils=("test_schema", "test_faketensor"))
+    op = torch.ops.streamproxy.q8_matmul.default
+    for zeros in (None, torch.rand(16, 2)):
+        torch.library.opcheck(op, (torch.randn(3, 64), codes, scales, zeros, isa),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 @needs_kernel
@@ -168,9 +190,9 @@ def test_calls_of_many_rows_take_the_dequantized_gemm(monkeypatch: pytest.Monkey
     calls: list[int] = []
     real = int8_linear.q8_matmul_reference
 
-    def spy(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    def spy(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         calls.append(x.shape[0])
-        return real(x, c, s)
+        return real(x, c, s, z)
 
     monkeypatch.setattr(int8_linear, "q8_matmul_reference", spy)
     x = torch.randn(int8_linear.GEMM_ROWS, 64)
