@@ -63,7 +63,6 @@ _REASONS = {
     "Q6_K": "a scale per 16 weights: only the int8 kernel (x86-64 with AVX2) takes groups of 16",
     "Q5_1": "5-bit codes plus a min per 32: only the int8 kernel (x86-64 with AVX2) adds a zero term",
     "Q5_K": "5-bit codes plus a min per 32: only the int8 kernel (x86-64 with AVX2) adds a zero term",
-    "Q4_K": "a min per 32: an embedding table holds int8 codes with zeros, a linear int4 planes",
 }
 
 
@@ -78,9 +77,12 @@ def log_not_at_own_precision(costs: dict[str, list[int]]) -> None:
     mib = 1 << 20
     for outcome, (count, file_bytes, served) in sorted(costs.items()):
         type_name = outcome.split(" -> ")[0].removeprefix("token_embd ")
+        reason = requantize_reason(type_name)
+        if outcome.startswith("token_embd ") and type_name in CODE_TYPES:
+            reason = "the input embedding is not a plain nn.Embedding, or its rows differ from the file's"
         logger.info("GGUF %s x%d, not at its own precision (%s): %.1f MiB in the file, %.1f MiB served "
-                    "(%+.1f MiB)", outcome, count, requantize_reason(type_name), file_bytes / mib,
-                    served / mib, (served - file_bytes) / mib)
+                    "(%+.1f MiB)", outcome, count, reason, file_bytes / mib, served / mib,
+                    (served - file_bytes) / mib)
 
 
 def exact_layout(type_name: str, in_features: int) -> str | None:
