@@ -54,6 +54,7 @@ from proxy.quant.gguf_types import (
     int8_codes,
     log_not_at_own_precision,
     q4_k_planes,
+    q4_k_rounded_zeros,
 )
 from proxy.quant.int8_linear import Int8Linear, kernel_available
 from proxy.quant.linear import Int4Plane, int8_planes, quantize_int8, quantize_int8_codes
@@ -119,12 +120,13 @@ def _set_int8_linear(
 def _int8_layer(
     model: nn.Module, name: str, tensor: GGUFTensor, type_name: str, source: WeightSource, pname: str,
     shape: tuple[int, int], heads: list[int], bias: torch.Tensor | None, device: torch.device, tied: bool,
+    exact: bool,
 ) -> str:
-    """Linear ``name`` as an :class:`~proxy.quant.int8_linear.Int8Linear`: the int8 codes of a type
-    with an int8 layout (:func:`~proxy.quant.gguf_types.int8_codes`; rows matched to the dense weight
-    as :func:`match_row_order` does), any other quantized type re-quantized to int8 g32 from the
-    dense weight. Returns the outcome to count."""
-    if exact_layout(type_name, shape[1]) == "int8":
+    """Linear ``name`` as an :class:`~proxy.quant.int8_linear.Int8Linear`: ``exact``, the tensor's own
+    int8 codes (:func:`~proxy.quant.gguf_types.int8_codes`; rows matched to the dense weight
+    as :func:`match_row_order` does), else re-quantized to int8 g32 from the dense weight. Returns
+    the outcome to count."""
+    if exact:
         codes, scales, zeros = int8_codes(type_name, tensor.data, shape)
         tensor.release()  # the codes are copies
         order = match_row_order(q8_rows(codes, scales, zeros), codes.shape[0],
@@ -219,9 +221,12 @@ def load_gguf_linears(
         layout = exact_layout(type_name, k)
         if type_name in KERNEL_ONLY_TYPES and not q8_kernel:
             layout = None  # the int4 planes take groups of 32 and no zeros (requantize_reason)
+        if layout == "int4" and type_name == "Q4_K" and q8_kernel and q4_k_rounded_zeros(tensor.data, (n, k)):
+            layout = "int8"  # its int4 plane would round a zero; int8 codes with zeros hold it exactly
         if q8_kernel and layout != "int4" and k % GROUP_SIZE == 0:
+            tied = linear is out and tensor is tensors.get("token_embd.weight")
             outcome = _int8_layer(model, name, tensor, type_name, source, pname, (n, k), heads, bias, device,
-                                  linear is out and tensor is tensors.get("token_embd.weight"))
+                                  tied, layout == "int8")
             counts[outcome] += 1
             if "re-quantized" in outcome:
                 cost = costs.setdefault(outcome, [0, 0, 0])

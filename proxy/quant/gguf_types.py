@@ -139,16 +139,25 @@ def q4_k_planes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[list[Int4Plane
     """
     n, k = shape
     blocks = _blocks(raw, n, k, QK_K, 144)
-    d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
-    sc, m = k_scale_min(blocks[..., 4:16])
     qs = blocks[..., 16:].reshape(n, k // QK_K, 4, 32)
     codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
-    scale = (d[..., None] * sc.astype(np.float32)).reshape(n, k // GROUP_SIZE)
-    dm = (dmin[..., None] * m.astype(np.float32)).reshape(n, k // GROUP_SIZE)
-    zero = np.float32(8.0) * scale - dm
-    inexact = int(np.count_nonzero(zero.astype(np.float64) != 8.0 * scale.astype(np.float64) - dm))
+    scale, zero, inexact = _q4_k_zero(blocks, n, k)
     plane = Int4Plane(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero))
     return [plane], inexact
+
+
+def _q4_k_zero(blocks: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(scale, zero, groups whose zero was rounded)`` of :func:`q4_k_planes`."""
+    scale, neg_dm = _k_scales(blocks, n, k)
+    zero = np.float32(8.0) * scale + neg_dm
+    inexact = int(np.count_nonzero(zero.astype(np.float64) != 8.0 * scale.astype(np.float64) + neg_dm))
+    return scale, zero, inexact
+
+
+def q4_k_rounded_zeros(raw: np.ndarray, shape: tuple[int, int]) -> int:
+    """How many groups of a ``Q4_K`` tensor :func:`q4_k_planes` would round the zero of (reads only
+    the scales); where any, :func:`int8_codes` holds the tensor exactly (codes with a zero)."""
+    return _q4_k_zero(_blocks(raw, shape[0], shape[1], QK_K, 144), *shape)[2]
 
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None]

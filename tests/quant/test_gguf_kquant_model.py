@@ -205,3 +205,28 @@ def test_engine_greedy_equals_generate_on_the_files_values(tmp_path: Path, one_t
         assert_greedy_matches(results[str(i)], ref_ids, gaps, f"prompt {i}", tolerance=0.05)
         distinct.add(tuple(ref_ids))
     assert len(distinct) > 1
+
+
+@pytest.mark.skipif(not kernel_available(), reason="the int8 kernel's zeros hold such a Q4_K tensor")
+def test_a_q4_k_tensor_whose_zero_would_round_is_served_as_int8_codes_with_zeros(tmp_path: Path) -> None:
+    """``dmin`` thousands of times ``d``: ``8 d sc - dmin m`` needs more than fp32's 24 bits, so the
+    int4 plane would miss the file's values by an ulp; the loader serves the tensor as int8 codes with
+    a zero per group instead, exactly."""
+    model = _tiny_llama()
+    raw = random_blocks(T.Q4_K, 512, 256, seed=5, dmin_ratio=(3000.0, 6000.0))
+    path = tmp_path / "far.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.ffn_gate.weight", raw, raw_dtype=T.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with torch.no_grad():
+        gate = torch.from_numpy(dequantize(raw, T.Q4_K).reshape(512, 256))
+        model.model.layers[0].mlp.gate_proj.weight.copy_(gate)
+    dense = copy.deepcopy(model)
+    counts = load_gguf_linears(model, path, torch.float32)
+    assert counts["Q4_K -> int8 g32"] == 1 and "Q4_K -> int4 g32" not in counts
+    layer = model.model.layers[0].mlp.gate_proj
+    assert type(layer) is Int8Linear and layer.zeros is not None
+    assert torch.equal(layer.dequantize(), dense.model.layers[0].mlp.gate_proj.weight)
