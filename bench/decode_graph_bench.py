@@ -1,4 +1,4 @@
-"""Decode step time with and without the captured decode graphs (``proxy/engine/decode_graphs.py``).
+"""Decode step time with and without the captured decode graphs (``proxy/engine/execution/decode_graphs.py``).
 
 For each batch size (``--batch-sizes``, default 1,3,8,16) ``B`` chat prompts arrive at once and
 generate ``--max-new-tokens`` tokens greedily with EOS ignored, once eager (``enforce_eager``) and
@@ -46,7 +46,7 @@ QUESTIONS = [
 
 
 class StandInGraph:
-    """CPU stand-in for ``CudaDecodeGraph`` (as in tests/engine/test_decode_graphs.py): replay
+    """CPU stand-in for ``CudaDecodeGraph`` (as in tests/engine/execution/test_decode_graphs.py): replay
     re-runs the recorded forward on the static buffers."""
 
     def __init__(self) -> None:

@@ -23,11 +23,7 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,17 +31,11 @@ from pathlib import Path
 import httpx
 import orjson
 
-REPO = Path(__file__).resolve().parents[1]
+from proxy.ports import start_serve
+
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "rain", "falls",
          "on", "the", "river", "near", "the", "old", "city", "and", "a", "cat", "reads", "a", "book", "about",
          "search", "vectors"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def texts(n: int) -> list[str]:
@@ -150,42 +140,27 @@ def main() -> None:
     ap.add_argument("--serve-args", default="--num-threads 2 --no-engine-process",
                     help="extra arguments of `proxy serve`")
     args = ap.parse_args()
-    port = free_port()
-    cmd = [sys.executable, "-m", "proxy", "serve", "--port", str(port), *args.serve_args.split()]
+    serve_args = args.serve_args.split()
     if args.model:
-        cmd += ["--model", args.model]
+        serve_args += ["--model", args.model]
     if args.embedding_model:
-        cmd += ["--embedding-model", args.embedding_model, "--served-embedding-model-name", "embedder"]
-    log = Path(tempfile.mkstemp(suffix=".log")[1])
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    base = f"http://127.0.0.1:{port}"
+        serve_args += ["--embedding-model", args.embedding_model, "--served-embedding-model-name", "embedder"]
+    server = start_serve(serve_args, Path(tempfile.mkstemp(suffix=".log")[1]))
+    base = server.base_url
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SystemExit(f"server exited:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
         cards = httpx.get(f"{base}/v1/models", timeout=10).json()["data"]
         chat, embedder = cards[0]["id"], cards[-1]["id"]
         warm = httpx.post(f"{base}/v1/embeddings", json={"model": embedder, "input": texts(8)}, timeout=600)
         warm.raise_for_status()  # the chat model's embedding copy loads at the first request
         width = len(warm.json()["data"][0]["embedding"])
-        print(f"cmd: {' '.join(cmd[1:])}; embedder {embedder}, dimensions {width}")
+        print(f"cmd: serve {' '.join(serve_args)}; embedder {embedder}, dimensions {width}")
         for name, kw in (("streams", {"streams": True, "embeddings": False}),
                          ("embeddings", {"streams": False, "embeddings": True}),
                          ("both", {"streams": True, "embeddings": True})):
             figures = asyncio.run(phase(base, chat, embedder, args, **kw))
             print(json.dumps({"phase": name, **{k: round(v, 3) for k, v in figures.items()}}), flush=True)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop(30.0)
 
 
 if __name__ == "__main__":

@@ -26,17 +26,12 @@ import argparse
 import asyncio
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from proxy.ports import free_port
+from proxy.ports import LocalServer, ServerFailed, start_serve
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -52,50 +47,19 @@ class BenchError(RuntimeError):
     """A mode failed to load or to serve; the message carries the server log's tail."""
 
 
-def _log_tail(log_dir: Path, mode: str) -> str:
-    return (log_dir / f"{mode}.log").read_text(errors="replace")[-3000:]
-
-
-def start_server(mode: str, args: argparse.Namespace, log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m proxy serve`` in ``mode``; waits for ``/health`` 200; returns (process, base URL).
+def start_server(mode: str, args: argparse.Namespace, log_dir: Path) -> LocalServer:
+    """``python -m proxy serve`` in ``mode``, waited for until ``/health`` is 200.
 
     Raises:
         BenchError: the server exited, its load failed (``/health`` status ``failed``), or it was not
             healthy after ``args.load_timeout`` seconds (the server is stopped first).
     """
-    port = free_port()
-    cmd = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", str(args.threads),
-           MODES[mode], *(["--model", args.model] if args.model else []), *shlex.split(args.extra_args)]
-    with open(log_dir / f"{mode}.log", "wb") as log:  # the server writes through its own copy
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + args.load_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"{mode} server exited with {proc.returncode}:\n{_log_tail(log_dir, mode)}")
-        try:
-            r = httpx.get(f"{base}/health", timeout=2)
-        except httpx.HTTPError:
-            r = None
-        if r is not None and r.status_code == 200:
-            return proc, base
-        if r is not None and r.json().get("status") in ("failed", "dead"):
-            stop_server(proc)
-            raise BenchError(f"{mode} server could not load the model: {r.json().get('error')}\n"
-                             f"{_log_tail(log_dir, mode)}")
-        time.sleep(0.2)
-    stop_server(proc)
-    raise BenchError(
-        f"{mode} server not healthy after {args.load_timeout:.0f} s:\n{_log_tail(log_dir, mode)}")
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
+    serve_args = ["--num-threads", str(args.threads), MODES[mode],
+                  *(["--model", args.model] if args.model else []), *shlex.split(args.extra_args)]
     try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+        return start_serve(serve_args, log_dir / f"{mode}.log", timeout_s=args.load_timeout)
+    except ServerFailed as exc:
+        raise BenchError(f"{mode} server: {exc}") from exc
 
 
 def serve_points(base: str, label: str, shape: tuple[int, int], args: argparse.Namespace,
@@ -163,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         order = list(MODES) if k % 2 == 0 else list(MODES)[::-1]  # alternate who goes first
         for mode in order:
             try:
-                proc, base = start_server(mode, args, out_dir)
+                server = start_server(mode, args, out_dir)
                 try:
-                    table[shape][mode] = serve_points(base, mode, shape, args, out_dir)
+                    table[shape][mode] = serve_points(server.base_url, mode, shape, args, out_dir)
                 finally:
-                    stop_server(proc)
+                    server.stop()
             except BenchError as exc:
                 print(f"engine_modes: FAILED in mode {mode}: {exc}", file=sys.stderr)
                 return 1

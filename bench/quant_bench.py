@@ -47,7 +47,7 @@ def perplexity(model, tokenizer) -> float:  # type: ignore[no-untyped-def]
     """exp(mean next-token NLL) over the fixed text, one forward pass with SDPA."""
     import torch
 
-    from proxy.engine.attention import ATTN_IMPLEMENTATION
+    from proxy.engine.execution.attention import ATTN_IMPLEMENTATION
 
     ids = tokenizer(TEXT.read_text(encoding="utf-8"), return_tensors="pt").input_ids
     model.set_attn_implementation("sdpa")

@@ -18,62 +18,19 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_bench
 
+from proxy.ports import free_port, started
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ok(url: str, process: subprocess.Popen[bytes], timeout_s: float = 900.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{process.args!r} exited with {process.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.25)
-    raise SystemExit(f"{url} not ready after {timeout_s} s")
-
-
-@contextlib.contextmanager
-def started(cmd: list[str], ready_url: str, log: Path, cwd: Path | None = None) -> Iterator[None]:
-    with open(log, "wb") as out:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   cwd=cwd, env=env)
-    try:
-        wait_ok(ready_url, process)
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
 
 
 def nginx_conf(listen: int, upstreams: list[int]) -> str:
@@ -138,7 +95,7 @@ def main() -> int:
             cmd = [sys.executable, "-m", "proxy", "serve", "--port", str(port),
                    "--num-threads", str(a.threads), *model]
             health = f"http://127.0.0.1:{port}/health"
-            stack.enter_context(started(cmd, health, tmp / f"replica{i}.log", REPO))
+            stack.enter_context(started(cmd, health, tmp / f"replica{i}.log"))
         workers = [f"http://127.0.0.1:{port}" for port in ports]
         for n, kind in enumerate(a.fronts.split(",")):
             port = free_port()

@@ -18,18 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from proxy.ports import free_port
+from proxy.ports import start_serve
 
-ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 600.0
 
 
@@ -63,27 +57,10 @@ def peak_rss_mb(pid: int) -> float:
 
 def run_one(quantization: str, max_tokens: int, log_dir: Path, extra: list[str]) -> dict[str, float | str]:
     """Start a server with ``--quantization quantization``, measure, stop it."""
-    port = free_port()
-    log = (log_dir / f"rss_{quantization}.log").open("w")
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--quantization", quantization, *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    server = start_serve(["--quantization", quantization, *extra], log_dir / f"rss_{quantization}.log",
+                         timeout_s=STARTUP_TIMEOUT_S, new_session=True)
+    proc, base = server.process, server.base_url
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not become ready")
-            time.sleep(0.5)
         load_mb = peak_rss_mb(proc.pid)
         models = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
         body = {"model": models["id"], "prompt": "The capital of France is", "max_tokens": max_tokens,
@@ -93,13 +70,7 @@ def run_one(quantization: str, max_tokens: int, log_dir: Path, extra: list[str])
         peak_mb = peak_rss_mb(proc.pid)
         served = str(models.get("quantization", quantization))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        server.stop()
     return {"config": quantization, "served": served, "load_mb": load_mb, "peak_mb": peak_mb,
             "tokens": resp.json()["usage"]["completion_tokens"]}
 

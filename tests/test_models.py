@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from proxy import models
-from proxy.engine.architectures import check_supported
-from proxy.engine.attention import ATTN_IMPLEMENTATION
+from proxy.engine.execution.architectures import check_supported
+from proxy.engine.execution.attention import ATTN_IMPLEMENTATION
 from proxy.engine.loading import load_engine_model
 from proxy.settings import Settings
 

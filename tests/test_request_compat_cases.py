@@ -23,8 +23,6 @@ import atexit
 import gzip
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +30,11 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e.server import REPO, Server, _stop, get_server, wait_until_healthy
+from e2e.server import Server, get_server
 from test_cases import call, finish_of, joined, with_model
 from testdata import ROUND2_PUBLIC
 
-from proxy.ports import free_port
+from proxy.ports import start_serve, stop
 from proxy.quant import cpu_bf16_flags
 
 pytestmark = [pytest.mark.slow]
@@ -388,28 +386,19 @@ def start_raising_server(tmp: Path) -> Server:
             (folder / f.name).write_text(TEMPLATE_RAISING)
         else:
             os.symlink(f, folder / f.name)
-    port = free_port()
-    log_path = tmp / "server.log"
-    with open(log_path, "wb") as log:  # the server writes through its own copy
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", str(port),
-             "--num-threads", "1", "--max-num-seqs", "4", "--kv-cache-bytes", str(32 << 20),
-             "--no-engine-process"],
-            cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    atexit.register(_stop, process)
-    base = f"http://127.0.0.1:{port}"
-    wait_until_healthy(process, base, log_path, 300)
-    card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
-    return Server(base, port, card["id"], card["max_model_len"], process, log_path)
+    srv = start_serve(["--model", str(folder), "--num-threads", "1", "--max-num-seqs", "4",
+                       "--kv-cache-bytes", str(32 << 20), "--no-engine-process"], tmp / "server.log",
+                      timeout_s=300)
+    atexit.register(srv.stop, 15.0)
+    card = httpx.get(f"{srv.base_url}/v1/models", timeout=10).json()["data"][0]
+    return Server(srv.base_url, srv.port, card["id"], card["max_model_len"], srv.process, srv.log_path)
 
 
 @pytest.fixture(scope="module")
 def raising(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_raising_server(tmp_path_factory.mktemp("raising_template"))
     yield srv
-    _stop(srv.process)
+    stop(srv.process, 15.0)
 
 
 def check_c37(cid: str, srv: Server) -> None:

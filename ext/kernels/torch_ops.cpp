@@ -86,7 +86,7 @@ at::Tensor q8_matmul(const at::Tensor& x_in, const at::Tensor& codes, const at::
 
 // ---- paged decode attention ----------------------------------------------------------------------
 // One query token per sequence over its own context in the paged pools (vLLM's PagedAttention
-// layout, proxy/engine/attention/cache.py), without gathering the context into a padded tensor:
+// layout, proxy/engine/execution/attention/cache.py), without gathering the context into a padded tensor:
 // softmax(q k^T * scale) v in fp32 over the first context_lens[b] slots of slots[b], the GQA group's
 // query heads sharing one pass over each key. A row reads only its own keys, in the same order
 // whatever the padded key length and the other rows: its output is the same bits alone or in any

@@ -33,16 +33,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.catalog import build_catalog
 from proxy.engine.client import EmbeddingClient, EngineClient, ModelInfo
 from proxy.errors import MethodNotAllowedError, NotFoundError, StreamproxyError
 from proxy.settings import Settings
 from proxy.threads import start_in_own_thread
 
-from . import embeddings, render, routes, tokenize, worker_info
+from . import embeddings, multi, render, routes, tokenize, worker_info
 from .auth import ApiKeyMiddleware
 from .faults import FaultInjector
 from .messages_api import routes as messages_api
 from .messages_api.errors import anthropic_error_response, is_messages_path
+from .multi import EmbeddingFactory, EngineFactory
+from .on_demand import InFlight, on_demand
 from .responses import error_response
 from .responses_api import routes as responses_api
 from .state import ServerState
@@ -51,8 +54,6 @@ from .ui import asset as ui_asset
 
 log = logging.getLogger("proxy.api")
 
-EngineFactory = Callable[[Settings], EngineClient]
-EmbeddingFactory = Callable[[Settings, ModelInfo], EmbeddingClient]
 Loaded = TypeVar("Loaded")
 
 
@@ -143,8 +144,10 @@ def default_embedding_factory(settings: Settings, chat: ModelInfo) -> EmbeddingC
 
 def create_app(settings: Settings, engine_factory: EngineFactory | None = None, *,
                enable_test_faults: bool = False,
-               embedding_factory: EmbeddingFactory | None = None) -> Starlette:
-    """The Starlette app serving ``settings.model``.
+               embedding_factory: EmbeddingFactory | None = None,
+               on_load_failed: Callable[[str], None] | None = None) -> Starlette:
+    """The Starlette app serving ``settings.model``, or with several models
+    (``proxy.catalog.build_catalog``) each loaded at its first request (``proxy.api.registry``).
 
     Args:
         settings: server and engine settings.
@@ -156,12 +159,17 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         embedding_factory: called in a worker thread after the engine is loaded; returns the started
             :class:`~proxy.engine.client.EmbeddingClient` of ``/v1/embeddings``. Default:
             :func:`proxy.engine.factory.build_embedding_client`.
+        on_load_failed: called with the one-line reason when the one model cannot be loaded (the
+            CLI then exits non-zero); None: the server stays up, ``/health`` ``failed``.
 
     The :class:`~proxy.api.state.ServerState` is ``app.state.server``.
     """
     factory = engine_factory or default_engine_factory
     embed_factory = embedding_factory or default_embedding_factory
     state = ServerState(settings, FaultInjector() if enable_test_faults else None)
+    entries = build_catalog(settings)
+    if entries:
+        state.registry = multi.build_registry(settings, entries, state, factory, embed_factory)
 
     async def load() -> None:
         try:
@@ -175,12 +183,16 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
                 client.shutdown()
                 raise
         except Exception as exc:
-            log.exception("loading the model failed")
-            state.set_failed(f"Loading the model failed: {type(exc).__name__}: {exc}")
+            reason = f"{type(exc).__name__}: {multi.load_failure_reason(exc, 'the model', settings.model)}"
+            log.error("loading the model failed: %s", reason)
+            log.debug("load failure", exc_info=True)
+            state.set_failed(f"Loading the model failed: {reason}")
+            if on_load_failed is not None:
+                on_load_failed(reason)
             return
         state.set_ready(client)
         info = client.model
-        if info.execution is not None:  # which kernels serve the steps (proxy.engine.plan)
+        if info.execution is not None:  # which kernels serve the steps (proxy.engine.execution.plan)
             log.info("%s", info.execution["summary"])
         served_as = ", ".join(
             f"{k} {v}" for k, v in (("dtype", info.dtype), ("quantization", info.quantization)) if v
@@ -189,6 +201,20 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        registry = state.registry
+        if registry is not None:
+            registry.start()
+            state.status = "ready"
+            names = ", ".join(f"'{s.id}'" for s in registry.slots)
+            log.info("streamproxy ready: %d models at http://%s:%d/v1, each loaded at its first request: %s",
+                     len(registry.slots), settings.host, settings.port, names)
+            try:
+                yield
+            finally:
+                state.cancel_drain_timer()
+                await registry.close()
+                state.status = "stopped"
+            return
         task = asyncio.create_task(load())
         try:
             yield
@@ -208,27 +234,30 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
         Route("/metrics", routes.metrics, methods=["GET"]),
         Route("/v1/models", routes.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", routes.get_model, methods=["GET"]),
-        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
-        Route("/v1/completions", routes.completions, methods=["POST"]),
-        Route("/v1/chat/completions/render", render.render_chat_completion, methods=["POST"]),
-        Route("/v1/completions/render", render.render_completion, methods=["POST"]),
-        Route("/tokenize", tokenize.tokenize, methods=["POST"]),
-        Route("/detokenize", tokenize.detokenize, methods=["POST"]),
+        Route("/v1/chat/completions", on_demand(routes.chat_completions, streams=True), methods=["POST"]),
+        Route("/v1/completions", on_demand(routes.completions, streams=True), methods=["POST"]),
+        Route("/v1/chat/completions/render", on_demand(render.render_chat_completion), methods=["POST"]),
+        Route("/v1/completions/render", on_demand(render.render_completion), methods=["POST"]),
+        Route("/tokenize", on_demand(tokenize.tokenize), methods=["POST"]),
+        Route("/detokenize", on_demand(tokenize.detokenize), methods=["POST"]),
         Route("/server_info", worker_info.server_info, methods=["GET"]),
         Route("/get_server_info", worker_info.server_info, methods=["GET"]),
         Route("/model_info", worker_info.model_info, methods=["GET"]),
         Route("/get_model_info", worker_info.model_info, methods=["GET"]),
-        Route("/v1/responses", responses_api.create_response, methods=["POST"]),
-        Route("/v1/responses/input_tokens", responses_api.count_input_tokens, methods=["POST"]),
-        Route("/v1/responses/render", render.render_response, methods=["POST"]),
+        Route("/v1/responses", on_demand(responses_api.create_response, streams=True), methods=["POST"]),
+        Route("/v1/responses/input_tokens", on_demand(responses_api.count_input_tokens), methods=["POST"]),
+        Route("/v1/responses/render", on_demand(render.render_response), methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_api.get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses_api.delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", responses_api.list_input_items, methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", responses_api.cancel_response, methods=["POST"]),
-        Route("/v1/messages", messages_api.create_message, methods=["POST"]),
-        Route("/v1/messages/count_tokens", messages_api.count_tokens, methods=["POST"]),
-        Route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"]),
+        Route("/v1/messages", on_demand(messages_api.create_message, streams=True), methods=["POST"]),
+        Route("/v1/messages/count_tokens", on_demand(messages_api.count_tokens), methods=["POST"]),
+        Route("/v1/embeddings", on_demand(embeddings.create_embeddings), methods=["POST"]),
     ]
+    if entries:
+        table += [Route("/models/load", multi.load_model, methods=["POST"]),
+                  Route("/models/unload", multi.unload_model, methods=["POST"])]
     if settings.ui:
         table += [Route("/", _ui_page, methods=["GET"]), Route("/ui/{name}", _ui_page, methods=["GET"])]
     else:
@@ -242,6 +271,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
                                      allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
     if settings.api_keys:
         middleware.append(Middleware(ApiKeyMiddleware, api_keys=tuple(settings.api_keys)))
+    if entries:
+        middleware.append(Middleware(InFlight))
     handlers = {StreamproxyError: _streamproxy_error, ClientDisconnect: _client_disconnect,
                 HTTPException: _http_exception, Exception: _internal_error}
     app = Starlette(routes=table, middleware=middleware, lifespan=lifespan, exception_handlers=handlers)

@@ -12,6 +12,9 @@ from proxy.errors import AuthenticationError
 from .messages_api.errors import anthropic_error_response, is_messages_path
 from .responses import error_response
 
+PROTECTED_PREFIXES = ("/v1", "/models/")
+"""Paths that need a key: the API, and the model load / unload endpoints of a several-model server."""
+
 
 def _is_key(given: str, api_keys: tuple[str, ...]) -> bool:
     """``given`` is one of ``api_keys``, compared with every key in constant time per key (no early
@@ -41,7 +44,7 @@ class ApiKeyMiddleware:
         self.api_keys = api_keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
             header, x_api_key = b"", None
             for name, value in scope["headers"]:
                 if name == b"authorization":

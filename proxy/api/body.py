@@ -11,6 +11,9 @@ from proxy.protocol import parse_json_body
 
 from .content_encoding import content_coding, decoded_body
 
+BODY_KEY = "streamproxy.body"
+"""The request scope's key of a body already read and parsed (``proxy.api.on_demand`` reads it first)."""
+
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, decompressed when sent with ``Content-Encoding: gzip`` or ``deflate``, or 413 as
@@ -45,4 +48,7 @@ async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
         PayloadTooLargeError: over ``limit`` bytes (413).
         InvalidRequestError: not UTF-8, not JSON, or not an object (400).
     """
+    cached: dict[str, Any] | None = request.scope.get(BODY_KEY)
+    if cached is not None:
+        return cached
     return parse_json_body(await read_body(request, limit))

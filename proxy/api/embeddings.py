@@ -29,7 +29,7 @@ async def create_embeddings(request: Request) -> Response:
     start = time.monotonic()
     state: ServerState = request.app.state.server
     body = await read_json_body(request, state.settings.max_body_bytes)
-    embedder = state.require_embedder()
+    embedder = state.require_embedder(request)
     req = protocol.parse_embedding_request(body)
     served = embedder.served_model_name
     if req.model != served:

@@ -96,9 +96,10 @@ async def render_chat_completion(request: Request) -> Response:
     """
     state: ServerState = request.app.state.server
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    served = state.model_of(request)
+    client = served.client
     chat = protocol.parse_chat_request(body, max_n=state.max_n, vocab_size=client.model.vocab_size)
-    prepared = await prepare_chat(chat, client, state.features, compile_grammar=False)
+    prepared = await prepare_chat(chat, client, served.features, compile_grammar=False)
     return json_response(generate_request(prepared, chat.model, body, "chatcmpl"))
 
 
@@ -112,7 +113,7 @@ async def render_completion(request: Request) -> Response:
     """
     state: ServerState = request.app.state.server
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    client = state.model_of(request).client
     cmpl = protocol.parse_completion_request(body, max_n=state.max_n, vocab_size=client.model.vocab_size)
     prepared = await prepare_completion(cmpl, client)
     return json_response([generate_request(prepared, cmpl.model, body, "cmpl")])
@@ -130,10 +131,11 @@ async def render_response(request: Request) -> Response:
     """
     state: ServerState = request.app.state.server
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    served = state.model_of(request)
+    client = served.client
     if body.get("previous_response_id") is not None:
         raise InvalidRequestError("The render endpoint is stateless: send the whole conversation as 'input' "
                                   "instead of 'previous_response_id'.", param="previous_response_id")
     parsed = parse_responses_request(body, [], vocab_size=client.model.vocab_size)
-    prepared = await prepare_chat(parsed.chat, client, state.features, compile_grammar=False)
+    prepared = await prepare_chat(parsed.chat, client, served.features, compile_grammar=False)
     return json_response(generate_request(prepared, parsed.chat.model, body, "resp"))

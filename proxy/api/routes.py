@@ -17,6 +17,7 @@ from proxy import protocol
 from proxy.errors import InvalidRequestError, ModelNotFoundError, ServiceUnavailableError
 from proxy.pipeline import prepare_chat, prepare_completion
 
+from . import multi
 from .body import read_json_body
 from .completion import respond
 from .faults import parse_arm_body
@@ -39,10 +40,12 @@ async def health(request: Request) -> Response:
     engine counters (``num_running``, ``num_waiting``, ``num_free_blocks``, ``num_total_blocks``,
     ``num_tracked_outputs``, ``num_preemptions``: requests preempted so far because the KV cache
     was full, as ``streamproxy:num_preemptions_total`` in ``/metrics``) and the engine's
-    ``execution`` plan (``proxy.engine.plan``).
+    ``execution`` plan (``proxy.engine.execution.plan``).
     """
     state = _state(request)
     payload: dict[str, Any] = {"status": "draining" if state.is_draining else state.status}
+    if state.registry is not None:
+        payload["models"] = multi.health_models(state.registry)
     client = state.client
     if client is not None:
         if not client.is_healthy and not state.is_draining:
@@ -65,16 +68,22 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     """``GET /metrics``: Prometheus text (``proxy.metrics``, vLLM's metric names); 503 while loading."""
-    client = _state(request).client
+    state = _state(request)
+    from proxy.metrics import CONTENT_TYPE, render_many
+
+    if state.registry is not None:  # every loaded model's, told apart by model_name
+        return Response(render_many([c.metrics for c in state.clients()]), media_type=CONTENT_TYPE)
+    client = state.client
     if client is None:
         raise ServiceUnavailableError("The model is still loading; no metrics yet.")
-    from proxy.metrics import CONTENT_TYPE
-
     return Response(client.metrics.render(), media_type=CONTENT_TYPE)
 
 
 async def list_models(request: Request) -> Response:
-    """``GET /v1/models`` (OpenAI "List models")."""
+    """``GET /v1/models`` (OpenAI "List models"); with several models, each with its status
+    (``proxy.api.multi``)."""
+    if _state(request).registry is not None:
+        return multi.list_models(request)
     model = _state(request).require_ready().model
     card = protocol.model_card(model.served_model_name, model.created, model.max_model_len, dtype=model.dtype,
                                 quantization=model.quantization)
@@ -85,6 +94,8 @@ async def get_model(request: Request) -> Response:
     """``GET /v1/models/{model_id}`` (OpenAI "Retrieve model"): the chat model's card or the embedding
     model's (when served under its own id); 404 for another id."""
     state = _state(request)
+    if state.registry is not None:
+        return multi.get_model(request)
     model = state.require_ready().model
     model_id = request.path_params.get("model_id", "")
     if model_id != model.served_model_name:
@@ -104,10 +115,11 @@ async def chat_completions(request: Request) -> Response:
     prepare (``proxy.pipeline.prepare_chat``: template, tools, grammar), generate, respond."""
     state = _state(request)
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    served = state.model_of(request)
+    client = served.client
     client.metrics.observe_request("/v1/chat/completions")
     chat = protocol.parse_chat_request(body, max_n=state.max_n, vocab_size=client.model.vocab_size)
-    prepared = await prepare_chat(chat, client, state.features)
+    prepared = await prepare_chat(chat, client, served.features)
     return await respond(request, client, protocol.CHAT, prepared, state.settings)
 
 
@@ -115,7 +127,7 @@ async def completions(request: Request) -> Response:
     """``POST /v1/completions`` (OpenAI legacy "Create completion"), stream and non-stream."""
     state = _state(request)
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    client = state.model_of(request).client
     client.metrics.observe_request("/v1/completions")
     cmpl = protocol.parse_completion_request(body, max_n=state.max_n, vocab_size=client.model.vocab_size)
     prepared = await prepare_completion(cmpl, client)

@@ -10,20 +10,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from proxy import protocol
 from proxy.engine.client import EmbeddingClient, EngineClient
-from proxy.errors import ServiceUnavailableError
+from proxy.errors import InvalidRequestError, ServiceUnavailableError
 from proxy.pipeline import ModelFeatures
 from proxy.settings import Settings
 
 from .faults import FaultInjector
 from .responses_api.store import ResponseStore
 
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from .registry import ModelRegistry
+
 log = logging.getLogger("proxy.api")
 
 SHUTDOWN_MESSAGE = "The server is shutting down; the response was cut short. Retry the request."
+SLOT_KEY = "streamproxy.model"
+"""The request scope's key of the registry slot that serves it (``proxy.api.on_demand``)."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The engine that serves one request and what its chat template supports."""
+
+    client: EngineClient
+    features: ModelFeatures
 
 
 class ServerState:
@@ -51,6 +67,7 @@ class ServerState:
         self.is_draining = False
         self.fault_injector = fault_injector
         self.embedder: EmbeddingClient | None = None
+        self.registry: ModelRegistry | None = None
         self._grace_timer: asyncio.TimerHandle | None = None
 
     def set_ready(self, client: EngineClient) -> None:
@@ -72,7 +89,10 @@ class ServerState:
 
     @property
     def is_healthy(self) -> bool:
-        """Ready, not draining, and the engine runs (``/health`` 200)."""
+        """Ready, not draining, and the engine runs (``/health`` 200); with several models: not
+        draining (a model that failed to load fails only its own requests)."""
+        if self.registry is not None:
+            return self.status == "ready" and not self.is_draining
         return (self.status == "ready" and not self.is_draining and self.client is not None
                 and self.client.is_healthy)
 
@@ -89,20 +109,56 @@ class ServerState:
         Raises:
             ServiceUnavailableError: ``server_shutdown`` while draining, ``service_unavailable``
                 while loading or after a failed load.
+            InvalidRequestError: a several-model server, for an endpoint that names no model (the
+                SGLang worker-info endpoints, which describe one model).
         """
-        if self.is_draining:
-            raise ServiceUnavailableError("The server is shutting down; send the request to another replica.",
-                                          code="server_shutdown")
+        self.check_not_draining()
+        if self.registry is not None:
+            raise InvalidRequestError("This server serves several models and this endpoint names none; "
+                                      "GET /v1/models lists them.")
         if self.status == "loading":
             raise ServiceUnavailableError("The model is still loading; retry shortly.")
         if self.client is None or self.status != "ready":
             raise ServiceUnavailableError("The model failed to load; see the server log.")
         return self.client
 
+    def check_not_draining(self) -> None:
+        """Raises ServiceUnavailableError (``server_shutdown``) while the server drains."""
+        if self.is_draining:
+            raise ServiceUnavailableError("The server is shutting down; send the request to another replica.",
+                                          code="server_shutdown")
+
+    def model_of(self, request: Request) -> ServedModel:
+        """The engine serving ``request``: the one model's (:meth:`require_ready`), or on a
+        several-model server the loaded model its ``model`` named (``proxy.api.on_demand``).
+
+        Raises:
+            ServiceUnavailableError: as :meth:`require_ready`; the model was unloaded meanwhile.
+            InvalidRequestError: the model is an embedding model (it generates nothing).
+        """
+        slot = request.scope.get(SLOT_KEY)
+        if self.registry is None or slot is None:
+            return ServedModel(self.require_ready(), self.features)
+        self.check_not_draining()
+        if slot.status == "loaded" and slot.client is None:
+            raise InvalidRequestError(f"The model '{slot.id}' is an embedding model: use "
+                                      "POST /v1/embeddings.", param="model")
+        if slot.client is None:
+            raise ServiceUnavailableError(f"The model '{slot.id}' is not loaded; retry.")
+        return ServedModel(slot.client, slot.features)
+
     # ---- embeddings (POST /v1/embeddings, proxy.api.embeddings) ----------------------------------
 
-    def require_embedder(self) -> EmbeddingClient:
-        """The embedding client, or 503 as :meth:`require_ready`."""
+    def require_embedder(self, request: Request | None = None) -> EmbeddingClient:
+        """The embedding client (on a several-model server: of the model ``request`` names), or 503 as
+        :meth:`require_ready`."""
+        slot = request.scope.get(SLOT_KEY) if request is not None else None
+        if self.registry is not None and slot is not None:
+            self.check_not_draining()
+            if slot.embedder is None:
+                raise ServiceUnavailableError(f"The model '{slot.id}' is not loaded; retry.")
+            embedder: EmbeddingClient = slot.embedder
+            return embedder
         self.require_ready()
         if self.embedder is None:
             raise ServiceUnavailableError("The embedding model is still loading; retry shortly.")
@@ -129,8 +185,8 @@ class ServerState:
         if self.is_draining:
             return
         self.is_draining = True
-        if self.client is not None:
-            self.client.begin_drain()  # an engine process that dies now is not restarted
+        for client in self.clients():
+            client.begin_drain()  # an engine process that dies now is not restarted
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         log.info("shutting down: no new requests; open responses get %.1f s to finish", grace)
         self._grace_timer = asyncio.get_running_loop().call_later(max(0.0, grace), self.end_streams)
@@ -139,12 +195,16 @@ class ServerState:
         """End every open response now: SSE error event (``server_shutdown``) + ``[DONE]``, or a
         503 JSON error for a non-stream request; their engine requests are aborted. Returns how
         many engine requests were ended."""
-        if self.client is None:
-            return 0
-        n = self.client.abort_all(SHUTDOWN_MESSAGE, "server_shutdown")
+        n = sum(client.abort_all(SHUTDOWN_MESSAGE, "server_shutdown") for client in self.clients())
         if n:
             log.warning("shutdown grace period over: ended %d running request(s)", n)
         return n
+
+    def clients(self) -> list[EngineClient]:
+        """Every loaded engine client (the one model's, or each loaded model's)."""
+        if self.registry is not None:
+            return [s.client for s in self.registry.loaded() if s.client is not None]
+        return [self.client] if self.client is not None else []
 
     def cancel_drain_timer(self) -> None:
         if self._grace_timer is not None:

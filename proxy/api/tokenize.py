@@ -25,7 +25,7 @@ from proxy.pipeline import check_model, render_chat
 
 from .body import read_json_body
 from .responses import json_response
-from .state import ServerState
+from .state import ServedModel, ServerState
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -52,7 +52,8 @@ def _vocab_size(client: EngineClient) -> int:
     return client.model.vocab_size or len(client.tokenizer.hf_tokenizer)
 
 
-async def _chat_ids(body: dict[str, Any], model: str, state: ServerState, client: EngineClient) -> list[int]:
+async def _chat_ids(body: dict[str, Any], model: str, state: ServerState, served: ServedModel) -> list[int]:
+    client = served.client
     generation_prompt = _flag(body, "add_generation_prompt", True)
     continue_final = _flag(body, "continue_final_message", False)
     if generation_prompt and continue_final:
@@ -63,7 +64,7 @@ async def _chat_ids(body: dict[str, Any], model: str, state: ServerState, client
     fields: dict[str, Any] = {k: body[k] for k in keys if k in body}
     chat = protocol.parse_chat_request({**fields, "model": model}, max_n=state.max_n,
                                        vocab_size=client.model.vocab_size)
-    _, ids, _ = await render_chat(chat, client, state.features, add_generation_prompt=generation_prompt,
+    _, ids, _ = await render_chat(chat, client, served.features, add_generation_prompt=generation_prompt,
                                   continue_final_message=continue_final,
                                   add_special_tokens=_flag(body, "add_special_tokens", False))
     return ids
@@ -80,13 +81,14 @@ async def tokenize(request: Request) -> Response:
     """
     state: ServerState = request.app.state.server
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    served = state.model_of(request)
+    client = served.client
     model = _model(body, client)
     want_strs = _flag(body, "return_token_strs", False)
     if ("prompt" in body) == ("messages" in body):
         raise InvalidRequestError("Give either 'prompt' (a string) or 'messages' (a chat).", param="prompt")
     if "messages" in body:
-        ids = await _chat_ids(body, model, state, client)
+        ids = await _chat_ids(body, model, state, served)
     else:
         prompt = body["prompt"]
         if not isinstance(prompt, str):
@@ -108,7 +110,7 @@ async def detokenize(request: Request) -> Response:
     """
     state: ServerState = request.app.state.server
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    client = state.model_of(request).client
     _model(body, client)
     tokens = body.get("tokens")
     if not isinstance(tokens, list):

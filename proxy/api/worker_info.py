@@ -40,7 +40,7 @@ def server_info_payload(state: ServerState, client: EngineClient) -> dict[str, A
 
     ``max_total_tokens`` / ``max_total_num_tokens``: the KV cache's capacity in tokens (blocks x
     ``block_size``; absent when the engine does not report its blocks). ``execution``: the engine's
-    execution plan (``proxy.engine.plan``: which kernels serve its steps and why the others do not).
+    execution plan (``proxy.engine.execution.plan``: which kernels serve its steps and why the others do not).
     """
     settings = state.settings
     model = client.model

@@ -18,14 +18,14 @@ from proxy.engine.scheduler import Scheduler, SchedulerOutput
 if TYPE_CHECKING:
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.core import EngineCore
-    from proxy.engine.model_runner import ModelRunner
-    from proxy.engine.sampler import Sampler
+    from proxy.engine.execution.model_runner import ModelRunner
+    from proxy.engine.execution.sampler import Sampler
 
 _LAZY = {
     "EngineCore": "proxy.engine.core",
     "AsyncEngine": "proxy.engine.async_engine",
-    "ModelRunner": "proxy.engine.model_runner",
-    "Sampler": "proxy.engine.sampler",
+    "ModelRunner": "proxy.engine.execution.model_runner",
+    "Sampler": "proxy.engine.execution.sampler",
 }
 
 __all__ = [

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from proxy.engine.block_manager import BlockManager
-from proxy.engine.model_runner import ModelRunner
-from proxy.engine.plan import describe_execution
+from proxy.engine.execution.choice import ExecutionChoice
+from proxy.engine.execution.model_runner import ModelRunner
+from proxy.engine.execution.plan import describe_execution
+from proxy.engine.execution.sampler import Sampler
 from proxy.engine.request import Request, RequestOutput
-from proxy.engine.sampler import Sampler
 from proxy.engine.scheduler import Scheduler, SchedulerConfig
 from proxy.errors import InvalidRequestError
 from proxy.protocol import resolve_max_tokens
-from proxy.quant.dense_prefill import CALL_ROWS
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 
@@ -42,10 +42,12 @@ class EngineCore:
             (``num_blocks * block_size``) when the pool is smaller.
         grammar_compiler: compiles the grammars of constrained requests (structured outputs, tool
             calls); None: requests with ``params.structured_outputs`` are refused.
+        choice: what runs (``proxy.engine.execution.choice.ExecutionChoice``), as chosen before the model
+            loaded; None: chosen for the model's device (:class:`ModelRunner`).
 
     Attributes:
         max_model_len: the context length in force (what the API must check requests against).
-        execution: the kernels serving its steps (``proxy.engine.plan.ExecutionPlan``).
+        execution: the kernels serving its steps (``proxy.engine.execution.plan.ExecutionPlan``).
         fault_injector: test hook, a callable run before each forward pass; an exception from it
             fails that step's requests like any step failure.
     """
@@ -57,10 +59,11 @@ class EngineCore:
         eos_token_ids: Iterable[int],
         max_model_len: int,
         grammar_compiler: GrammarCompiler | None = None,
+        choice: ExecutionChoice | None = None,
     ) -> None:
         self.settings = settings
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.runner = ModelRunner(model, settings, max_model_len)
+        self.runner = ModelRunner(model, settings, max_model_len, choice)
         kv_capacity = self.runner.kv_cache.num_blocks * settings.block_size
         if kv_capacity < max_model_len:
             # One request must always fit in the pool, or it would be cut short with "length" (vLLM
@@ -73,13 +76,14 @@ class EngineCore:
         self.max_model_len = max_model_len
         # output tokens through other kernels than prompt tokens: their KV blocks are not prompt blocks
         on_decode_path = self.runner.compiled_step is not None
+        prefill = self.runner.prefill_plan
         self.block_manager = BlockManager(
             self.runner.kv_cache.num_blocks, settings.block_size, settings.enable_prefix_caching,
-            output_blocks_apart=self.runner.dense_prefill or on_decode_path,
+            output_blocks_apart=prefill is not None or on_decode_path,
         )
         # a prefill chunk below one dense call's rows costs the whole call
         config = SchedulerConfig.from_settings(
-            settings, max_model_len, prefill_token_multiple=CALL_ROWS if self.runner.dense_prefill else 1,
+            settings, max_model_len, prefill_token_multiple=prefill.call_rows if prefill is not None else 1,
             outputs_on_decode_path=on_decode_path)
         self.scheduler = Scheduler(self.block_manager, config, self.eos_token_ids)
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)

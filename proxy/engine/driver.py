@@ -19,7 +19,7 @@ from proxy.engine.core_proc.messages import (
     EngineCommand,
     Stop,
 )
-from proxy.engine.cpu_threads import adaptive_threads_for, apply_thread_count, builder_thread_count
+from proxy.engine.execution.cpu_threads import adaptive_threads_for, apply_thread_count, builder_thread_count
 from proxy.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class CoreDriver:
     Args:
         core: the ``EngineCore`` (only this driver's thread touches it).
         compile_grammar: runs a :class:`CompileGrammar` (the engine process); None: none arrive.
-        adaptive_threads: step under :class:`proxy.engine.cpu_threads.AdaptiveThreads` where it
+        adaptive_threads: step under :class:`proxy.engine.execution.cpu_threads.AdaptiveThreads` where it
             applies (``Settings.adaptive_threads``; the core's ``runner.device`` is read).
 
     Attributes:
@@ -42,7 +42,7 @@ class CoreDriver:
             (``proxy.engine.admission.num_waiting``); written by the driver's thread only.
         num_threads: torch intra-op threads of the thread that built the driver (the one that
             loaded the model), applied on the thread that runs it
-            (``proxy.engine.cpu_threads.builder_thread_count``); None off the CPU.
+            (``proxy.engine.execution.cpu_threads.builder_thread_count``); None off the CPU.
     """
 
     def __init__(self, core: Any, compile_grammar: Callable[[CompileGrammar], None] | None = None,

@@ -1,7 +1,7 @@
 """The engine factory: ``Settings`` -> loaded model -> ``EngineCore`` -> ``AsyncEngine`` -> ``EngineClient``;
 and the embedding model's worker (``build_embedding_client``).
 
-The one place where a served engine is assembled (load-time checks of the model belong here).
+A served engine is assembled by ``proxy.engine.loading.build_core``, here or in the engine process.
 Runs in a worker thread at startup (``proxy.api.app.create_app``); imports torch through the engine.
 """
 
@@ -54,7 +54,7 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
 
     Raises:
         proxy.models.ModelLoadError: the model cannot be resolved or loaded, or its architecture is
-            refused (``proxy.engine.architectures``).
+            refused (``proxy.engine.execution.architectures``).
         proxy.engine.selfcheck.SelfCheckError: the self-check found a difference.
     """
     from proxy.models.device import keep_triton_out
@@ -63,30 +63,15 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
     if use_engine_process(settings):
         return _build_process_client(settings)
     from proxy.engine.async_engine import AsyncEngine
-    from proxy.engine.core import EngineCore
-    from proxy.engine.loading import load_engine_model
-    from proxy.engine.selfcheck_record import check_at_load
-    from proxy.engine.structured import GrammarCompiler, logits_width
-    from proxy.quant.apply import trim_heap
-    from proxy.tokenizer import Tokenizer
+    from proxy.engine.loading import build_core
 
-    loaded = load_engine_model(settings)
-    tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
-    # The masks must cover every logit column: the model's vocabulary can exceed the tokenizer's.
-    num_logits = logits_width(loaded.model)
-    compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
-    core = EngineCore(
-        loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len, grammar_compiler=compiler
-    )
-    check_at_load(loaded, settings, core.max_model_len)  # refuse a model served wrong text
-    freeze_heap()  # the loaded engine's objects out of the collector's full passes (proxy.heap)
-    trim_heap()  # the load's and the self-check's freed temporaries (1279 -> 1161 MiB measured)
+    built = build_core(settings)
+    loaded, core = built.loaded, built.core
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization,
                       execution=core.execution.as_dict())
-    return AsyncEngineClient(
-        AsyncEngine(core, settings.max_waiting), tokenizer, model, grammar_compiler=compiler
-    )
+    return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), built.tokenizer, model,
+                             grammar_compiler=built.grammar_compiler)
 
 
 def _build_process_client(settings: Settings) -> AsyncEngineClient:

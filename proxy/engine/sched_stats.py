@@ -1,4 +1,4 @@
-"""The kernel's scheduler counters that :mod:`proxy.engine.cpu_threads` reads: the calling thread's
+"""The kernel's scheduler counters that :mod:`proxy.engine.execution.cpu_threads` reads: the calling thread's
 run-queue wait (``/proc/thread-self/schedstat``), and the machine's runnable tasks and busy CPU time
 (``/proc/stat``). Linux only; each reader raises where its file is missing.
 """

@@ -1,6 +1,6 @@
 """Load-time self-check: the engine's greedy ids must equal transformers' ``generate()`` before serving.
 
-The support rules (``proxy.engine.architectures``) refuse what is known not to work; this check
+The support rules (``proxy.engine.execution.architectures``) refuse what is known not to work; this check
 catches what they do not foresee (an architecture whose attention needs something the paged
 cache does not carry), so that a model that would produce wrong text is refused at load instead.
 
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from proxy.engine.architectures import layer_specs
-from proxy.engine.attention import ATTN_IMPLEMENTATION, probe_layers
+from proxy.engine.execution.architectures import layer_specs
+from proxy.engine.execution.attention import ATTN_IMPLEMENTATION, probe_layers
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
 

@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from proxy.engine.runtime_key import runtime_inputs
+from proxy.engine.execution.choice import choose_execution
+from proxy.engine.execution.runtime_key import runtime_inputs
 from proxy.models.loaded import LoadedModel
 from proxy.models.source import cache_root
 from proxy.settings import Settings
@@ -58,6 +59,8 @@ SERVER_ONLY_FIELDS = frozenset({
     "served_model_name", "host", "port", "max_waiting", "api_keys", "allowed_origins",
     "keepalive_interval_s", "stream_headers_timeout_s", "max_body_bytes", "shutdown_grace_s",
     "cache_dir", "log_level", "self_check", "tool_call_parser", "ui",
+    "extra_models", "models_dir", "models_file", "models_max", "model_ttl_s",
+    "models_memory_bytes",
 })
 """``Settings`` fields that cannot change the engine's greedy ids (left out of the key)."""
 
@@ -86,7 +89,7 @@ def key_inputs(loaded: LoadedModel, settings: Settings, max_model_len: int) -> d
     return {
         "record_version": RECORD_VERSION,
         "weights": weights_stamp(loaded),
-        **runtime_inputs(),
+        **runtime_inputs(choose_execution(settings, device).key()),
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "device": str(device),
         "dtype": str(loaded.dtype).removeprefix("torch."),

@@ -26,6 +26,20 @@ from proxy.settings import Settings
 logger = logging.getLogger(__name__)
 
 
+def resolve_device(settings: Settings) -> torch.device:
+    """``settings.device`` with ``"auto"`` resolved (CUDA when available, else the CPU).
+
+    Raises:
+        ModelLoadError: CUDA requested but unavailable.
+    """
+    if settings.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(settings.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' requested but CUDA is not available")
+    return device
+
+
 def resolve_device_dtype(settings: Settings) -> tuple[torch.device, torch.dtype]:
     """``settings.device`` / ``settings.dtype`` with ``"auto"`` resolved (``settings.quantization``
     weighs in: packed linears take bf16 on more CPUs).
@@ -33,12 +47,7 @@ def resolve_device_dtype(settings: Settings) -> tuple[torch.device, torch.dtype]
     Raises:
         ModelLoadError: an unknown dtype, or CUDA requested but unavailable.
     """
-    if settings.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(settings.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ModelLoadError("device 'cuda' requested but CUDA is not available")
+    device = resolve_device(settings)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if settings.dtype == "auto":
         dtype, why = auto_dtype(device, packed=settings.quantization in ("int4", "int8"))

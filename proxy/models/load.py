@@ -12,8 +12,9 @@ its tokenizer, context length and end-of-sequence ids.
 - Dense fp32 linears on the CPU compute calls of few rows (decode steps) as ``W @ x^T``
   (:mod:`proxy.quant.skinny`).
 - Packed sibling projections (q/k/v, gate/up) run as one matmul each (:mod:`proxy.quant.fuse`).
-- Packed linears get dense (bf16 or fp32) copies for prompt tokens where ``settings.dense_prefill`` says
-  (:mod:`proxy.quant.dense_prefill`).
+- The linears are built for the kernels the caller chose (:class:`~proxy.quant.linear_kernels.LinearKernels`:
+  the AMX int4 kernel or torch's; dense bf16 or fp32 copies of the packed linears for prompt tokens,
+  :mod:`proxy.quant.dense_prefill`, or none).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from proxy.models.packed_load import load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
 from proxy.quant.apply import add_dense_weights
-from proxy.quant.dense_prefill import dense_prefill_default, dense_weight_dtype
 from proxy.quant.fuse import fuse_sibling_linears
+from proxy.quant.linear_kernels import LinearKernels
 from proxy.quant.skinny import use_skinny_linears
 from proxy.settings import Settings
 
@@ -56,37 +57,13 @@ def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_model(
-    settings: Settings, *, attn_implementation: str, check_config: Callable[[Any], None]
-) -> LoadedModel:
-    """Load the configured model (every rule: this module's docstring and the modules of its steps).
+def _build(settings: Settings, folder: Any, config: Any, gguf: Any, device: torch.device,
+           dtype: torch.dtype, attn: str, kernels: LinearKernels) -> tuple[Any, str]:
+    """The model, dense or packed, its linears built for ``kernels`` -> ``(model, quantization)``."""
+    from transformers import AutoModelForCausalLM
 
-    Args:
-        settings: the model, device, dtype, quantization and context options.
-        attn_implementation: passed to ``from_pretrained`` (registered with transformers already).
-        check_config: called with the ``AutoConfig`` before any weight loads; raises
-            ``ModelLoadError`` to refuse the model.
-
-    Raises:
-        ModelLoadError: not found, not convertible, or refused by ``check_config``.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    start = time.monotonic()
-    if settings.num_threads is not None:
-        torch.set_num_threads(settings.num_threads)
-    folder, default_name, gguf = resolve_model_source(settings)
-    config = AutoConfig.from_pretrained(str(folder))
-    check_config(config)
-    device, dtype = resolve_device_dtype(settings)
-    attn = attn_implementation
-    logger.info("loading %s (%s, %s)", folder, device, dtype)
-    dense_prefill = settings.dense_prefill
-    if dense_prefill is None:
-        dense_prefill = dense_prefill_default(device)
-    dense_dtype = dense_weight_dtype(device) if dense_prefill else None
+    dense_dtype = kernels.dense_prefill
     if gguf_packed(settings, gguf, device):
-        assert gguf is not None
         model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn, dense_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation=attn)
@@ -104,6 +81,38 @@ def load_model(
         if num_dense:
             logger.info("prompt tokens run through dense %s copies of %d packed linears",
                         str(dense_dtype).removeprefix("torch."), num_dense)
+    return model, quantization
+
+
+def load_model(
+    settings: Settings, *, attn_implementation: str, check_config: Callable[[Any], None],
+    kernels: LinearKernels,
+) -> LoadedModel:
+    """Load the configured model (every rule: this module's docstring and the modules of its steps).
+
+    Args:
+        settings: the model, device, dtype, quantization and context options.
+        attn_implementation: passed to ``from_pretrained`` (registered with transformers already).
+        check_config: called with the ``AutoConfig`` before any weight loads; raises
+            ``ModelLoadError`` to refuse the model.
+        kernels: the kernels the linears are built for (the execution plan's part for loaders).
+
+    Raises:
+        ModelLoadError: not found, not convertible, or refused by ``check_config``.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    start = time.monotonic()
+    if settings.num_threads is not None:
+        torch.set_num_threads(settings.num_threads)
+    folder, default_name, gguf = resolve_model_source(settings)
+    config = AutoConfig.from_pretrained(str(folder))
+    check_config(config)
+    device, dtype = resolve_device_dtype(settings)
+    attn = attn_implementation
+    logger.info("loading %s (%s, %s)", folder, device, dtype)
+    with kernels.building():
+        model, quantization = _build(settings, folder, config, gguf, device, dtype, attn, kernels)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     max_len = settings.max_model_len or getattr(text, "max_position_embeddings", None)

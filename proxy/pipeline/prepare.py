@@ -25,7 +25,7 @@ from proxy.tools.request import ChatTools, template_messages, tool_system_prompt
 
 from .choice_output import ChoiceOutput
 from .features import PROMPTED_TOOL_PARSER, ModelFeatures
-from .reasoning_controls import after_reasoning, template_kwargs, with_past_reasoning
+from .reasoning_controls import after_reasoning, template_kwargs, thinking_budget, with_past_reasoning
 
 T = TypeVar("T")
 LARGE_PROMPT_CHARS = 4096
@@ -187,7 +187,8 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, featur
     Raises:
         ModelNotFoundError: ``model`` is not the served model (404).
         InvalidRequestError: the template rejects the messages, ``auto`` tools cannot be parsed, the
-            grammar cannot be enforced, or prompt + ``max_tokens`` exceed the context (400).
+            grammar or ``thinking_token_budget`` cannot be enforced, or prompt + ``max_tokens`` exceed
+            the context (400).
     """
     check_model(client, chat.model)
     text, prompt_ids, parser = await render_chat(chat, client, features,
@@ -208,6 +209,9 @@ async def prepare_chat(chat: ChatCompletionRequest, client: EngineClient, featur
         markers += get_reasoning_format(reasoning).marker_texts
         starts_inside = starts_in_reasoning(reasoning, text[-64:])
         params = replace(params, reasoning_parser=reasoning, starts_in_reasoning=starts_inside)
+    if chat.thinking_token_budget is not None:
+        params = replace(params, thinking_budget=thinking_budget(
+            chat.thinking_token_budget, tokenizer, reasoning, starts_inside))
     # the parsers' markers stay in the text where they are special tokens (Mistral's [TOOL_CALLS])
     keep = tokenizer.special_ids_of(markers) if markers else frozenset()
     if keep:

@@ -1,6 +1,7 @@
 """What a thinking model needs from the request pipeline: the reasoning controls passed to the chat
 template (``chat_template_kwargs``, ``reasoning_effort``, past turns' thinking) and the grammar of a
-constrained request gated to start after the thinking (``StructuredOutputParams.reasoning_end_ids``)."""
+constrained request gated to start after the thinking (``StructuredOutputParams.reasoning_end_ids``),
+and the thinking budget (``thinking_token_budget``: ``SamplingParams.thinking_budget``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from proxy.errors import InvalidRequestError
 from proxy.protocol import ChatCompletionRequest
 from proxy.reasoning import get_reasoning_format
-from proxy.sampling import StructuredOutputParams
+from proxy.sampling import StructuredOutputParams, ThinkingBudget
 from proxy.tokenizer import Tokenizer
 
 from .features import ModelFeatures
@@ -78,3 +79,25 @@ def after_reasoning(so: StructuredOutputParams, tokenizer: Tokenizer, reasoning:
         return replace(so, reasoning_end_ids=end_ids, starts_in_reasoning=True)
     start_ids = tuple(tokenizer.encode(fmt.open_marker, add_special_tokens=False))
     return replace(so, reasoning_end_ids=end_ids, starts_in_reasoning=False, reasoning_start_ids=start_ids)
+
+
+def thinking_budget(max_tokens: int, tokenizer: Tokenizer, reasoning: str | None,
+                    starts_inside: bool) -> ThinkingBudget:
+    """The :class:`ThinkingBudget` of a request's ``thinking_token_budget``: the reasoning format's
+    close marker as token ids (the tokenizer's encoding of its text, as :func:`after_reasoning`), the
+    open marker's where the prompt did not open the thinking (``starts_inside``).
+
+    Raises:
+        InvalidRequestError: the model has no reasoning parser (no thinking to close), or its format
+            has no close marker to force (harmony: its answer is a new message, not a tag), naming
+            ``thinking_token_budget``.
+    """
+    fmt = get_reasoning_format(reasoning) if reasoning is not None else None
+    if fmt is None or not fmt.close_marker:
+        why = ("this model has no reasoning parser (no thinking to close)" if fmt is None else
+               f"the {fmt.name} reasoning format has no end-of-thinking marker to force")
+        raise InvalidRequestError(f"'thinking_token_budget' cannot be enforced: {why}.",
+                                  param="thinking_token_budget")
+    end_ids = tuple(tokenizer.encode(fmt.close_marker, add_special_tokens=False))
+    start_ids = () if starts_inside else tuple(tokenizer.encode(fmt.open_marker, add_special_tokens=False))
+    return ThinkingBudget(max_tokens, end_ids, starts_inside, start_ids)

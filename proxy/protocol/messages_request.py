@@ -24,18 +24,21 @@ Translation (Anthropic "Messages" reference, "Tool use", "Extended thinking"):
   them) and ``adaptive`` -> the template's thinking on (``enable_thinking: true``); ``disabled`` ->
   off (``reasoning_effort: "none"``); absent: the model's default. ``display: "omitted"`` sends
   thinking blocks with their ``signature`` and no text (``summarized``: the whole thinking, as no
-  summarizer runs here). ``budget_tokens`` is validated but
-  NOT enforced: the thinking ends when the model ends it, within ``max_tokens`` (closing it at the
-  budget needs the engine to force the close marker; docs/api.md says so).
+  summarizer runs here). ``budget_tokens`` is enforced: it becomes vLLM's
+  ``thinking_token_budget`` (:class:`proxy.sampling.ThinkingBudget`): after that many thinking
+  tokens the reasoning parser's end marker is forced and the answer follows. On a model without a
+  reasoning parser (or harmony's, which has no end tag to force) ``enabled`` is a 400 naming
+  ``thinking.budget_tokens``, as Anthropic refuses thinking on a model without it; ``adaptive``
+  there only switches the template (no budget to honour).
 - ``output_config.effort`` (``low`` / ``medium`` / ``high``; ``max`` -> ``high``) ->
   ``reasoning_effort``; ``output_config.format`` ``{type: "json_schema", schema}`` ->
   ``response_format`` (grammar-enforced).
 - A last message from the ``assistant`` is a prefill: the output continues it (the template renders
   it open, ``continue_final_message``); one that ends with ``tool_use`` is a 400.
+- ``context_management``: its edits validated here (:mod:`proxy.protocol.messages_context`) and
+  applied by the route before the body is translated (they need token counts).
 - Refused by name (400): ``container``, non-empty ``mcp_servers``. Accepted and ignored:
-  ``context_management`` (no context editing here: a conversation that outgrows the context is a
-  400 "prompt is too long", which Claude Code answers by compacting), ``service_tier``,
-  ``inference_geo``, ``speed``, unknown fields.
+  ``service_tier``, ``inference_geo``, ``speed``, unknown fields.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from proxy.errors import InvalidRequestError
 
 from .fields import _bad, _opt_int, _opt_number, _type_name, array_of_objects
 from .messages_content import chat_messages
+from .messages_context import ContextEdit, parse_context_management
 from .requests import ChatCompletionRequest, parse_chat_request
 
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
@@ -75,6 +79,7 @@ class MessagesRequest:
             "prefill"), rendered with ``continue_final_message``.
         omit_thinking: ``thinking.display`` is ``omitted``: thinking blocks keep their ``signature``
             and carry no text (no ``thinking_delta`` is streamed).
+        context_edits: the ``context_management`` edits, in order (not yet applied).
     """
 
     chat: ChatCompletionRequest
@@ -84,6 +89,7 @@ class MessagesRequest:
     body: dict[str, Any]
     prefill: bool = False
     omit_thinking: bool = False
+    context_edits: tuple[ContextEdit, ...] = ()
 
 
 SAMPLING_EXTRAS = ("seed", "ignore_eos", "min_tokens", "min_p", "repetition_penalty", "stop_token_ids")
@@ -156,13 +162,18 @@ def _thinking(value: Any, max_tokens: int | None, chat: dict[str, Any]) -> bool:
         return False
     chat["chat_template_kwargs"] = {"enable_thinking": True}
     if kind == "enabled":
-        budget = _opt_int(value, "budget_tokens", None, lo=MIN_THINKING_BUDGET)
+        try:
+            budget = _opt_int(value, "budget_tokens", None, lo=MIN_THINKING_BUDGET)
+        except InvalidRequestError as exc:
+            raise _bad("thinking.budget_tokens", exc.message.replace("'budget_tokens'",
+                                                                    "'thinking.budget_tokens'")) from None
         if budget is None:
             raise _bad("thinking.budget_tokens", "'thinking.budget_tokens' is required for thinking type "
                        "'enabled'.")
         if max_tokens is not None and budget >= max_tokens:
             raise _bad("thinking.budget_tokens", f"'thinking.budget_tokens' ({budget}) must be less than "
                        f"'max_tokens' ({max_tokens}).")
+        chat["thinking_token_budget"] = budget  # enforced: the end marker is forced at the budget
     return display == "omitted"
 
 
@@ -208,6 +219,7 @@ _RENAMES = ((re.compile(r"^tools\[(\d+)\]\.function\.parameters"), r"tools[\1].i
             (re.compile(r"^response_format(\.json_schema)?"), "output_config.format"),
             (re.compile(r"^reasoning_effort$"), "output_config.effort"),
             (re.compile(r"^chat_template_kwargs$"), "thinking"),
+            (re.compile(r"^thinking_token_budget$"), "thinking.budget_tokens"),
             (re.compile(r"^user$"), "metadata.user_id"))
 _MESSAGE_RENAMES = (("'parallel_tool_calls'", "'tool_choice.disable_parallel_tool_use'"),
                     ("required' or a named function", "any' or a named tool"))
@@ -279,4 +291,5 @@ def parse_messages_request(body: dict[str, Any], *, vocab_size: int | None = Non
     if prefill and last.get("tool_calls"):
         raise _bad(paths[-1], f"The last message ('{paths[-1]}') is an assistant turn with tool_use; send "
                    "its tool_result in a user message to continue.")
-    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body, prefill, omit_thinking)
+    return MessagesRequest(parsed, max_tokens, parsed.params.stop, tuple(paths), body, prefill, omit_thinking,
+                           parse_context_management(body.get("context_management")))

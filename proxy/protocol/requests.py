@@ -2,7 +2,7 @@
 
 Field semantics and ranges follow the OpenAI API reference (Chat Completions and the legacy
 Completions endpoint); the extras ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
-``min_tokens`` and ``stop_token_ids`` follow vLLM's OpenAI-compatible server.
+``min_tokens``, ``stop_token_ids`` and ``thinking_token_budget`` (-1: no cap) follow vLLM's server.
 
 Policies (documented in the README):
 
@@ -75,6 +75,7 @@ class ChatCompletionRequest:
         structured_param: the field that asked for ``structured`` (named in compile errors).
         template_kwargs: ``chat_template_kwargs`` (vLLM's extra), passed to the chat template.
         reasoning_effort: ``none`` / ``minimal`` / ``low`` / ``medium`` / ``high``; None: not given.
+        thinking_token_budget: the most thinking tokens (``proxy.sampling.ThinkingBudget``); None: no cap.
     """
 
     model: str
@@ -89,6 +90,7 @@ class ChatCompletionRequest:
     structured_param: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_effort: str | None = None
+    thinking_token_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -227,8 +229,8 @@ def parse_chat_request(
     )
 
 
-def _reasoning_controls(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """(``chat_template_kwargs``, ``reasoning_effort``) validated."""
+def _reasoning_controls(body: dict[str, Any]) -> tuple[dict[str, Any], str | None, int | None]:
+    """(``chat_template_kwargs``, ``reasoning_effort``, ``thinking_token_budget``) validated."""
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise _bad("chat_template_kwargs",
@@ -237,7 +239,8 @@ def _reasoning_controls(body: dict[str, Any]) -> tuple[dict[str, Any], str | Non
     if effort is not None and effort not in REASONING_EFFORTS:
         raise _bad("reasoning_effort", f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}; "
                    f"got {effort!r}.")
-    return dict(kwargs or {}), effort
+    budget = _opt_int(body, "thinking_token_budget", None, lo=-1)  # vLLM: -1 is no cap
+    return dict(kwargs or {}), effort, None if budget == -1 else budget
 
 
 def _prompt(body: dict[str, Any], vocab_size: int | None) -> str | tuple[int, ...]:

@@ -25,12 +25,15 @@ the kernel; an int8 layer has :class:`~proxy.quant.int8_linear.Int8Linear`.
 
 from __future__ import annotations
 
-import os
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
 
 from proxy.quant.kernels import define_cpu_op
+from proxy.settings import AMX_INT4_ENV
 
 _amx_int4: ModuleType | None
 KERNEL_IMPORT_ERROR: str | None = None
@@ -46,9 +49,12 @@ N_BLOCK = 16
 #: the largest group size (the kernel decodes one group's tiles before multiplying them)
 MAX_GROUP = 256
 
-#: ``STREAMPROXY_AMX_INT4=0`` in the environment keeps torch's int4 kernel for every layer
-ENV_SWITCH = "STREAMPROXY_AMX_INT4"
-_enabled = os.environ.get(ENV_SWITCH, "1") != "0"
+#: ``STREAMPROXY_AMX_INT4=0`` keeps torch's int4 kernel for every layer (read by the execution
+#: plan, ``proxy.engine.execution.choice``, which hands it to the loaders: :func:`enabled`)
+ENV_SWITCH = AMX_INT4_ENV
+#: whether layers built in this thread / task take the kernel (:func:`enabled`); a context variable,
+#: so that two models loading at once on two threads never see each other's choice
+_ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("amx_int4_enabled", default=True)
 
 
 def kernel_available() -> bool:
@@ -59,21 +65,26 @@ def kernel_available() -> bool:
 
 def in_use() -> bool:
     """Whether layers built now take the kernel where their shape allows (enabled and available)."""
-    return _enabled and kernel_available()
+    return _ENABLED.get() and kernel_available()
 
 
-def set_enabled(enabled: bool) -> None:
-    """Whether layers built later take the kernel where it runs (default True); False keeps torch's
-    int4 kernel (benchmarks and tests compare the two)."""
-    global _enabled
-    _enabled = enabled
+@contextlib.contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Layers built in this block (on this thread) take the kernel where it runs (``on``, the
+    default outside any block) or torch's int4 kernel (False). The loaders build a model inside it
+    with the execution plan's choice; benchmarks and tests compare the two kernels with it."""
+    token = _ENABLED.set(on)
+    try:
+        yield
+    finally:
+        _ENABLED.reset(token)
 
 
 def why_not(out_features: int, in_features: int, group_size: int, num_planes: int,
             device: torch.device, kernel_dtype: torch.dtype) -> str | None:
     """None when a layer of these properties takes the kernel; else why not."""
-    if not _enabled:
-        return f"turned off ({ENV_SWITCH}=0 or set_enabled)"
+    if not _ENABLED.get():
+        return f"turned off ({ENV_SWITCH}=0)"
     if device.type != "cpu" or kernel_dtype != torch.bfloat16 or num_planes != 1:
         return "the AMX kernel serves one-plane (int4) layers with bf16 activations on the CPU"
     if group_size % K_TILE or group_size > MAX_GROUP or in_features % group_size or out_features % N_BLOCK:

@@ -43,6 +43,7 @@ twice the memory.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -135,24 +136,31 @@ def plan_rows(positions: torch.Tensor, dense: torch.Tensor, by_position: bool = 
     )
 
 
-_ACTIVE: list[RowPlan | None] = [None]
+class _ActivePlan(threading.local):
+    """The row plan of the forward pass running on this thread (one engine thread runs forwards; a
+    thread-local keeps a plan from leaking into another thread's pass)."""
+
+    plan: RowPlan | None = None
+
+
+_ACTIVE = _ActivePlan()
 
 
 @contextlib.contextmanager
 def active_row_plan(plan: RowPlan | None) -> Iterator[None]:
     """Make ``plan`` the one :class:`~proxy.quant.linear.PackedLinear` layers follow in this block
-    (one forward pass of the engine; not re-entrant across threads: one engine thread runs forwards)."""
-    previous = _ACTIVE[0]
-    _ACTIVE[0] = plan
+    on this thread (one forward pass of the engine; the model code between them is transformers')."""
+    previous = _ACTIVE.plan
+    _ACTIVE.plan = plan
     try:
         yield
     finally:
-        _ACTIVE[0] = previous
+        _ACTIVE.plan = previous
 
 
 def current_row_plan() -> RowPlan | None:
-    """The plan set by :func:`active_row_plan`, or None."""
-    return _ACTIVE[0]
+    """The plan set by :func:`active_row_plan` on this thread, or None."""
+    return _ACTIVE.plan
 
 
 def dense_rows_mm(x: torch.Tensor, weight: torch.Tensor, plan: RowPlan) -> torch.Tensor:

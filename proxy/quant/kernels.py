@@ -29,11 +29,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from proxy.settings import TORCH_OPS_ENV, execution_switches
 
 #: group sizes the CUDA tinygemm kernel accepts (the CPU one takes any divisor of K).
 CUDA_GROUP_SIZES = (32, 64, 128, 256)
@@ -164,14 +165,12 @@ def int4_mm_for(device: torch.device) -> Int4MM:
 
 _LIBRARY = torch.library.Library("streamproxy", "FRAGMENT")
 
-#: ``STREAMPROXY_TORCH_OPS=0`` in the environment keeps the ops' Python kernels (benchmarks, tests)
-TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
-
-
 def _load_torch_ops() -> str | None:
     """Load ``proxy.quant._torch_ops`` (``ext/kernels/torch_ops.cpp``: the C++ CPU kernels of the ops
-    :func:`define_cpu_op` defines); None when loaded, else why not."""
-    if os.environ.get(TORCH_OPS_ENV, "1") == "0":
+    :func:`define_cpu_op` defines); None when loaded, else why not. Runs at import, before any op is
+    defined (an op takes the C++ kernel only if it is registered first), so it reads its switch
+    (``ExecutionSwitches.torch_ops``, ``STREAMPROXY_TORCH_OPS=0``) itself."""
+    if not execution_switches().torch_ops:
         return f"turned off ({TORCH_OPS_ENV}=0)"
     spec = importlib.util.find_spec("proxy.quant._torch_ops")
     if spec is None or spec.origin is None:

@@ -60,10 +60,11 @@ def make_hf_tokenizer() -> Any:
     return hf
 
 
-def make_tiny_model(folder: Any, max_positions: int = 256, eos_token: str = "<|im_end|>") -> Any:
+def make_tiny_model(folder: Any, max_positions: int = 256, eos_token: str = "<|im_end|>",
+                    seed: int = 0) -> Any:
     """A randomly initialised 2-layer Llama (hidden 32) over :func:`make_hf_tokenizer` with
     ``max_positions`` positions, saved as a Hugging Face folder; returns ``folder``. ``eos_token``
-    is the EOS of the config and of the saved tokenizer."""
+    is the EOS of the config and of the saved tokenizer; ``seed`` seeds the weights."""
     import copy
 
     import torch
@@ -73,7 +74,7 @@ def make_tiny_model(folder: Any, max_positions: int = 256, eos_token: str = "<|i
     if eos_token != tok.eos_token:
         tok = copy.deepcopy(tok)
         tok.eos_token = eos_token
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                          eos_token_id=tok.convert_tokens_to_ids(eos_token),

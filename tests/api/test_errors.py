@@ -106,7 +106,6 @@ CHAT_CASES = [
         "response_format",
     ),
     ("audio", {"model": MODEL, "messages": U, "audio": {"voice": "x"}}, 400, "audio"),
-    ("model missing", {"messages": U}, 400, "model"),
     ("model not string", {"model": 5, "messages": U}, 400, "model"),
     ("unknown model", {"model": "gpt-9", "messages": U}, 404, "model"),
     ("max_tokens over context", {"model": MODEL, "messages": U, "max_tokens": 10_000_000}, 400, "max_tokens"),
@@ -165,6 +164,27 @@ def test_chat_bad_input(name, body, status, param, stream):
     assert "/" not in err["message"] or "Authorization" in err["message"]
     assert len(engine.submitted) == 1  # nothing was scheduled for the bad request
     assert ok.status_code == 200  # and the server still serves
+
+
+def test_a_missing_model_is_the_one_model():
+    """Without ``model`` a one-model server serves its model (vLLM, llama.cpp's server) on every endpoint
+    that names one, and answers with the model's id; a several-model server's 400 is
+    tests/api/test_models_registry.py's."""
+    async def main():
+        async with serve() as s:
+            chat = await s.client.post("/v1/chat/completions", json={"messages": U, "max_tokens": 2})
+            text = await s.client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            stream = await s.client.post("/v1/chat/completions",
+                                         json={"messages": U, "max_tokens": 2, "stream": True})
+            message = await s.client.post("/v1/messages", json={"messages": U, "max_tokens": 2})
+            tokens = await s.client.post("/tokenize", json={"prompt": "hi"})
+            return chat, text, stream, message, tokens
+
+    chat, text, stream, message, tokens = run(main())
+    assert [r.status_code for r in (chat, text, stream, message, tokens)] == [200] * 5, chat.text
+    assert chat.json()["model"] == text.json()["model"] == message.json()["model"] == MODEL
+    assert f'"model":"{MODEL}"' in stream.text.replace(" ", "")
+    assert tokens.json()["count"] == len(tokens.json()["tokens"]) > 0
 
 
 def test_context_length_message_gives_the_numbers():

@@ -42,6 +42,15 @@ message = st.fixed_dictionaries({
 tool = st.just(TOOL) | st.fixed_dictionaries({"name": st.text(max_size=8) | values}, optional={
     "type": st.sampled_from(["custom", "web_search_20250305"]) | values, "input_schema": values,
     "description": values})
+AMOUNTS = ["input_tokens", "tool_uses", "thinking_turns", "all"]
+amount = st.fixed_dictionaries({"type": st.sampled_from(AMOUNTS) | values,
+                                "value": st.integers(-1, 200) | values}) | values
+edit = st.fixed_dictionaries(
+    {"type": st.sampled_from(["clear_tool_uses_20250919", "clear_thinking_20251015", "compact_20260112"])
+     | values},
+    optional={"trigger": amount, "keep": amount | st.just("all"), "clear_at_least": amount,
+              "exclude_tools": st.lists(st.text(max_size=8), max_size=2) | values,
+              "clear_tool_inputs": st.booleans() | st.lists(st.text(max_size=8), max_size=2) | values})
 bodies = st.fixed_dictionaries({  # the required fields right (the bad-body table has them wrong)
     "model": st.just(MODEL), "max_tokens": st.integers(1, 40000),
     "messages": st.lists(message, min_size=1, max_size=3)}, optional={
@@ -55,7 +64,9 @@ bodies = st.fixed_dictionaries({  # the required fields right (the bad-body tabl
     "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "adaptive", "disabled"]) | values},
                                       optional={"budget_tokens": st.integers(0, 5000) | values}) | values,
     "metadata": st.fixed_dictionaries({}, optional={"user_id": values}) | values,
-    "output_config": values, "stream": st.booleans() | values})
+    "output_config": values, "stream": st.booleans() | values,
+    "context_management": st.fixed_dictionaries({}, optional={"edits": st.lists(edit, max_size=2) | values})
+    | values})
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from proxy.ports import free_port
+from proxy.ports import start_serve
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 600.0  # the first run converts the GGUF once; later starts take seconds
@@ -43,58 +40,20 @@ _SERVERS: dict[bool, Server] = {}
 
 
 
-def wait_until_healthy(process: subprocess.Popen, base_url: str, log_path: Path, timeout_s: float) -> None:
-    """Poll ``/health`` until 200; on exit or timeout stop the process and raise with the log's tail.
-
-    Raises:
-        RuntimeError: the server exited, or was not healthy within ``timeout_s`` seconds.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    _stop(process)
-    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
-
-
 def get_server(tmp_dir: Path, engine_process: bool = False) -> Server:
     """Start the server once per engine mode (or return the running one); waits for /health 200."""
     running = _SERVERS.get(engine_process)
     if running is not None and running.process.poll() is None:
         return running
-    port = free_port()
-    log_path = tmp_dir / "server.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log_path, "wb") as log:  # the server writes through its own copy
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--num-threads", "2",
-             "--max-num-seqs", "16", "--kv-cache-bytes", str(256 << 20),
-             "--engine-process" if engine_process else "--no-engine-process"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-    atexit.register(_stop, process)
-    base = f"http://127.0.0.1:{port}"
-    wait_until_healthy(process, base, log_path, STARTUP_TIMEOUT_S)
-    card = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]
+    started = start_serve(["--num-threads", "2", "--max-num-seqs", "16", "--kv-cache-bytes", str(256 << 20),
+                           "--engine-process" if engine_process else "--no-engine-process"],
+                          tmp_dir / "server.log", timeout_s=STARTUP_TIMEOUT_S)
+    atexit.register(started.stop, 15.0)
+    card = httpx.get(f"{started.base_url}/v1/models", timeout=10).json()["data"][0]
     _SERVERS[engine_process] = server = Server(
-        base, port, card["id"], card["max_model_len"], process, log_path
+        started.base_url, started.port, card["id"], card["max_model_len"], started.process, started.log_path
     )
     return server
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def sse_payloads(raw: bytes) -> list[bytes]:

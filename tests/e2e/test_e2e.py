@@ -162,8 +162,9 @@ def test_disconnect_aborts_and_frees_blocks(server: Server, stream: bool):
 
 
 def test_health_server_info_and_the_log_show_the_execution_plan(server: Server):
-    """Which kernels serve the steps (``proxy.engine.plan``): one log line before the ready line, the
-    same plan under ``execution`` in ``/health`` and ``/server_info`` (the engine process's too)."""
+    """Which kernels serve the steps (``proxy.engine.execution.plan``): one log line before the ready
+    line, the same plan under ``execution`` in ``/health`` and ``/server_info`` (the engine process's
+    too)."""
     health = server.health()["execution"]
     info = httpx.get(f"{server.base_url}/server_info", timeout=10).json()["execution"]
     assert health == info

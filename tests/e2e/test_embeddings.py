@@ -5,9 +5,6 @@ vectors equal sentence-transformers' on the same folder; bad bodies are 400s nam
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +17,7 @@ from embedding_fixtures import cosine, make_tiny_bert, st_reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .server import REPO, free_port, wait_until_healthy
+from proxy.ports import start_serve
 
 NAME = "tiny-bert"
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "paris is the capital city of france",
@@ -38,23 +35,15 @@ class EmbedServer:
 def embed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbedServer]:
     root = tmp_path_factory.mktemp("embed-e2e")
     chat, bert = make_tiny_model(root / "tiny-llama"), make_tiny_bert(root / "bert")
-    port = free_port()
-    cmd = [sys.executable, "-m", "proxy", "serve", "--model", str(chat), "--port", str(port),
-           "--num-threads", "1",
-           "--max-model-len", "256", "--num-kv-blocks", "64", "--dtype", "float32", "--no-engine-process",
-           "--embedding-model", str(bert), "--served-embedding-model-name", NAME,
-           "--embedding-max-num-batched-tokens", "32", "--no-self-check"]
-    log = root / "server.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    srv = start_serve(["--model", str(chat), "--num-threads", "1", "--max-model-len", "256",
+                       "--num-kv-blocks", "64", "--dtype", "float32", "--no-engine-process",
+                       "--embedding-model", str(bert), "--served-embedding-model-name", NAME,
+                       "--embedding-max-num-batched-tokens", "32", "--no-self-check"],
+                      root / "server.log", timeout_s=300)
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until_healthy(proc, base, log, 300)
-        yield EmbedServer(base, bert, st_reference(bert, TEXTS))
+        yield EmbedServer(srv.base_url, bert, st_reference(bert, TEXTS))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        srv.stop(30.0)
 
 
 def _num_tokens(folder: Path, texts: list[str]) -> int:

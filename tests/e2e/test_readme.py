@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import shlex
 import shutil
@@ -14,9 +14,9 @@ import httpx
 import pytest
 from api.fakes import make_tiny_model
 
-from proxy.ports import free_port
+from proxy.ports import start_serve
 
-from .server import REPO, Server, sse_chunks, wait_until_healthy
+from .server import REPO, Server, sse_chunks
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ PYTHON_EXAMPLES = ["stream=True", "llm.stream(", "chat.completions.parse(", "bin
 def test_readme_has_the_examples():
     assert blocks("bash", "make serve") and blocks("bash", "curl -N")
     assert blocks("python", "from openai import OpenAI") and blocks("python", "ChatOpenAI")
-    assert blocks("bash", "streamproxy serve --model")
+    assert blocks("bash", "streamproxy serve --model ") and blocks("bash", "streamproxy serve --models-max")
     assert sum(len(blocks("python", n)) for n in PYTHON_EXAMPLES) == len(blocks("python", ""))
 
 
@@ -64,23 +64,17 @@ def test_curl_example(server: Server):
 
 
 def test_serve_another_model(tmp_path: Path):
-    (code,) = blocks("bash", "streamproxy serve --model")
+    (code,) = blocks("bash", "streamproxy serve --model ")
     folder = tmp_path / "tiny-llama"
     make_tiny_model(folder)
-    port = free_port()
     argv = shlex.split(code.strip())
     assert argv[:3] == ["streamproxy", "serve", "--model"]
     argv[3] = str(folder)
     name = argv[argv.index("--served-model-name") + 1]
-    cmd = [sys.executable, "-m", "proxy", *argv[1:], "--port", str(port), "--num-threads", "1",
-           "--max-model-len", "256", "--num-kv-blocks", "64"]
-    log = tmp_path / "server.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    srv = start_serve([*argv[2:], "--num-threads", "1", "--max-model-len", "256", "--num-kv-blocks", "64"],
+                      tmp_path / "server.log", timeout_s=300)
+    log, base, port = srv.log_path, srv.base_url, srv.port
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until_healthy(proc, base, log, 300)
         assert httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"] == name
         body = {"model": name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5,
                 "temperature": 0, "ignore_eos": True}
@@ -92,5 +86,32 @@ def test_serve_another_model(tmp_path: Path):
         assert text == full["choices"][0]["message"]["content"]
         assert "ready" in log.read_text() and f"127.0.0.1:{port}" in log.read_text()
     finally:
-        proc.terminate()
-        proc.wait(30)
+        srv.stop(30.0)
+
+
+def test_serve_two_models(tmp_path: Path):
+    """The quick start's two models: paths replaced by two tiny models, the ids kept."""
+    (code,) = blocks("bash", "streamproxy serve --models-max")
+    serve_line, curl_line = code.strip().splitlines()
+    argv = shlex.split(serve_line)
+    names = []
+    for i, arg in enumerate(argv):
+        if argv[i - 1] == "--model":
+            names.append(arg.rpartition("=")[2])
+            argv[i] = f"{make_tiny_model(tmp_path / names[-1], seed=len(names))}={names[-1]}"
+    assert argv[1] == "serve"
+    srv = start_serve([*argv[2:], "--num-threads", "1", "--max-model-len", "256", "--num-kv-blocks", "64",
+                       "--no-engine-process"], tmp_path / "server.log", timeout_s=300)
+    base = srv.base_url
+    try:
+        listed = subprocess.run(["bash", "-c", curl_line.replace(DEFAULT_URL, f"127.0.0.1:{srv.port}")],
+                                check=True, capture_output=True, timeout=60).stdout
+        assert [(m["id"], m["status"]) for m in json.loads(listed)["data"]] == [
+            (n, {"value": "unloaded"}) for n in names]
+        for name in (*names, names[0]):
+            body = {"model": name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
+            assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120).json()["model"] == name
+        states = {m["id"]: m["status"]["value"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+        assert states == {names[0]: "loaded", names[1]: "unloaded"}  # --models-max 1
+    finally:
+        srv.stop(30.0)

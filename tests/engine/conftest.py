@@ -72,7 +72,7 @@ def build_tiny(arch: str, seed: int = 0) -> torch.nn.Module:
 
 def engine_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A separate instance for the engine (switched to paged attention), so the reference keeps SDPA."""
-    from proxy.engine.attention import register
+    from proxy.engine.execution.attention import register
 
     name = register()
     clone = copy.deepcopy(model)

@@ -5,8 +5,8 @@ tests/data/cases/log.md) compare two requests that the server runs at the same t
 others: they hold only if a sequence's logits are the same bits whatever the batch, the padding,
 the prefill chunking and the prefix-cache hits around it. The packed int4/int8 linears of the
 default serving are row-invariant (checked on the default model below); attention is made so by
-padding every step's keys to a multiple of ``proxy.engine.attention.KEY_PAD`` and its query rows past
-the CPU flash kernel's one- and two-row blocks (``kernels.query_rows_padded``). Before, the key
+padding every step's keys to a multiple of ``proxy.engine.execution.attention.KEY_PAD`` and its query
+rows past the CPU flash kernel's one- and two-row blocks (``kernels.query_rows_padded``). Before, the key
 length was the step's longest context, and where a row's real keys ended inside the kernel's
 vector tail its softmax sums changed with the other sequences: at bf16 that changed the greedy
 tokens of 8 of 36 concurrent requests of the public cases.
@@ -20,9 +20,9 @@ import pytest
 import torch
 from testdata import CASES_PUBLIC
 
-from proxy.engine import attention
-from proxy.engine.attention import kernels
 from proxy.engine.core import EngineCore
+from proxy.engine.execution import attention
+from proxy.engine.execution.attention import kernels
 from proxy.quant import cpu_bf16_flags
 from proxy.quant.kernels import cpu_flags
 from proxy.sampling import SamplingParams

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from proxy.engine.attention import ATTN_IMPLEMENTATION
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.attention import ATTN_IMPLEMENTATION
 from proxy.engine.selfcheck import compute_dtype
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from proxy.engine.attention import LayerSpec, PagedKVCache, lazy_zeros
+from proxy.engine.execution.attention import LayerSpec, PagedKVCache, lazy_zeros
 
 
 def rss_kb() -> int:

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from proxy.engine import compiled_step
-from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
+from proxy.engine.execution import compiled_step
+from proxy.engine.execution.attention import register
 from proxy.quant import amx_int4
 from proxy.quant.apply import add_dense_weights, quantize_linears
 from proxy.quant.fuse import fuse_sibling_linears

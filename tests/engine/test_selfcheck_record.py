@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from proxy.engine import selfcheck
-from proxy.engine.attention import kernels
+from proxy.engine.execution.attention import kernels
 from proxy.engine.loading import load_engine_model as load_model
 from proxy.engine.selfcheck import SelfCheckError
 from proxy.engine.selfcheck_record import RECORD_DIR, check_at_load, key_inputs, self_check_key

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.sampler import Sampler
 from proxy.engine.request import Request
-from proxy.engine.sampler import Sampler
 from proxy.engine.structured import GrammarCompiler, check_json_schema
 from proxy.errors import InvalidRequestError
 from proxy.sampling import SamplingParams, StructuredOutputParams

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.sampler import Sampler
 from proxy.engine.request import Request
-from proxy.engine.sampler import Sampler
 from proxy.engine.structured import ReasoningEnd
 from proxy.sampling import SamplingParams, StructuredOutputParams
 from proxy.settings import Settings

@@ -18,10 +18,8 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ import pytest
 from api.fakes import make_tiny_model as _make_tiny_model
 from api.fakes import thread_server  # noqa: F401  (re-exported for the production tests)
 
-from proxy.ports import free_port
+from proxy.ports import LocalServer, free_port, start_serve
 
 REPO = Path(__file__).resolve().parents[2]
 NGINX_CONF = REPO / "docs" / "nginx.conf"
@@ -58,59 +56,19 @@ def tiny_settings(model_dir: Path, **kw: Any) -> Any:
 # ----------------------------------------------------------------------------- subprocess server
 
 
-@dataclass
-class Proc:
-    process: subprocess.Popen
-    port: int
-    log_path: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+class Proc(LocalServer):
+    """A ``python -m proxy serve`` subprocess (:class:`proxy.ports.LocalServer`) with its ``/health``."""
 
     def health(self) -> dict:
         return httpx.get(f"{self.base_url}/health", timeout=10).json()
 
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
-
 
 def start_server(tmp: Path, args: list[str], env: dict[str, str] | None = None,
                  timeout_s: float = 600.0, name: str = "server", new_session: bool = False) -> Proc:
-    """Start ``python -m proxy serve ARGS --port <free>`` and wait for ``/health`` 200.
-
-    ``new_session``: the server leads its own session and process group (pgid = its pid), so a test
-    can signal the whole group (``os.killpg``) as a terminal's Ctrl-C or a supervisor does."""
-    port = free_port()
-    log_path = tmp / f"{name}.log"
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    with open(log_path, "wb") as log:  # the server writes through its own copy
-        process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), *args],
-                                   cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=new_session)
-    proc = Proc(process, port, log_path)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{proc.log()[-3000:]}")
-        try:
-            if httpx.get(f"{proc.base_url}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.stop()
-    raise RuntimeError(f"server not healthy after {timeout_s} s:\n{proc.log()[-3000:]}")
+    """Start ``python -m proxy serve ARGS --port <free>`` and wait for ``/health`` 200
+    (:func:`proxy.ports.start_serve`; its log is ``tmp/<name>.log``)."""
+    server = start_serve(args, tmp / f"{name}.log", env, timeout_s, new_session)
+    return Proc(server.process, server.port, server.log_path)
 
 
 # ----------------------------------------------------------------------------- in-thread server

@@ -1,6 +1,6 @@
 """``--engine-process`` with a grammar that waits for the end of the reasoning: the params (with
 ``reasoning_end_ids``) cross the pipe, the thinking is sampled as without the grammar, the answer
-follows it."""
+follows it; a thinking budget crosses it too and closes the thinking at its count."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_grammar_starts_after_the_marker_in_the_engine_process(model_dir: Path) -> None:
     from proxy.engine.factory import build_engine_client
-    from proxy.sampling import SamplingParams, StructuredOutputParams
+    from proxy.sampling import SamplingParams, StructuredOutputParams, ThinkingBudget
 
     client = build_engine_client(tiny_settings(model_dir, engine_process=True, self_check=False))
     so = StructuredOutputParams("choice", '["yes", "no"]', reasoning_end_ids=(END,))
@@ -45,11 +45,15 @@ def test_the_grammar_starts_after_the_marker_in_the_engine_process(model_dir: Pa
                 plain = SamplingParams(max_tokens=64, temperature=1.0, seed=seed, logit_bias={END: 3.5})
                 out.append(await run(plain))
                 out.append(await run(SamplingParams(**{**plain.__dict__, "structured_outputs": so})))
-            return out
+            greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logit_bias={END: -100})
+            budget = ThinkingBudget(5, (END,))
+            budgeted = await run(SamplingParams(**{**greedy.__dict__, "thinking_budget": budget}))
+            return [*out, await run(greedy), budgeted]
         finally:
             client.shutdown()
 
-    results = asyncio.run(main())
+    *results, (free_ids, _, _), (capped_ids, _, _) = asyncio.run(main())
+    assert capped_ids[:6] == free_ids[:5] + [END] and len(capped_ids) == 12  # forced across the pipe
     num_mid = 0
     for (free, free_text, free_reason), (ids, text, reason) in zip(results[::2], results[1::2]):
         if END not in free:  # no end of thinking: never constrained

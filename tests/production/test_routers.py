@@ -30,6 +30,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxy.ports import launch, wait_ready
+
 from .helpers import (
     TINY,
     TINY_ARGS,
@@ -311,18 +313,9 @@ def test_the_readme_router_commands_run_as_written(tiny_model: Path, tmp_path: P
     procs = []
     try:
         for i, cmd in enumerate(commands[:2]):
-            with open(tmp_path / f"readme{i}.log", "wb") as log:  # the child keeps its own copy
-                procs.append(subprocess.Popen(substituted(cmd), stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True,
-                                              env={**os.environ, "HF_HUB_OFFLINE": "1"}))
-        for port in (ports["8001"], ports["8002"]):
-            deadline = time.monotonic() + 120
-            while True:
-                assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                        break
-                time.sleep(0.2)
+            procs.append(launch(substituted(cmd), tmp_path / f"readme{i}.log", new_session=True))
+        for i, port in enumerate((ports["8001"], ports["8002"])):
+            wait_ready(procs[i], f"http://127.0.0.1:{port}/health", tmp_path / f"readme{i}.log", 120)
         auth = {"Authorization": "Bearer k-readme"}
         for cmd in commands[2:]:
             with open(tmp_path / f"{cmd[0]}.log", "wb") as log:

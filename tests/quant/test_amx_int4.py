@@ -21,10 +21,8 @@ needs_kernel = pytest.mark.skipif(
 @pytest.fixture
 def torch_kernel() -> Iterator[None]:
     """Layers built inside take torch's int4 kernel; the process's choice restored after."""
-    before = amx_int4._enabled
-    amx_int4.set_enabled(False)
-    yield
-    amx_int4.set_enabled(before)
+    with amx_int4.enabled(False):
+        yield
 
 
 def _plane(n: int, k: int, group: int, seed: int = 0) -> Int4Plane:

@@ -4,6 +4,8 @@ batching and prefix cache."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,12 +13,15 @@ from engine.engine_helpers import run_staggered
 
 from proxy.engine.block_manager import BlockManager
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.choice import PrefillPlan
 from proxy.engine.request import Request
 from proxy.quant import kernel_dtype, kernels, quantize_linears
 from proxy.quant.apply import add_dense_weights
 from proxy.quant.dense_prefill import (
     CALL_ROWS,
+    RowPlan,
     active_row_plan,
+    current_row_plan,
     dense_prefill_default,
     dense_weight_dtype,
     has_dense_weights,
@@ -100,6 +105,19 @@ def test_fp32_copies_take_fp32_activations_in_one_call() -> None:
         assert torch.equal(y[5], alone)
 
 
+def test_a_row_plan_holds_on_its_own_thread_only() -> None:
+    """The plan a forward pass sets is seen by that thread's layers, not by another thread's (the
+    self-check's engine and a served one never share a plan), and is gone after the block."""
+    plan = plan_rows(*_step([(0, 5, True)]))
+    seen: list[RowPlan | None] = []
+    with active_row_plan(plan):
+        assert current_row_plan() is plan
+        other = threading.Thread(target=lambda: seen.append(current_row_plan()))
+        other.start()
+        other.join()
+    assert seen == [None] and current_row_plan() is None
+
+
 @needs_bf16
 def test_a_rows_bits_do_not_depend_on_what_else_the_step_holds() -> None:
     """A prompt token's output equals a lone CALL_ROWS-row dense call with it at row ``p % 64``, in
@@ -176,8 +194,9 @@ def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(co
         core = EngineCore(model, Settings(max_num_batched_tokens=budget, max_prefill_step_ratio=0,
                                           num_kv_blocks=256, block_size=16,
                                           enable_prefix_caching=prefix_caching), [2], 512)
-        assert core.runner.dense_prefill and core.block_manager.output_blocks_apart
-        assert core.runner.dense_rows_by_position == (copies == torch.bfloat16)
+        assert core.runner.prefill_plan == PrefillPlan(str(copies).removeprefix("torch."), 64,
+                                                       copies == torch.bfloat16)
+        assert core.block_manager.output_blocks_apart and core.scheduler.config.prefill_token_multiple == 64
         return run_staggered(core, prompts, params, arrivals)
 
     alone = {}

@@ -17,8 +17,8 @@ from engine.engine_helpers import assert_greedy_matches, reference_greedy, run_s
 from gguf.quants import dequantize, quantize
 from torch import nn
 
-from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.attention import register
 from proxy.quant import kernel_dtype
 from proxy.quant.embedding import Int8Embedding
 from proxy.quant.gguf_blocks import load_gguf_linears

@@ -9,8 +9,8 @@ import pytest
 import torch
 from engine.engine_helpers import assert_greedy_matches, reference_greedy, run_staggered
 
-from proxy.engine.attention import register
 from proxy.engine.core import EngineCore
+from proxy.engine.execution.attention import register
 from proxy.quant import PackedLinear, kernel_dtype, quantize_linears
 from proxy.quant.fuse import fuse_sibling_linears
 from proxy.quant.int8_linear import Int8Linear, kernel_available

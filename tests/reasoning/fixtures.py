@@ -159,14 +159,16 @@ def make_harmony_tokenizer() -> Any:
     return hf
 
 
-def _write_model(folder: Path, hf: Any, eos_tokens: tuple[str, ...], seed: int) -> Path:
+def _write_model(folder: Path, hf: Any, eos_tokens: tuple[str, ...], seed: int,
+                 positions: int = 1024) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     eos_ids = [hf.convert_tokens_to_ids(t) for t in eos_tokens]
     config = Qwen3Config(vocab_size=len(hf), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=1024, eos_token_id=eos_ids[0], pad_token_id=hf.pad_token_id,
+                         max_position_embeddings=positions, eos_token_id=eos_ids[0],
+                         pad_token_id=hf.pad_token_id,
                          tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
@@ -178,12 +180,13 @@ def _write_model(folder: Path, hf: Any, eos_tokens: tuple[str, ...], seed: int) 
 
 
 def write_qwen3_style_model(folder: Path | str, *, think_tokens: ThinkTokens = "special",
-                            seed: int = 0) -> Path:
+                            seed: int = 0, positions: int = 1024) -> Path:
     """A tiny random Qwen3-style thinking model folder (``Qwen3ForCausalLM``, 2 layers, hidden 64,
-    fp32, 1024 positions) with :func:`make_qwen3_style_tokenizer`; EOS ``<|im_end|>``. Returns the
+    fp32, ``positions`` positions) with :func:`make_qwen3_style_tokenizer`; EOS ``<|im_end|>``. Returns the
     folder (created if needed). Serve it with ``--model FOLDER``; ``</think>`` is one token unless
     ``think_tokens="plain"`` (so ``logit_bias`` can place it)."""
-    return _write_model(Path(folder), make_qwen3_style_tokenizer(think_tokens), ("<|im_end|>",), seed)
+    return _write_model(Path(folder), make_qwen3_style_tokenizer(think_tokens), ("<|im_end|>",), seed,
+                        positions)
 
 
 def write_harmony_style_model(folder: Path | str, *, seed: int = 0) -> Path:

@@ -50,15 +50,20 @@ def stop_reason(finish_reason: str | None, has_tool_use: bool, stop_sequence: st
 
 @dataclass(frozen=True)
 class MessageHead:
-    """What names one message: ``id`` (``msg_...``) and ``model``."""
+    """What names one message: ``id`` (``msg_...``) and ``model``; and ``context_management`` (the
+    applied context edits) when the request had edits, sent on the final message."""
 
     id: str
     model: str
+    context_management: dict[str, Any] | None = None
 
 
 def message_object(head: MessageHead, content: list[dict[str, Any]], usage: dict[str, Any],
                    reason: str | None = None, stop_sequence: str | None = None) -> dict[str, Any]:
     """The whole ``message`` object (Anthropic "Messages" response); ``reason`` None while it streams
-    (``message_start``)."""
-    return {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": content,
+    (``message_start``, which carries no ``context_management``: the stream's ``message_delta`` does)."""
+    body = {"id": head.id, "type": "message", "role": "assistant", "model": head.model, "content": content,
             "stop_reason": reason, "stop_sequence": stop_sequence, "usage": usage}
+    if reason is not None and head.context_management is not None:
+        body["context_management"] = head.context_management
+    return body

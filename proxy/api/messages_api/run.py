@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,10 +40,13 @@ class MessageRun:
         client: the engine client (its tokenizer decodes the output to find a stop sequence).
         request: the validated Messages request.
         prepared: its prepared form (prompt ids, params with ``max_tokens`` lowered, tools).
+        context_management: the response's ``context_management`` (``applied_edits``), on the message
+            and on the stream's ``message_delta``; None: not sent (the request had no edits).
     """
 
-    def __init__(self, client: EngineClient, request: MessagesRequest, prepared: PreparedRequest) -> None:
-        self.head = MessageHead(f"msg_{uuid.uuid4().hex}", client.model.served_model_name)
+    def __init__(self, client: EngineClient, request: MessagesRequest, prepared: PreparedRequest,
+                 context_management: dict[str, Any] | None = None) -> None:
+        self.head = MessageHead(f"msg_{uuid.uuid4().hex}", client.model.served_model_name, context_management)
         self.client, self.request, self.prepared = client, request, prepared
         self.choice = prepared.choice_output()
         self._text: list[str] = []
@@ -119,8 +123,11 @@ class MessageRun:
                 return
             out += output.close()
             reason, seq = self._ending(output, finish)
-            out.append(sse_event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
-                                                   "usage": messages_usage(generation.usage)}))
+            delta = {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                     "usage": messages_usage(generation.usage)}
+            if self.head.context_management is not None:
+                delta["context_management"] = self.head.context_management
+            out.append(sse_event("message_delta", delta))
             out.append(sse_event("message_stop", {}))
             yield b"".join(out)
         finally:

@@ -13,7 +13,7 @@ from proxy.protocol.responses_request import parse_responses_request
 
 from ..body import read_json_body
 from ..responses import json_response
-from ..state import ServerState
+from ..state import ServedModel, ServerState
 from .input_items import input_items_page
 from .run import ResponseRun
 from .store import StoredResponse
@@ -38,10 +38,11 @@ def _stored(state: ServerState, response_id: str, param: str | None = None) -> S
     return entry
 
 
-async def _parse(request: Request) -> tuple[ServerState, Any, Any]:
+async def _parse(request: Request) -> tuple[ServerState, ServedModel, Any]:
     state = _state(request)
     body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.require_ready()
+    served = state.model_of(request)
+    client = served.client
     previous = body.get("previous_response_id")
     prior: list[dict[str, Any]] = []
     if previous is not None:
@@ -55,23 +56,24 @@ async def _parse(request: Request) -> tuple[ServerState, Any, Any]:
         prior = list(stored.conversation)
     parsed = parse_responses_request(body, prior, vocab_size=client.model.vocab_size,
                                      resolve=state.responses_store.item)
-    return state, client, parsed
+    return state, served, parsed
 
 
 async def create_response(request: Request) -> Response:
     """``POST /v1/responses`` (OpenAI "Create a model response"), stream and non-stream: parse
     (``proxy.protocol.responses_request``, as the chat request it means), prepare, generate, respond."""
-    state, client, parsed = await _parse(request)
+    state, served, parsed = await _parse(request)
+    client = served.client
     client.metrics.observe_request("/v1/responses")
-    prepared = await prepare_chat(parsed.chat, client, state.features, context_names=CONTEXT_NAMES)
+    prepared = await prepare_chat(parsed.chat, client, served.features, context_names=CONTEXT_NAMES)
     return await ResponseRun(client, parsed, prepared, state.responses_store).respond(request, state.settings)
 
 
 async def count_input_tokens(request: Request) -> Response:
     """``POST /v1/responses/input_tokens`` (OpenAI "Get input token counts"): the prompt's length as
     the same request would be generated, ``{"object": "response.input_tokens", "input_tokens"}``."""
-    state, client, parsed = await _parse(request)
-    prepared = await prepare_chat(parsed.chat, client, state.features, context_names=CONTEXT_NAMES)
+    _, served, parsed = await _parse(request)
+    prepared = await prepare_chat(parsed.chat, served.client, served.features, context_names=CONTEXT_NAMES)
     return json_response({"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)})
 
 

@@ -167,7 +167,7 @@
 
   // history: the turns sent with the next request; epoch: bumped by "Clear chat", so a reply that
   // ends after a clear does not bring its turn back
-  const state = { history: [], controller: null, epoch: 0 };
+  const state = { history: [], controller: null, epoch: 0, statuses: false };
 
   function addMessage(role, text) {
     const el = document.createElement("article");
@@ -365,6 +365,7 @@
       }
     } finally {
       if (state.controller === controller) setBusy(null);
+      if (state.statuses) loadModels(); // a several-model server: the states moved (a load, an unload)
     }
   }
 
@@ -392,13 +393,20 @@
       return;
     }
     const list = await response.json();
+    state.statuses = (list.data || []).some((card) => card.status);
     const select = $("model");
     const previous = select.value;
     select.replaceChildren();
     for (const card of list.data || []) {
+      if (card.kind === "embedding") continue; // served by /v1/embeddings only
       const option = document.createElement("option");
       option.value = card.id;
       option.textContent = card.max_model_len ? `${card.id} (${card.max_model_len} ctx)` : card.id;
+      // a several-model server: the first message to an unloaded model loads it (keep-alives meanwhile)
+      const status = card.status;
+      if (status && (status.failed || status.value !== "loaded")) {
+        option.textContent += status.failed ? " (failed to load)" : ` (${status.value})`;
+      }
       select.append(option);
     }
     if (previous) select.value = previous;

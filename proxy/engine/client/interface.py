@@ -31,7 +31,7 @@ class ModelInfo:
         dtype: activation dtype served (``"bfloat16"``); None: not reported.
         quantization: what the weights are served as (``proxy.models.LoadedModel.quantization``,
             e.g. ``"gguf: Q4_1 -> int4 g32 x210, ..."`` or ``"none"``); None: not reported.
-        execution: the engine's execution plan (``proxy.engine.plan.ExecutionPlan.as_dict``); None:
+        execution: the engine's execution plan (``proxy.engine.execution.plan.ExecutionPlan.as_dict``); None:
             not reported.
     """
 

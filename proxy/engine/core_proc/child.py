@@ -65,34 +65,15 @@ def child_main(settings: Settings, conn: Connection) -> None:
         from proxy.models.device import keep_triton_out
 
         keep_triton_out(settings)  # before the imports below reach transformers and xgrammar
-        from proxy.engine.core import EngineCore
-        from proxy.engine.loading import load_engine_model
-        from proxy.engine.structured import GrammarCompiler, logits_width
-        from proxy.heap import freeze_heap
-        from proxy.quant.apply import trim_heap
-        from proxy.tokenizer import Tokenizer
+        from proxy.engine.loading import build_core
 
-        conn.send(Progress("loading the model"))
-        loaded = load_engine_model(settings)
-        tokenizer = Tokenizer(loaded.hf_tokenizer, generation_eos_ids=loaded.eos_token_ids)
-        loaded_s = time.monotonic() - start
-        conn.send(Progress(f"model loaded in {loaded_s:.1f} s; building the engine (KV cache)"))
-        num_logits = logits_width(loaded.model)
-        compiler = GrammarCompiler(loaded.hf_tokenizer, num_logits, tokenizer.eos_token_ids)
-        core = EngineCore(loaded.model, settings, tokenizer.eos_token_ids, loaded.max_model_len,
-                          grammar_compiler=compiler)
-        if settings.self_check is not False:  # as the in-process factory: refuse a model served wrong
-            from proxy.engine.selfcheck_record import check_at_load
-
-            conn.send(Progress("self-check against generate() (or its recorded pass)"))
-            check_at_load(loaded, settings, core.max_model_len)
-        freeze_heap()  # the loaded engine's objects out of the collector's full passes (proxy.heap)
-        trim_heap()  # the load's and the self-check's freed temporaries (1279 -> 1161 MiB measured)
+        built = build_core(settings, lambda stage: conn.send(Progress(stage)))
+        loaded, core, compiler = built.loaded, built.core, built.grammar_compiler
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
         conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
         return
     conn.send(ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
-                        tuple(sorted(loaded.eos_token_ids)), num_logits,
+                        tuple(sorted(loaded.eos_token_ids)), built.num_logits,
                         str(loaded.dtype).removeprefix("torch."), loaded.quantization,
                         time.monotonic() - start, wait_policy, CoreStats.of(core, 0),
                         core.execution.as_dict()))

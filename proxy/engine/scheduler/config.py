@@ -42,7 +42,7 @@ class SchedulerConfig:
             ratio have made at most this share of recent inter-token gaps (so an occasional prompt
             joins whole); 0: never. In [0, 1).
         prefill_token_multiple: the measured bound gives prefill tokens in multiples of this (the
-            rows of one fixed-shape prefill call, ``proxy.quant.dense_prefill.CALL_ROWS``, where
+            rows of one fixed-shape prefill call, the model runner's ``PrefillPlan.call_rows``, where
             the model runs prompt tokens in such calls; else 1).
         outputs_on_decode_path: the model runner computes every output token on its decode path
             (the CPU's compiled decode step), also when a preempted request recomputes them: a
@@ -89,7 +89,7 @@ class SchedulerConfig:
             settings: the server's settings.
             max_model_len: the context length in force (the engine lowers it to the KV pool's size).
             prefill_token_multiple, outputs_on_decode_path: see the class docstring (the engine
-                passes ``CALL_ROWS`` when it runs dense prefill, and True with a compiled decode step).
+                passes its ``PrefillPlan.call_rows`` when it runs one, and True with a compiled decode step).
         """
         return cls(
             max_num_seqs=settings.max_num_seqs,

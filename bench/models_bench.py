@@ -1,0 +1,144 @@
+"""Several models in one server (issue 48): a stream's inter-token gaps while another model loads, the
+load and unload times, and the resident memory with none, one and two models loaded and after unloading.
+
+Per mode (``--modes``, default ``process,thread``: each engine in its own child process, the default
+with several models, or ``--no-engine-process``: engines on threads of the server process, the peer
+run) one ``python -m proxy serve --model F=A --model F=B`` is started on a free port (the same folder
+``F`` twice under two ids; default: the default model's converted folder, ``--no-compile-decode`` so
+no start compiles). Then: ``POST /models/load A``; a greedy stream on A (``ignore_eos``) whose chunk
+arrival times are recorded; once ``--warm-chunks`` chunks came, ``POST /models/load B`` runs beside
+it; the stream is closed ``--after-chunks`` chunks after the load returned. Gaps are the differences
+of consecutive arrival times: ``before`` (all before the load started) and ``during`` (those that
+end within the load). RSS is ``VmRSS`` summed over the server and its descendants (an engine
+process included), read after each step.
+
+Printed per mode, one JSON line: the load and unload seconds, ``tpot_ms`` (median gap before the
+load), ``max_gap_during_ms``, ``p99_gap_during_ms``, ``max_gap_ratio`` (max during / median before:
+the issue's target is at most 2) and the RSS in MB; then the process / thread ratio of the max gap.
+
+Usage: ``python bench/models_bench.py [--model F] [--modes process,thread] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rss_bench import descendants
+
+from proxy.ports import start_serve
+
+
+def rss_mb(pid: int) -> float:
+    """``VmRSS`` (MB) summed over ``pid`` and its descendants."""
+    total_kb = 0
+    for p in descendants(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+        except OSError:
+            pass
+    return round(total_kb / 1024, 1)
+
+
+def default_folder() -> str:
+    from proxy.models import resolve_model_source
+    from proxy.settings import Settings
+
+    return str(resolve_model_source(Settings())[0])
+
+
+def _stream(base: str, arrivals: list[float], stop: threading.Event, max_tokens: int) -> None:
+    body = {"model": "A", "stream": True, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}]}
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=600) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic())
+            if stop.is_set():
+                return
+
+
+def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    server = start_serve(["--model", f"{folder}=A", "--model", f"{folder}=B", "--models-max", "2",
+                          "--no-compile-decode", "--max-model-len", "2048",
+                          "--engine-process" if mode == "process" else "--no-engine-process"],
+                         log_dir / f"models-{mode}.log")
+    proc, base = server.process, server.base_url
+    try:
+        out: dict[str, Any] = {"mode": mode, "rss_none_mb": rss_mb(proc.pid)}
+        start = time.monotonic()
+        httpx.post(f"{base}/models/load", json={"model": "A"}, timeout=600).raise_for_status()
+        out["load_a_s"] = round(time.monotonic() - start, 2)
+        out["rss_one_mb"] = rss_mb(proc.pid)
+        arrivals: list[float] = []
+        stop = threading.Event()
+        streamer = threading.Thread(target=_stream, args=(base, arrivals, stop, args.max_tokens))
+        streamer.start()
+        while len(arrivals) < args.warm_chunks:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        httpx.post(f"{base}/models/load", json={"model": "B"}, timeout=600).raise_for_status()
+        t1 = time.monotonic()
+        mark = len(arrivals)
+        while len(arrivals) < mark + args.after_chunks and streamer.is_alive():
+            time.sleep(0.01)
+        stop.set()
+        streamer.join(600)
+        out["load_b_during_stream_s"] = round(t1 - t0, 2)
+        gaps = [(b - a, b) for a, b in itertools.pairwise(arrivals)]
+        before = [g for g, end in gaps if end < t0]
+        during = sorted(g for g, end in gaps if t0 <= end <= t1 + 0.001)
+        tpot = statistics.median(before)
+        out["chunks_during_load"] = len(during)
+        out["tpot_ms"] = round(tpot * 1000, 1)
+        out["max_gap_before_ms"] = round(max(before) * 1000, 1)
+        out["max_gap_during_ms"] = round(max(during) * 1000, 1) if during else None
+        out["p99_gap_during_ms"] = round(during[int(0.99 * (len(during) - 1))] * 1000, 1) if during else None
+        out["max_gap_ratio"] = round(max(during) / tpot, 2) if during else None
+        out["rss_two_mb"] = rss_mb(proc.pid)
+        for name in ("B", "A"):
+            start = time.monotonic()
+            httpx.post(f"{base}/models/unload", json={"model": name}, timeout=600).raise_for_status()
+            out[f"unload_{name.lower()}_s"] = round(time.monotonic() - start, 2)
+            time.sleep(1.0)  # the child's exit is reaped
+            out[f"rss_after_unload_{name.lower()}_mb"] = rss_mb(proc.pid)
+        return out
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="HF folder served as A and B (default: the default)")
+    parser.add_argument("--modes", default="process,thread")
+    parser.add_argument("--max-tokens", type=int, default=1500)
+    parser.add_argument("--warm-chunks", type=int, default=30)
+    parser.add_argument("--after-chunks", type=int, default=20)
+    parser.add_argument("--log-dir", default="/tmp")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    folder = args.model or default_folder()
+    results = [run_mode(mode, folder, args, Path(args.log_dir)) for mode in args.modes.split(",")]
+    for r in results:
+        print(json.dumps(r))
+    by_mode = {r["mode"]: r for r in results}
+    if "process" in by_mode and "thread" in by_mode and by_mode["thread"]["max_gap_during_ms"]:
+        ratio = by_mode["process"]["max_gap_during_ms"] / by_mode["thread"]["max_gap_during_ms"]
+        print(json.dumps({"max_gap_during_process_over_thread": round(ratio, 2)}))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

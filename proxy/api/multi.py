@@ -1,0 +1,180 @@
+"""A several-model server's assembly and its model endpoints.
+
+- :func:`build_registry`: the :class:`~proxy.api.registry.ModelRegistry` of the catalog, whose loads
+  run the engine factory on a thread of its own (the engine core itself in a child process unless
+  ``--no-engine-process``) and whose unloads shut the engine down off the event loop.
+- ``GET /v1/models`` and ``GET /v1/models/{id}``: every known model with llama.cpp router's
+  ``"status": {"value": "loaded" | "loading" | "unloaded"}`` (a failed load: ``"failed": true`` and
+  its ``"reason"``) and its ``aliases``.
+- ``POST /models/load`` and ``POST /models/unload`` (llama.cpp router's paths, body ``{"model": id}``):
+  idempotent, unlike llama.cpp's (loading a loaded model or unloading an unloaded one is a 200
+  ``{"success": true}``); an unload waits for the model's requests in flight to end.
+- :func:`load_failure_reason`: one line naming the model, never a file path or a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy import protocol
+from proxy.catalog import ModelEntry, entry_settings, estimate_bytes, memory_budget
+from proxy.engine.client import EmbeddingClient, EngineClient, ModelInfo
+from proxy.errors import InvalidRequestError, StreamproxyError
+from proxy.settings import Settings
+from proxy.threads import start_in_own_thread
+
+from .body import read_json_body
+from .registry import Loaded, ModelRegistry, ModelSlot
+from .responses import json_response
+from .state import ServerState
+
+EngineFactory = Callable[[Settings], EngineClient]
+EmbeddingFactory = Callable[[Settings, ModelInfo], EmbeddingClient]
+REASON_MAX_CHARS = 300
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:])(?:~|/)[^\s'\"]*/[^\s'\",;:)]*")
+
+
+def load_failure_reason(exc: BaseException, model_id: str, path: str | None) -> str:
+    """``exc`` as one line for clients and ``/health``: its first line, the model's path replaced by
+    its id and any other absolute path by ``<path>`` (transformers' errors name absolute paths),
+    at most ``REASON_MAX_CHARS`` characters."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    if path:
+        for p in sorted({path, str(Path(path).expanduser()), str(Path(path).expanduser().resolve())}, key=len,
+                        reverse=True):
+            line = line.replace(p, f"<{model_id}>")
+    line = _ABSOLUTE_PATH.sub("<path>", line)
+    return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 3] + "..."
+
+
+async def _off_loop(fn: Callable[[Settings], Any], settings: Settings) -> Any:
+    return await asyncio.wrap_future(start_in_own_thread(fn, settings, name="streamproxy-load"))
+
+
+def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: ServerState,
+                   factory: EngineFactory, embed_factory: EmbeddingFactory) -> ModelRegistry:
+    """The registry of ``entries`` (``proxy.catalog.build_catalog``) with ``settings``' bounds."""
+
+    async def load(slot: ModelSlot) -> Loaded:
+        s = slot.settings
+        if slot.entry.kind == "embedding":  # served by /v1/embeddings only, loaded now
+            return None, await _off_loop(lambda s: embed_factory(s, ModelInfo("", 0)), s)
+        client = await _off_loop(factory, s)
+        client.start()
+        if state.fault_injector is not None:
+            client.fault_injector = state.fault_injector
+        try:
+            embedder = await _off_loop(lambda s: embed_factory(s, client.model), s)
+        except BaseException:
+            client.shutdown()
+            raise
+        return client, embedder
+
+    async def unload(slot: ModelSlot) -> None:
+        client, embedder = slot.client, slot.embedder
+
+        def stop(_: Settings) -> None:
+            if client is not None:
+                client.shutdown()
+            if embedder is not None:
+                embedder.shutdown()
+
+        await _off_loop(stop, slot.settings)
+
+    def reason_of(exc: BaseException, slot: ModelSlot) -> str:
+        if isinstance(exc, StreamproxyError):  # a refusal of ours (the memory budget): its own words
+            return exc.message
+        return f"{type(exc).__name__}: {load_failure_reason(exc, slot.id, slot.entry.path)}"
+
+    return ModelRegistry(entries, lambda e: entry_settings(settings, e), load, unload, reason_of,
+                         models_max=settings.models_max, ttl_s=settings.model_ttl_s,
+                         budget_bytes=memory_budget(settings), size_of=estimate_bytes)
+
+
+def _registry(request: Request) -> ModelRegistry:
+    registry: ModelRegistry | None = request.app.state.server.registry
+    assert registry is not None  # these routes are mounted only with a registry
+    return registry
+
+
+def model_card(registry: ModelRegistry, slot: ModelSlot) -> dict[str, Any]:
+    """One ``/v1/models`` entry: OpenAI's model object, what is served when loaded, its status."""
+    client, embedder = slot.client, slot.embedder
+    if client is not None:
+        info = client.model
+        card = protocol.model_card(slot.id, info.created, info.max_model_len, dtype=info.dtype,
+                                   quantization=info.quantization)
+    elif embedder is not None:
+        card = protocol.model_card(slot.id, embedder.created, embedder.max_model_len)
+    else:
+        card = protocol.model_card(slot.id, 0)
+    card["status"] = registry.status_of(slot)
+    card["aliases"] = list(slot.entry.aliases)
+    if slot.entry.kind != "generate":
+        card["kind"] = slot.entry.kind
+    return card
+
+
+def list_models(request: Request) -> Response:
+    """``GET /v1/models`` of a several-model server: every known model, in catalog order."""
+    registry = _registry(request)
+    return json_response({"object": "list", "data": [model_card(registry, s) for s in registry.slots]})
+
+
+def get_model(request: Request) -> Response:
+    """``GET /v1/models/{model_id}`` (an id or an alias); 404 ``model_not_found`` for another."""
+    registry = _registry(request)
+    return json_response(model_card(registry, registry.find(request.path_params.get("model_id", ""))))
+
+
+async def _named(request: Request) -> ModelSlot:
+    state: ServerState = request.app.state.server
+    body = await read_json_body(request, state.settings.max_body_bytes)
+    name = body.get("model")
+    if not isinstance(name, str):
+        raise InvalidRequestError("'model' (a model id) is required.", param="model")
+    return _registry(request).find(name)
+
+
+async def load_model(request: Request) -> Response:
+    """``POST /models/load`` ``{"model": id}``: load it (200 once loaded, also when it was); a failed
+    load is the 503 of its reason."""
+    slot = await _named(request)
+    request.app.state.server.check_not_draining()
+    await _registry(request).ensure_loaded(slot)
+    return json_response({"success": True, "model": slot.id, "status": _registry(request).status_of(slot)})
+
+
+async def unload_model(request: Request) -> Response:
+    """``POST /models/unload`` ``{"model": id}``: unload it once its requests have ended (200, also
+    when it was not loaded)."""
+    slot = await _named(request)
+    await _registry(request).unload(slot, "POST /models/unload")
+    return json_response({"success": True, "model": slot.id, "status": _registry(request).status_of(slot)})
+
+
+def health_models(registry: ModelRegistry) -> list[dict[str, Any]]:
+    """``/health``'s per-model states: ``{"id", "status"}`` (``loaded``, ``loading``, ``unloaded``,
+    ``failed``), a failed load's ``error``, and a loaded engine's ``num_running`` / ``num_waiting``
+    (``status`` ``dead`` when its engine has died)."""
+    out = []
+    for slot in registry.slots:
+        row: dict[str, Any] = {"id": slot.id, "status": slot.status}
+        if slot.error:
+            row["error"] = slot.error
+        client = slot.client
+        if client is not None and slot.status == "loaded":
+            stats = client.stats()
+            row["num_running"], row["num_waiting"] = stats.num_running, stats.num_waiting
+            if not client.is_healthy:
+                row["status"] = "dead"
+        out.append(row)
+    return out

@@ -1,0 +1,284 @@
+"""The models a server knows: repeated ``--model`` (``PATH`` or ``PATH=NAME``), ``--models-dir`` and a
+``--models-file`` (TOML), gathered into :class:`ModelEntry` rows and checked before anything loads.
+
+A server with one model (no ``--models-dir`` / ``--models-file``, at most one ``--model``) has an
+empty catalog: it serves ``Settings.model`` as it always has (loaded at start). With more, each entry
+is served by its own engine, loaded at its first request (``proxy.api.registry``), with the
+server's settings overridden by the entry's own options (:func:`entry_settings`).
+
+The models file, one table per model under ``models`` (the table's key is the id clients send)::
+
+    [models.qwen]
+    path = "/models/Qwen2.5-0.5B-Instruct"   # a Hugging Face folder or a .gguf file; relative to the file
+    aliases = ["gpt-4o-mini"]
+    max-model-len = 4096
+    reasoning-parser = "none"
+
+    [models.embed]
+    path = "bge-small-en-v1.5"
+    kind = "embedding"                        # served by POST /v1/embeddings only
+
+Ids: ``NAME`` of ``PATH=NAME``, else the matching ``--served-model-name`` (in order), else the folder's
+name or the ``.gguf`` file's stem (llama.cpp's router names them so too).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from proxy.settings import Settings
+
+KINDS = ("generate", "embedding")
+"""``kind`` of an entry: a chat/completions model, or one served by ``POST /v1/embeddings`` only."""
+ENTRY_OPTIONS: dict[str, tuple[str, type]] = {
+    "max-model-len": ("max_model_len", int),
+    "dtype": ("dtype", str),
+    "quantization": ("quantization", str),
+    "reasoning-parser": ("reasoning_parser", str),
+    "tool-call-parser": ("tool_call_parser", str),
+}
+"""A models file entry's engine options: key -> (``Settings`` field, type)."""
+ENTRY_KEYS = ("path", "aliases", "kind", *ENTRY_OPTIONS)
+
+
+class CatalogError(ValueError):
+    """A model list that cannot be served: the message names the entry (the CLI's usage error)."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model the server knows.
+
+    Attributes:
+        id: the id clients send as ``model``.
+        path: its Hugging Face folder or ``.gguf`` file.
+        aliases: other ids that name it.
+        options: ``Settings`` field -> value, the entry's own engine options (``ENTRY_OPTIONS``).
+        kind: ``"generate"`` or ``"embedding"``.
+    """
+
+    id: str
+    path: str
+    aliases: tuple[str, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+    kind: str = "generate"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The id and the aliases."""
+        return (self.id, *self.aliases)
+
+
+def model_id_of(path: str) -> str:
+    """The id of a model path: a ``.gguf`` file's stem, else the folder's name."""
+    p = Path(path).expanduser()
+    return p.stem if p.suffix.lower() == ".gguf" else p.name
+
+
+def check_model_path(path: str, where: str) -> None:
+    """Raises CatalogError unless ``path`` is a folder with ``config.json`` or a ``.gguf`` file."""
+    p = Path(path).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        return
+    what = ("a folder without config.json" if p.is_dir() else "not found" if not p.exists()
+            else "not a .gguf file")
+    raise CatalogError(f"{where}: {path!r} is not a model ({what}; a Hugging Face folder or a .gguf file)")
+
+
+def split_model_spec(spec: str) -> tuple[str, str | None]:
+    """``PATH=NAME`` -> ``(PATH, NAME)``; a ``PATH`` (also one that exists with an ``=`` in it) ->
+    ``(PATH, None)``."""
+    if "=" in spec and not Path(spec).expanduser().exists():
+        path, _, name = spec.rpartition("=")
+        if path and name:
+            return path, name
+    return spec, None
+
+
+def scan_models_dir(folder: str) -> list[ModelEntry]:
+    """Every Hugging Face folder (with ``config.json``) and ``.gguf`` file directly in ``folder``, by
+    name; other files are skipped.
+
+    Raises:
+        CatalogError: ``folder`` is not a folder.
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise CatalogError(f"--models-dir {folder!r} is not a folder")
+    entries = []
+    for child in sorted(root.iterdir()):
+        is_model = (child.is_dir() and (child / "config.json").is_file()) or (
+            child.is_file() and child.suffix.lower() == ".gguf")
+        if is_model:
+            entries.append(ModelEntry(model_id_of(str(child)), str(child)))
+    return entries
+
+
+def _entry_from_table(model_id: str, table: Any, base: Path) -> ModelEntry:
+    where = f"--models-file: [models.{model_id}]"
+    if not isinstance(table, dict):
+        raise CatalogError(f"{where} must be a table")
+    unknown = sorted(set(table) - set(ENTRY_KEYS))
+    if unknown:
+        raise CatalogError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(ENTRY_KEYS)})")
+    path = table.get("path")
+    if not isinstance(path, str) or not path:
+        raise CatalogError(f"{where}: 'path' (a string) is required")
+    full = Path(path).expanduser()
+    if not full.is_absolute():
+        full = base / full
+    check_model_path(str(full), where)
+    aliases = table.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise CatalogError(f"{where}: 'aliases' must be a list of strings")
+    kind = table.get("kind", "generate")
+    if kind not in KINDS:
+        raise CatalogError(f"{where}: 'kind' must be one of {KINDS}, got {kind!r}")
+    options = []
+    for key, (field, typ) in ENTRY_OPTIONS.items():
+        if key in table:
+            value = table[key]
+            if not isinstance(value, typ) or isinstance(value, bool):
+                raise CatalogError(f"{where}: {key!r} must be a {typ.__name__}")
+            options.append((field, value))
+    return ModelEntry(model_id, str(full), tuple(aliases), tuple(options), kind)
+
+
+def read_models_file(path: str) -> list[ModelEntry]:
+    """The entries of a models file (TOML, module docstring), in file order.
+
+    Raises:
+        CatalogError: unreadable or not TOML, a top-level key other than ``models``, an entry with
+            an unknown key, a missing or non-model ``path``, a bad option type.
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise CatalogError("--models-file needs Python 3.11 or later (tomllib)") from None
+    file = Path(path).expanduser()
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise CatalogError(f"--models-file {path!r}: {exc}") from None
+    unknown = sorted(set(data) - {"models"})
+    if unknown:
+        raise CatalogError(f"--models-file {path!r}: unknown key {unknown[0]!r} (only [models.ID] tables)")
+    models = data.get("models", {})
+    if not isinstance(models, dict):
+        raise CatalogError(f"--models-file {path!r}: 'models' must be tables [models.ID]")
+    return [_entry_from_table(model_id, table, file.parent) for model_id, table in models.items()]
+
+
+def is_multi_model(settings: Settings) -> bool:
+    """Several models (each loaded on demand), rather than one loaded at start."""
+    return bool(settings.extra_models or settings.models_dir or settings.models_file)
+
+
+def build_catalog(settings: Settings) -> tuple[ModelEntry, ...]:
+    """The models of ``settings`` in order: ``--model`` (first ``model``, then ``extra_models``),
+    ``--models-dir``, ``--models-file``; empty for a single-model server (:func:`is_multi_model`).
+
+    Raises:
+        CatalogError: a path that is not a model, two entries with one id or alias (naming both),
+            a bad models file or folder, ``--served-model-name`` without ``--model``,
+            ``--embedding-model`` (an embedding model is an entry of its own here).
+    """
+    if not is_multi_model(settings):
+        return ()
+    if settings.model is None and settings.served_model_name:
+        raise CatalogError("--served-model-name names a --model, and none is given (--models-dir and "
+                           "--models-file name their own)")
+    if settings.embedding_model or settings.served_embedding_model_name:
+        raise CatalogError("--embedding-model serves one embedding model beside one chat model; with several "
+                           "models give it its own entry (kind = \"embedding\" in --models-file)")
+    entries: list[ModelEntry] = []
+    if settings.model is not None:
+        entries.append(_cli_entry(settings.model, settings.served_model_name))
+    entries += [_cli_entry(*split_model_spec(spec)) for spec in settings.extra_models]
+    if settings.models_dir:
+        entries += scan_models_dir(settings.models_dir)
+    if settings.models_file:
+        entries += read_models_file(settings.models_file)
+    seen: dict[str, ModelEntry] = {}
+    for entry in entries:
+        for name in entry.names:
+            if name in seen:
+                raise CatalogError(f"two models are named {name!r}: {seen[name].path!r} and {entry.path!r}; "
+                                   "give one another id (--model PATH=NAME or the models file's table key)")
+            seen[name] = entry
+    if not entries:
+        raise CatalogError("--models-dir / --models-file list no model")
+    return tuple(entries)
+
+
+def _cli_entry(path: str, name: str | None) -> ModelEntry:
+    check_model_path(path, "--model")
+    return ModelEntry(name or model_id_of(path), path)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+"""Files counted as a model's weights by :func:`estimate_bytes`."""
+MEMINFO = "/proc/meminfo"
+
+
+def estimate_bytes(settings: Settings) -> int:
+    """Host memory a model's engine is counted at against ``--models-memory-bytes``: the size of its
+    weight files (``WEIGHT_SUFFIXES`` directly in its folder, or its ``.gguf`` file) plus its KV cache
+    pool (:func:`kv_pool_bytes`). An estimate: an engine process adds its own interpreter and torch
+    (``docs/bench/2026-12-06-several-models.md``)."""
+    path = Path(settings.model or "").expanduser()
+    files = [path] if path.is_file() else [p for p in path.glob("*") if p.suffix.lower() in WEIGHT_SUFFIXES]
+    return sum(p.stat().st_size for p in files if p.is_file()) + kv_pool_bytes(settings, path)
+
+
+def kv_pool_bytes(settings: Settings, folder: Path) -> int:
+    """The CPU KV pool's bytes as the engine sizes it: ``num_kv_blocks`` blocks, else enough for
+    ``max_num_seqs`` full contexts capped by ``kv_cache_bytes``; a token's keys and values from the
+    folder's ``config.json`` (layers x KV heads x head size x 2, 4 bytes in float32, else 2). Without a
+    readable config (a ``.gguf`` file): ``kv_cache_bytes``."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        config = config.get("text_config", config)
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        per_token = (2 * int(config["num_hidden_layers"]) * int(config.get("num_key_value_heads") or heads)
+                     * head_dim * (4 if settings.dtype == "float32" else 2))
+        context = settings.max_model_len or int(config.get("max_position_embeddings") or 0)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return settings.kv_cache_bytes
+    if not context:
+        return settings.kv_cache_bytes
+    if settings.num_kv_blocks is not None:
+        return per_token * settings.block_size * settings.num_kv_blocks
+    return min(settings.kv_cache_bytes, per_token * settings.max_num_seqs * context)
+
+
+def memory_budget(settings: Settings, meminfo: str = MEMINFO) -> int:
+    """``--models-memory-bytes``, or when unset 90% of ``MemAvailable`` now (0: no check, also where
+    ``meminfo`` cannot be read)."""
+    if settings.models_memory_bytes is not None:
+        return settings.models_memory_bytes
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 * 9 // 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def entry_settings(settings: Settings, entry: ModelEntry) -> Settings:
+    """The settings one entry's engine runs with: the server's, with the entry's path, id and
+    options; an embedding entry is the ``embedding_model`` of that engine. Engines run in their own
+    process unless ``--no-engine-process`` (an unloaded model's memory then goes back to the OS)."""
+    engine_process = True if settings.engine_process is None else settings.engine_process
+    base = replace(settings, model=entry.path, served_model_name=entry.id, extra_models=(),
+                   models_dir=None, models_file=None, engine_process=engine_process)
+    if entry.kind == "embedding":
+        base = replace(base, embedding_model=entry.path, served_embedding_model_name=entry.id)
+    return replace(base, **dict(entry.options))

@@ -1,0 +1,131 @@
+"""The execution choice (``proxy.engine.execution.choice``): made once before the model loads from settings,
+device, the environment switches and a machine probe, and acted on by the loader and the runner."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from proxy.engine.core import EngineCore
+from proxy.engine.execution import compiled_step
+from proxy.engine.execution.attention import register
+from proxy.engine.execution.choice import ExecutionChoice, MachineProbe, PrefillPlan, choose_execution
+from proxy.engine.execution.runtime_key import runtime_inputs
+from proxy.quant import amx_int4
+from proxy.quant.apply import quantize_linears
+from proxy.quant.dense_prefill import dense_weight_dtype
+from proxy.quant.linear import PackedLinear, quantize_int4
+from proxy.quant.linear_kernels import LinearKernels
+from proxy.settings import ExecutionSwitches, Settings, execution_switches
+
+from ..arch_zoo import build_model
+
+CPU = torch.device("cpu")
+#: a CPU whose AMX int4 kernel runs, with every build loaded
+AMX_MACHINE = MachineProbe(cpu_flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16"), amx_int4=None,
+                           q8_isa="avx512", op_kernels=None, hot_path="compiled")
+
+
+def test_the_switches_are_read_from_the_environment_by_name() -> None:
+    assert execution_switches({}) == ExecutionSwitches(amx_int4=True, torch_ops=True)
+    assert execution_switches({"STREAMPROXY_AMX_INT4": "0"}) == ExecutionSwitches(False, True)
+    assert execution_switches({"STREAMPROXY_TORCH_OPS": "0"}) == ExecutionSwitches(True, False)
+    assert execution_switches({"STREAMPROXY_AMX_INT4": "1", "STREAMPROXY_TORCH_OPS": "yes"}) == \
+        ExecutionSwitches(True, True)
+
+
+@pytest.mark.parametrize(("device", "overrides", "step"), [
+    ("cpu", {}, "compiled"),  # where the model allows (packed linears by default): the runner checks
+    ("cpu", {"compile_decode": True}, "compiled"),
+    ("cpu", {"compile_decode": False}, "eager"),
+    ("cpu", {"enforce_eager": True, "compile_decode": True}, "eager"),
+    ("cuda", {}, "cuda_graphs"),
+    ("cuda", {"enforce_eager": True}, "eager"),
+])
+def test_the_step_is_chosen_from_the_settings_and_the_device(device: str, overrides: dict[str, Any],
+                                                              step: str) -> None:
+    choice = choose_execution(Settings(**overrides), torch.device(device), probe=AMX_MACHINE)
+    assert choice.step == step and choice.device == device
+
+
+def test_the_amx_kernel_is_chosen_where_the_switch_and_the_machine_allow() -> None:
+    def amx(device: str = "cpu", switches: ExecutionSwitches | None = None,
+            probe: MachineProbe = AMX_MACHINE) -> bool:
+        return choose_execution(Settings(), torch.device(device), switches=switches or ExecutionSwitches(),
+                                probe=probe).linears.amx_int4
+
+    assert amx()
+    assert not amx(switches=ExecutionSwitches(amx_int4=False))
+    assert not amx(probe=dataclasses.replace(AMX_MACHINE, amx_int4="no AMX-BF16 here"))
+    assert not amx("cuda")
+
+
+def test_the_prefill_plan_follows_the_setting() -> None:
+    assert choose_execution(Settings(dense_prefill=False), CPU, probe=AMX_MACHINE).prefill is None
+    on = choose_execution(Settings(dense_prefill=True), CPU, probe=AMX_MACHINE)
+    dtype = dense_weight_dtype(CPU)
+    assert on.linears.dense_prefill == dtype
+    assert on.prefill == PrefillPlan(str(dtype).removeprefix("torch."), 64, dtype == torch.bfloat16)
+    assert choose_execution(Settings(), torch.device("cuda"), probe=AMX_MACHINE).prefill is None
+
+
+def test_layers_built_under_the_loaders_part_take_its_int4_kernel() -> None:
+    def layer() -> PackedLinear:
+        return PackedLinear(quantize_int4(torch.randn(32, 64), 32), None, 32, CPU, torch.bfloat16, "int4")
+
+    def built(amx: bool) -> PackedLinear:
+        with LinearKernels(amx_int4=amx, dense_prefill=None).building():
+            return layer()
+
+    assert not built(False).amx
+    assert built(True).amx is amx_int4.kernel_available()
+    assert layer().amx is amx_int4.kernel_available()  # the block restored the default
+    seen: list[bool] = []
+    with LinearKernels(amx_int4=False, dense_prefill=None).building():
+        other = threading.Thread(target=lambda: seen.append(layer().amx))  # a load on another thread
+        other.start()
+        other.join()
+        assert not layer().amx
+    assert seen == [amx_int4.kernel_available()]
+
+
+def _engine(model: torch.nn.Module, tmp_path: Path, choice: ExecutionChoice, **overrides: Any) -> EngineCore:
+    model.set_attn_implementation(register())
+    settings = Settings(block_size=4, num_kv_blocks=32, cache_dir=str(tmp_path), **overrides)
+    return EngineCore(model, settings, [2], max_model_len=100, choice=choice)
+
+
+def test_the_runner_runs_the_step_it_is_handed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_compile(args: Any) -> Any:
+        raise AssertionError("compiled although the choice says eager")
+
+    monkeypatch.setattr(compiled_step, "_compile", no_compile)
+    eager = choose_execution(Settings(enforce_eager=True), CPU)
+    core = _engine(copy.deepcopy(build_model("llama")), tmp_path, eager, compile_decode=True)
+    assert core.runner.choice is eager and core.runner.decode.kind == "eager"
+    assert core.execution.step == "eager"
+
+
+def test_the_plan_names_the_switch_that_kept_the_amx_kernel_off(tmp_path: Path) -> None:
+    off = choose_execution(Settings(), CPU, switches=ExecutionSwitches(amx_int4=False))
+    model = copy.deepcopy(build_model("llama")).to(torch.bfloat16)
+    with off.linears.building():
+        quantize_linears(model, "int4", 32, torch.bfloat16)
+    plan = _engine(model, tmp_path, off, enforce_eager=True).execution
+    assert plan.linears == {"dense": 1, "int4 torch": 14}
+    assert plan.off["int4 amx"] == "turned off (STREAMPROXY_AMX_INT4=0)"
+
+
+def test_another_choice_never_shares_a_compiled_step_or_a_self_check() -> None:
+    model = build_model("llama")
+    on = choose_execution(Settings(), CPU, probe=AMX_MACHINE)
+    off = choose_execution(Settings(), CPU, switches=ExecutionSwitches(amx_int4=False), probe=AMX_MACHINE)
+    assert runtime_inputs(on.key())["execution"]["amx_int4"] is True
+    assert compiled_step.artifact_key(model, on.key()) != compiled_step.artifact_key(model, off.key())
+    assert compiled_step.artifact_key(model, on.key()) == compiled_step.artifact_key(model, dict(on.key()))
