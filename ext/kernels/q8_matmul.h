@@ -5,8 +5,9 @@
  * Per output feature n and row m the sum runs over K in one fixed order: L fp32 lanes (8 with AVX2,
  * 16 with AVX-512), each accumulating with fused multiply-adds the products x[m, k] * w[n, k] of the
  * k in its lane, 32 inputs at a time, where w[n, k] = fma(codes[n, k], scales[n, k / group], zero) with
- * zero = zeros[n, k / group] or +0 (the product is exact in fp32: an 8-bit code times a scale of at most
- * 16 significant bits, a Q6_K code has 6, so w is the exact sum rounded once, as gguf computes it); the lanes are then added pairwise (AVX2: 4+4, 2+2, 1+1;
+ * zero = zeros[n, k / group] or +0 (the product is exact in fp32: the code's and the scale's significant
+ * bits add up to at most 24 for every GGUF type served, e.g. Q8_0 8 + 11, IQ4_XS 7 + 17, Q6_K 6 + 18, so
+ * w is the exact sum rounded once, as gguf computes it); the lanes are then added pairwise (AVX2: 4+4, 2+2, 1+1;
  * AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share a call or on
  * the thread count (threads split N), so a row's result is the same bits in any batch. The two
  * instruction sets sum in other orders: a process uses one (sp_q8_best_isa, unless told otherwise).
