@@ -7,8 +7,8 @@
  * k in its lane, 32 inputs at a time, where w[n, k] = fma(codes[n, k], scales[n, k / group], zero) with
  * zero = zeros[n, k / group] or +0 (the product is exact in fp32: the code's and the scale's significant
  * bits add up to at most 24 for every GGUF type served, e.g. Q8_0 8 + 11, IQ4_XS 7 + 17, Q6_K 6 + 18, so
- * w is the exact sum rounded once, as gguf computes it); the lanes are then added pairwise (AVX2: 4+4, 2+2, 1+1;
- * AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share a call or on
+ * w is the exact sum rounded once, as gguf computes it); the lanes are then added pairwise (AVX2:
+ * 4+4, 2+2, 1+1; AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share a call or on
  * the thread count (threads split N), so a row's result is the same bits in any batch. The two
  * instruction sets sum in other orders: a process uses one (sp_q8_best_isa, unless told otherwise).
  */
