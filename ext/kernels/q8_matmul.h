@@ -8,8 +8,8 @@
  * zero = zeros[n, k / group] or +0 (the product is exact in fp32: the code's and the scale's significant
  * bits add up to at most 24 for every GGUF type served, e.g. Q8_0 8 + 11, IQ4_XS 7 + 17, Q6_K 6 + 18, so
  * w is the exact sum rounded once, as gguf computes it); the lanes are then added pairwise (AVX2:
- * 4+4, 2+2, 1+1; AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share a call or on
- * the thread count (threads split N), so a row's result is the same bits in any batch. The two
+ * 4+4, 2+2, 1+1; AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share
+ * a call or on the thread count (threads split N), so a row's result is the same bits in any batch. The two
  * instruction sets sum in other orders: a process uses one (sp_q8_best_isa, unless told otherwise).
  */
 #ifndef STREAMPROXY_Q8_MATMUL_H
@@ -190,8 +190,8 @@ static SP_AVX512 void sp_q8_matmul_avx512(const float *x, int64_t M, int64_t K, 
 #endif
 
 /* The whole product; K % 32 == 0, all arrays contiguous, x and y fp32, scales fp32 [N, K / group] with
- * group 32 or 16 (anything else computes nothing), zeros fp32 as scales or NULL (none); isa: SP_Q8_AVX2 or SP_Q8_AVX512, one this CPU runs
- * (sp_q8_best_isa; anything else computes nothing). Threads (OpenMP, num_threads) take contiguous
+ * group 32 or 16 (anything else computes nothing), zeros fp32 as scales or NULL (none); isa:
+ * SP_Q8_AVX2 or SP_Q8_AVX512, one this CPU runs (sp_q8_best_isa; anything else computes nothing). Threads (OpenMP, num_threads) take contiguous
  * ranges of N. Group 16 sums in the same order as group 32 (only the scale a product uses differs). */
 static void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
                          const float *scales, const float *zeros, int64_t group, int64_t N, float *y,
