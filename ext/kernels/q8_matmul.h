@@ -192,7 +192,8 @@ static SP_AVX512 void sp_q8_matmul_avx512(const float *x, int64_t M, int64_t K, 
 /* The whole product; K % 32 == 0, all arrays contiguous, x and y fp32, scales fp32 [N, K / group] with
  * group 32 or 16 (anything else computes nothing), zeros fp32 as scales or NULL (none); isa:
  * SP_Q8_AVX2 or SP_Q8_AVX512, one this CPU runs (sp_q8_best_isa; anything else computes nothing).
- * Threads (OpenMP, num_threads) take contiguous ranges of N. Group 16 sums in the same order as group 32 (only the scale a product uses differs). */
+ * Threads (OpenMP, num_threads) take contiguous ranges of N. Group 16 sums in the same order as
+ * group 32 (only the scale a product uses differs). */
 static void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
                          const float *scales, const float *zeros, int64_t group, int64_t N, float *y,
                          int num_threads, int isa) {
