@@ -2,7 +2,8 @@
 argument group each, in this order) and the reader of a dataclass docstring's ``Attributes:``.
 
 A new ``Settings`` field goes into exactly one group of :data:`SETTINGS_GROUPS` below
-(``tests/test_cli.py`` fails otherwise and names the field). The scheduler group's knobs are
+(``tests/test_cli.py`` fails otherwise and names the field; until then ``--help`` lists it under
+"other"). The scheduler group's knobs are
 described once, in ``proxy.engine.scheduler.SchedulerConfig``'s docstring; every other field in
 ``Settings``' own.
 """
@@ -50,19 +51,6 @@ SETTINGS_GROUPS: tuple[SettingsGroup, ...] = (
 )
 """Every ``Settings`` field in exactly one group; a new field is added to the group it belongs to
 (or a new group, placed where ``--help`` should print it)."""
-
-
-def group_of(field_name: str) -> SettingsGroup:
-    """The group holding ``field_name``.
-
-    Raises:
-        KeyError: no group holds it, with where to add it.
-    """
-    for group in SETTINGS_GROUPS:
-        if field_name in group.fields:
-            return group
-    raise KeyError(f"Settings field {field_name!r} is in no group: add it to one of SETTINGS_GROUPS in "
-                   "proxy/settings_groups.py")
 
 
 def grouping_errors(field_names: list[str] | tuple[str, ...]) -> list[str]:
