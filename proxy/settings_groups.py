@@ -71,7 +71,8 @@ def grouping_errors(field_names: list[str] | tuple[str, ...]) -> list[str]:
 
 def attribute_docs(cls: type) -> dict[str, str]:
     """Each attribute's description from the ``Attributes:`` section of ``cls``' docstring, its
-    lines joined and ````code```` marks dropped; an entry ``a, b: text`` describes both."""
+    lines joined, ````code```` marks and Sphinx roles (``:func:`x```) reduced to the name; an entry
+    ``a, b: text`` describes both."""
     doc = inspect.getdoc(cls) or ""
     out: dict[str, str] = {}
     names: list[str] = []
@@ -85,4 +86,4 @@ def attribute_docs(cls: type) -> dict[str, str]:
         elif names and line.strip():
             for name in names:
                 out[name] += " " + line.strip().replace("``", "")
-    return out
+    return {name: re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text) for name, text in out.items()}

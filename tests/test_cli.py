@@ -146,6 +146,7 @@ def test_help_describes_each_option_from_the_settings_docstring() -> None:
         "KV blocks on CPU; None: enough for max_num_seqs full contexts, capped by"
     )
     assert helps["keepalive_interval_s"].startswith("seconds between SSE comment lines")
+    assert "a bare config: NO_CAP)" in helps["max_num_partial_prefills"]  # Sphinx roles reduced to the name
     assert all(h and "(env STREAMPROXY_" in h for d, h in helps.items() if d != "help")
 
 
