@@ -1,7 +1,8 @@
 """Side-by-side serving comparison of streamproxy against its peers, on one machine, in one run.
 
-Each server is started in turn on 127.0.0.1 with the same model (SmolLM2-135M-Instruct: an HF
-folder for the torch servers, the GGUF itself for llama.cpp), the same thread count, and driven by
+Each server is started in turn on 127.0.0.1 with the same model (SmolLM2-135M-Instruct, or
+``--model PATH``: an HF folder for the torch servers, the GGUF itself for llama.cpp; ``BenchModel``),
+the same thread count, and driven by
 the same ``bench/serve_bench.py`` sweep; then one table prints every server's numbers with ratios
 against streamproxy. Peers (``--peers``):
 
@@ -35,6 +36,8 @@ Usage (CPU, the issue's sweep)::
     python bench/compare.py --eos-logit-bias      # every peer masks EOS by logit_bias, not ignore_eos
     python bench/compare.py --device cuda         # GPU: streamproxy, transformers, vllm
     python bench/compare.py --peers streamproxy,streamproxy-dense,vllm --concurrency 1,16   # vLLM's CPU build
+    python bench/compare.py --model M.gguf --peers streamproxy,llama-server --long-prompts 1024,8192
+        # another model (bench/sized_models.py builds real shapes), prefill at long prompts too
 """
 
 from __future__ import annotations
@@ -178,7 +181,7 @@ def hf_folder(scratch: Path) -> Path:
     """An HF folder of the default model for the torch servers.
 
     Streamproxy's own converted copy under ~/.cache/streamproxy/ when there is one (a folder holding
-    config.json and *.safetensors whose name mentions smollm2); else the GGUF dequantized to float32
+    config.json and *.safetensors whose name mentions smollm2-135m); else the GGUF dequantized to float32
     with transformers into ``scratch`` (once; about 30 s).
     """
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "streamproxy"
@@ -186,7 +189,7 @@ def hf_folder(scratch: Path) -> Path:
         for cfg in sorted(cache.rglob("config.json")):
             d = cfg.parent
             if (
-                "smollm2" in str(d).lower()
+                "smollm2-135m" in str(d).lower()  # not another SmolLM2 served from a GGUF (1.7B ...)
                 and any(d.glob("*.safetensors"))
                 and (d / "tokenizer.json").exists()
             ):
@@ -213,6 +216,124 @@ def eos_token_ids(folder: Path) -> list[int]:
     return sorted(ids)
 
 
+def gguf_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The GGUF's metadata values named in ``keys`` (a ``{arch}`` in a key is the file's
+    ``general.architecture``) that the file has; read with the ``gguf`` package (memory-mapped)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else ""
+    out = {}
+    for key in keys:
+        f = reader.fields.get(key.replace("{arch}", str(arch)))
+        if f is not None:
+            out[key] = f.contents()
+    return out
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """The model every peer serves. ``path`` is what ``--model`` named (None: the default model,
+    SmolLM2-135M-Instruct); the llama.cpp peers get ``gguf``, the torch peers ``hf``; ``alias`` is the
+    model id the llama.cpp peers and vLLM answer to."""
+
+    path: Path | None = None
+    gguf: Path | None = None
+    hf: Path | None = None
+    alias: str = "smollm2"
+
+    def gguf_file(self) -> Path:
+        """The GGUF for the llama.cpp peers.
+
+        Raises:
+            PeerUnavailable: ``--model`` is an HF folder and no ``--gguf-model`` was given.
+        """
+        if self.path is None:
+            return gguf_path()
+        if self.gguf is None:
+            raise PeerUnavailable(f"{self.path} is not a GGUF; pass one with --gguf-model")
+        return self.gguf
+
+    def hf_dir(self, scratch: Path) -> Path:
+        """The HF folder for the torch peers.
+
+        Raises:
+            PeerUnavailable: ``--model`` is a GGUF without an HF folder (``--hf-model``).
+        """
+        if self.path is None:
+            return hf_folder(scratch)
+        if self.hf is None:
+            raise PeerUnavailable(f"no HF folder for {self.path}; pass one with --hf-model")
+        return self.hf
+
+    def tokenizer_dir(self, scratch: Path) -> Path | None:
+        """A local folder with the model's tokenizer (serve_bench's prompts and counts), or None."""
+        return hf_folder(scratch) if self.path is None else self.hf
+
+    def eos_ids(self, scratch: Path) -> list[int]:
+        """The model's EOS ids: its HF folder's configs, else the GGUF's ``tokenizer.ggml.eos_token_id``
+        and ``eot_token_id``."""
+        folder = self.tokenizer_dir(scratch)
+        if folder is not None:
+            return eos_token_ids(folder)
+        meta = gguf_metadata(self.gguf_file(), ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"))
+        return sorted({int(v) for v in meta.values()})
+
+    def context(self, scratch: Path) -> int | None:
+        """The model's context length in tokens (``max_position_embeddings`` of its config, else the
+        GGUF's ``{arch}.context_length``); None when neither says."""
+        folder = self.tokenizer_dir(scratch)
+        if folder is not None and (folder / "config.json").exists():
+            n = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+            if isinstance(n, int):
+                return n
+        if self.path is None and self.gguf is None:
+            return None
+        n = gguf_metadata(self.gguf_file(), ("{arch}.context_length",)).get("{arch}.context_length")
+        return int(n) if n is not None else None
+
+
+def bench_model(args: argparse.Namespace) -> BenchModel:
+    """The :class:`BenchModel` of ``--model`` (a GGUF file or an HF folder), ``--gguf-model`` and
+    ``--hf-model``. A GGUF's HF folder defaults to ``hf/`` beside it (``bench/sized_models.py``'s
+    layout) when that holds a ``config.json``; the alias is the GGUF's file name without ``.gguf``, or
+    the folder's name (its parent's for a folder named ``hf``).
+
+    Raises:
+        SystemExit: a path that does not exist, or a file that is not ``.gguf``.
+    """
+    if args.model is None:
+        return BenchModel()
+    path = Path(args.model).expanduser().resolve()
+    gguf = Path(args.gguf_model).expanduser().resolve() if args.gguf_model else None
+    hf = Path(args.hf_model).expanduser().resolve() if args.hf_model else None
+    if path.is_file() and path.suffix == ".gguf":
+        gguf = path
+        beside = path.parent / "hf"
+        if hf is None and (beside / "config.json").exists():
+            hf = beside
+        alias = path.stem
+    elif path.is_dir() and (path / "config.json").exists():
+        hf = path
+        alias = path.parent.name if path.name == "hf" else path.name
+    else:
+        raise SystemExit(f"--model {args.model}: neither a .gguf file nor a folder with config.json")
+    for p in (gguf, hf):
+        if p is not None and not p.exists():
+            raise SystemExit(f"{p} does not exist")
+    return BenchModel(path, gguf, hf, alias)
+
+
+def long_prompt_lens(args: argparse.Namespace, context: int | None) -> list[int]:
+    """``--long-prompts`` lengths that fit the model's context with 256 tokens to spare (all of them
+    when the context is unknown); the others are logged and left out."""
+    lens = [int(x) for x in args.long_prompts.split(",") if x.strip()]
+    fit = [n for n in lens if context is None or n + 256 <= context]
+    if len(fit) < len(lens):
+        log(f"long prompts {sorted(set(lens) - set(fit))} left out: the model's context is {context} tokens")
+    return fit
+
+
 # --------------------------------------------------------------------------------------------------
 # Building the peers (cached in the scratch folder)
 
@@ -234,23 +355,36 @@ def llama_sources(scratch: Path) -> Path:
     return src
 
 
-def build_llama_server(scratch: Path, cuda: bool = False) -> Path:
-    """Build llama.cpp's ``llama-server`` with cmake from the vendored sources; returns the binary."""
+def build_llama_cpp(scratch: Path, target: str = "llama-server", cuda: bool = False) -> Path:
+    """Build one of llama.cpp's cmake targets (``llama-server``, ``llama-quantize``, ...) with cmake
+    from the vendored sources into one build folder shared by all targets; returns the binary.
+
+    A target is rebuilt when its binary is missing or was built with other cmake flags (a stamp file
+    per target holds them).
+
+    Raises:
+        PeerUnavailable: when cmake fails or the binary is missing afterwards.
+    """
     build = scratch / ("llama.cpp-build-cuda" if cuda else "llama.cpp-build")
-    binary = build / "bin" / "llama-server"
+    binary = build / "bin" / target
     flags = LLAMA_CMAKE_FLAGS + llama_isa_flags() + (["-DGGML_CUDA=ON"] if cuda else [])
-    stamp = build / "streamproxy-cmake-flags.txt"  # a build with other flags is reconfigured
+    stamp = build / f"streamproxy-cmake-flags-{target}.txt"  # a build with other flags is reconfigured
     if binary.exists() and stamp.exists() and stamp.read_text() == " ".join(flags):
         return binary
     src = llama_sources(scratch) / "vendor" / "llama.cpp"
-    logf = scratch / "logs" / "llama-server-build.log"
-    log(f"building llama-server in {build} (about 6 minutes on 2 cores; log {logf})")
+    logf = scratch / "logs" / f"{target}-build.log"
+    log(f"building {target} in {build} (about 6 minutes on 2 cores for the first target; log {logf})")
     _run(["cmake", "-S", str(src), "-B", str(build), *flags], logf)
-    _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 2)], logf)
+    _run(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)], logf)
     if not binary.exists():
         raise PeerUnavailable(f"cmake finished but {binary} is missing")
     stamp.write_text(" ".join(flags))
     return binary
+
+
+def build_llama_server(scratch: Path, cuda: bool = False) -> Path:
+    """Build llama.cpp's ``llama-server`` (``build_llama_cpp``); returns the binary."""
+    return build_llama_cpp(scratch, "llama-server", cuda)
 
 
 def venv_python(venv: Path) -> Path:
@@ -476,26 +610,43 @@ def vllm_cpu_env(threads: int, bind: str, kv_gib: int) -> dict[str, str]:
             "VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
 
 
+def _context_sizes(args: argparse.Namespace, model: BenchModel, scratch: Path) -> tuple[int, int, list[int]]:
+    """(tokens one request of the sweep needs, tokens the long-prompt phase needs at most, the
+    long-prompt lengths that fit the model): what the llama.cpp peers' ``-c`` and vLLM's
+    ``--max-model-len`` are sized from."""
+    per_request = args.input_len + args.output_len + 256
+    lens = long_prompt_lens(args, model.context(scratch)) if args.long_prompts else []
+    longest = max(lens) + 256 if lens else 0
+    return per_request, longest, lens
+
+
 def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> Peer:
-    """Build/install what ``name`` needs and describe how to start it on ``port``.
+    """Build/install what ``name`` needs and describe how to start it on ``port``, serving
+    :func:`bench_model`'s model.
 
     Raises:
-        PeerUnavailable: when it cannot be built or installed.
+        PeerUnavailable: when it cannot be built or installed, or the model has no file it can load.
     """
     host = ["--host", "127.0.0.1", "--port", str(port)]
     cuda = args.device == "cuda"
-    folder = hf_folder(scratch)
-    eos = ",".join(str(i) for i in eos_token_ids(folder))
+    model = bench_model(args)
+    eos = ",".join(str(i) for i in model.eos_ids(scratch))
     t = str(args.threads)
+    per_request, longest, lens = _context_sizes(args, model, scratch)
+    long_args = (["--long-prompt-lens", ",".join(map(str, lens)), "--long-prompt-streams",
+                  str(args.long_prompt_streams), "--long-prompt-stream-len", str(args.long_prompt_stream_len)]
+                 if lens else [])
     if name in ("streamproxy", "streamproxy-fixed", "streamproxy-dense"):
         # -fixed: --no-adaptive-threads; -dense: every linear dense (vLLM's precision)
         adaptive = ["--no-adaptive-threads"] if name == "streamproxy-fixed" else []
         adaptive += ["--quantization", "none"] if name == "streamproxy-dense" else []
-        cmd = [sys.executable, "-m", "proxy", "serve", *host, "--num-threads", t, *adaptive,
+        served = ["--model", str(model.path)] if model.path is not None else []
+        cmd = [sys.executable, "-m", "proxy", "serve", *host, *served, "--num-threads", t, *adaptive,
                "--device", "cuda" if cuda else "cpu", *(["--dtype", "bfloat16"] if cuda else []),
                *args.streamproxy_args.split()]
-        return Peer(name, cmd, "", torch_env(args.threads), ["--eos-strategy", "ignore_eos"])
+        return Peer(name, cmd, "", torch_env(args.threads), ["--eos-strategy", "ignore_eos", *long_args])
     if name == "transformers":
+        folder = model.hf_dir(scratch)
         py = transformers_venv(scratch)
         # the `transformers` console script, run by the venv's python (the script lives outside the venv)
         launcher = (
@@ -506,45 +657,62 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
         cmd = [*cli, "serve", "--continuous-batching", "--device", "cuda" if cuda else "cpu",
                *(["--dtype", "bfloat16"] if cuda else []), *host, str(folder)]
         return Peer(name, cmd, str(folder), torch_env(args.threads),
-                    ["--eos-strategy", "logit_bias", "--eos-token-ids", eos])
+                    ["--eos-strategy", "logit_bias", "--eos-token-ids", eos, *long_args])
     if name == "llama-cpp-python":
+        gguf = model.gguf_file()
         py = build_llama_cpp_python(scratch, cuda)
-        n_ctx = str(args.input_len + args.output_len + 256)
-        cmd = [str(py), "-m", "llama_cpp.server", "--model", str(gguf_path()), "--model_alias", "smollm2",
+        n_ctx = str(max(per_request, longest))
+        cmd = [str(py), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", model.alias,
                "--n_threads", t, "--n_threads_batch", t, "--n_ctx", n_ctx,
                # by default a new request interrupts the running one (its stream ends early): queue instead
                "--interrupt_requests", "False", *host]
         if cuda:
             cmd += ["--n_gpu_layers", "-1"]
-        return Peer(name, cmd, "smollm2", {}, ["--eos-strategy", "logit_bias", "--eos-token-ids", eos,
-                                              "--no-stream-options"], note="one request at a time")
+        # one request at a time: a long prompt would queue behind the running streams, so it runs alone
+        solo = [*long_args[:2], "--long-prompt-streams", "0"] if long_args else []
+        return Peer(name, cmd, model.alias, {}, ["--eos-strategy", "logit_bias", "--eos-token-ids", eos,
+                                                 "--no-stream-options", *solo], note="one request at a time")
     if name == "llama-server":
+        gguf = model.gguf_file()
         binary = build_llama_server(scratch, cuda)
         slots = args.llama_slots
-        per_slot = -(-(args.input_len + args.output_len + 256) // 256) * 256  # whole 256-token pages
+        per_slot = -(-per_request // 256) * 256  # whole 256-token pages
         if args.dataset != "random":
             # a conversation grows past --input-len (multiturn: a ~500-token system prompt and 6 turns
             # reached 1.6k tokens); 512 a slot made llama-server refuse later turns with HTTP 400
             per_slot = max(per_slot, 2048)
-        ctx = str(slots * per_slot)
-        cmd = [str(binary), "-m", str(gguf_path()), "--alias", "smollm2", "-np", str(slots), "-c", ctx,
-               "-t", t, "-tb", t, "--no-webui", *host]
+        ctx = slots * per_slot
+        unified = []
+        if longest:  # one KV pool for all slots (-kvu), so one slot can take a long prompt
+            streams = args.long_prompt_streams * (args.input_len + args.long_prompt_stream_len + 256)
+            ctx = max(ctx, -(-(longest + streams) // 256) * 256)
+            unified = ["-kvu"]
+        cmd = [str(binary), "-m", str(gguf), "--alias", model.alias, "-np", str(slots), "-c", str(ctx),
+               *unified, "-t", t, "-tb", t, "--no-webui", *host]
         if cuda:
             cmd += ["-ngl", "99"]
-        return Peer(
-            name, cmd, "smollm2", {}, ["--eos-strategy", "ignore_eos"], note=f"-np {slots}", is_python=False
-        )
+        return Peer(name, cmd, model.alias, {}, ["--eos-strategy", "ignore_eos", *long_args],
+                    note=f"-np {slots}" + (", -kvu" if unified else ""), is_python=False)
     if name == "vllm":
         # its `vllm` console script does not run from vllm-cpu (the package is not named vllm)
         py = vllm_venv(scratch) if cuda else vllm_cpu_venv(scratch)
-        cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-               "--served-model-name", "smollm2", "--max-model-len", "2048", "--dtype", args.vllm_dtype, *host]
+        if args.vllm_gguf:  # vLLM's GGUF loader, with the HF folder's tokenizer when there is one
+            tok = model.tokenizer_dir(scratch)
+            source = [str(model.gguf_file()), *(["--tokenizer", str(tok)] if tok is not None else [])]
+        else:
+            source = [str(model.hf_dir(scratch))]
+        max_len = max(2048, per_request, longest)
+        cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", *source,
+               "--served-model-name", model.alias, "--max-model-len", str(max_len),
+               "--dtype", args.vllm_dtype, *host]
         if cuda:
-            return Peer(name, cmd, "smollm2", {"HF_HUB_OFFLINE": "1"}, ["--eos-strategy", "ignore_eos"])
+            return Peer(name, cmd, model.alias, {"HF_HUB_OFFLINE": "1"},
+                        ["--eos-strategy", "ignore_eos", *long_args])
         env = vllm_cpu_env(args.threads, args.vllm_cpu_bind, args.vllm_kv_gib)
-        return Peer(name, cmd, "smollm2", env, ["--eos-strategy", "ignore_eos"],
+        return Peer(name, cmd, model.alias, env, ["--eos-strategy", "ignore_eos", *long_args],
                     note=f"vllm-cpu {VLLM_CPU_VERSION}, {args.vllm_dtype}, "
-                         f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}",
+                         f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}"
+                         + (", GGUF loader" if args.vllm_gguf else ""),
                     start_timeout_s=1200.0)  # a start compiles and warms up (3.5-4.5 min on 2 cores)
     raise PeerUnavailable(f"unknown peer {name!r}")
 
@@ -627,15 +795,16 @@ def group_peak_rss_mib(pgid: int, proc_root: Path = Path("/proc")) -> float | No
     return total / 1024 if found else None
 
 
-def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path, out: Path, base_url: str,
+def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path | None, out: Path, base_url: str,
                     model_id: str) -> list[str]:
     """The serve_bench command line of one peer's sweep (``folder``: the model's HF folder, whose
-    tokenizer measures prompts and whose config gives the EOS ids)."""
+    tokenizer measures prompts and whose config gives the EOS ids; None: a GGUF without one, whose
+    prompts are common English words and whose EOS ids come from its metadata)."""
     cmd = [sys.executable, str(SERVE_BENCH), "--base-url", base_url, "--model", model_id,
            "--label", peer.name, "--result-dir", str(out / peer.name), "--dataset", args.dataset,
            "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
            "--max-tokens", str(args.output_len), "--max-concurrency", args.concurrency,
-           "--num-prompts", str(args.num_prompts), "--tokenizer", str(folder),
+           "--num-prompts", str(args.num_prompts), *(["--tokenizer", str(folder)] if folder else []),
            "--seed", str(args.seed), "--timeout", str(args.request_timeout), *peer.bench_args]
     if args.no_progress:
         cmd.append("--no-progress")
@@ -644,8 +813,8 @@ def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path, out: Pat
     if args.dataset == "multiturn":
         cmd += args.multiturn_args.split()
     if args.eos_logit_bias:  # after the peer's own: the last --eos-strategy wins
-        eos = ",".join(str(i) for i in eos_token_ids(folder))
-        cmd += ["--eos-strategy", "logit_bias", "--eos-token-ids", eos]
+        ids = eos_token_ids(folder) if folder else bench_model(args).eos_ids(Path(args.scratch))
+        cmd += ["--eos-strategy", "logit_bias", "--eos-token-ids", ",".join(str(i) for i in ids)]
     return cmd
 
 
@@ -685,7 +854,7 @@ def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, po
                 [str(spy), "record", "--pid", str(proc.pid), "--rate", "50", "--subprocesses",
                  "--format", "raw", "--output", str(raw), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cmd = serve_bench_cmd(peer, args, hf_folder(scratch), out, base_url, model_id)
+        cmd = serve_bench_cmd(peer, args, bench_model(args).tokenizer_dir(scratch), out, base_url, model_id)
         loops = busy_processes(busy)
         try:
             rc = subprocess.call(cmd, cwd=REPO, env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -789,6 +958,35 @@ def comparison_table(
     return "\n".join(lines)
 
 
+def long_prompt_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Markdown table of every server's ``long_prompts`` (serve_bench ``--long-prompt-lens``), one row
+    per (prompt length, server); empty when none ran them."""
+
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    rows = sorted(
+        (p["prompt_len"], name, p) for name, s in summaries.items() for p in s.get("long_prompts", [])
+    )
+    if not rows:
+        return ""
+    head = ("| prompt tokens | server | TTFT alone ms | prefill tok/s alone | streams | TTFT beside them ms "
+            "| their gap p50 / p99 / max ms while it prefills | their p99 gap before ms |")
+    lines = [head, "|" + "---|" * 8]
+    for _, name, p in rows:
+        streams = p["streams"] if p["stream_gaps_during"] is not None else 0
+        gaps = (f"{f(p['stream_itl_during_p50_ms'])} / {f(p['stream_itl_during_p99_ms'])} / "
+                f"{f(p['stream_itl_during_max_ms'])}")
+        lines.append(
+            f"| {p['prompt_tokens']} | {name} | {f(p['alone_ttft_ms'])} | {f(p['alone_prefill_tok_s'])} | "
+            f"{streams} | {f(p['beside_ttft_ms'])} | {gaps if streams else '-'} | "
+            f"{f(p['stream_itl_before_p99_ms']) if streams else '-'} |"
+            + ("" if p.get("streams_outlasted", True) else " (a stream ended before the window closed)")
+            + "".join(f" error: {e}" for e in p["errors"])
+        )
+    return "\n".join(lines)
+
+
 def busy_table(summaries: dict[str, dict[str, Any]]) -> str:
     """For every ``NAME+busyN`` run: its output tok/s and mean TPOT as a share of ``NAME``'s own
     idle run at the same concurrency (empty when no ``--busy`` point was run)."""
@@ -836,6 +1034,7 @@ def machine_info(args: argparse.Namespace) -> str:
         f"{transformers.__version__}, "
         f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp), vllm-cpu {VLLM_CPU_VERSION}; "
         f"server threads {args.threads}; "
+        f"model {args.model or 'SmolLM2-135M-Instruct (default)'}; "
         f"dataset {args.dataset} in={args.input_len} out={args.output_len}, "
         f"{args.num_prompts or '4 x streams (>= 8)'} requests per point"
     )
@@ -844,6 +1043,20 @@ def machine_info(args: argparse.Namespace) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="streamproxy vs peers, one machine, one run")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--model", default=None,
+                   help="a GGUF file or an HF folder (default: SmolLM2-135M-Instruct, the default model); "
+                        "llama.cpp peers need a GGUF, the torch peers an HF folder (see --gguf-model, "
+                        "--hf-model; a GGUF of bench/sized_models.py has its folder beside it)")
+    p.add_argument("--gguf-model", default=None,
+                   help="the GGUF of an HF folder --model, for the llama.cpp peers")
+    p.add_argument("--hf-model", default=None, help="the HF folder of a GGUF --model, for the torch peers")
+    p.add_argument("--vllm-gguf", action="store_true", help="vLLM loads the GGUF (its GGUF loader)")
+    p.add_argument("--long-prompts", default="",
+                   help="comma list of prompt lengths (tokens), e.g. 1024,8192,32000: after its sweep, each "
+                        "server's prefill alone and beside --long-prompt-streams streams (serve_bench "
+                        "--long-prompt-lens); lengths past the model's context are left out")
+    p.add_argument("--long-prompt-streams", type=int, default=8)
+    p.add_argument("--long-prompt-stream-len", type=int, default=2048)
     p.add_argument(
         "--peers",
         default=None,
@@ -924,6 +1137,9 @@ def main(argv: list[str] | None = None) -> int:
     shares = busy_table(summaries)
     if shares:
         table += "\n\n" + shares
+    longs = long_prompt_table(summaries)
+    if longs:
+        table += "\n\n" + longs
     rss = ", ".join(f"{n} {s['peak_rss_mib']:.0f} MiB" for n, s in summaries.items() if s.get("peak_rss_mib"))
     group = ", ".join(f"{n} {s['group_peak_rss_mib']:.0f} MiB" for n, s in summaries.items()
                       if s.get("group_peak_rss_mib"))
@@ -938,7 +1154,7 @@ def main(argv: list[str] | None = None) -> int:
             text += f"\n{name}: heaviest frames (self time, py-spy, all threads, whole sweep)\n{rows}\n"
     (out / "compare.md").write_text(text)
     (out / "machine.txt").write_text(info + "\n")
-    if summaries:
+    if any(s["runs"] for s in summaries.values()):
         sys.path.insert(0, str(SERVE_BENCH.parent))
         import serve_bench
 

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import random
@@ -469,8 +470,12 @@ def _content_of(choice: dict[str, Any]) -> str:
     return choice.get("text") or ""
 
 
-async def send_request(client: httpx.AsyncClient, cfg: ClientConfig, req: SampleRequest) -> RequestResult:
-    """Send one streamed request and time it. Never raises: failures are ``success=False`` results."""
+async def send_request(
+    client: httpx.AsyncClient, cfg: ClientConfig, req: SampleRequest, stamps: list[float] | None = None
+) -> RequestResult:
+    """Send one streamed request and time it. Never raises: failures are ``success=False`` results.
+    ``stamps``, when given, gets the ``time.perf_counter()`` of each content chunk as it arrives
+    (for a caller watching running streams, :func:`long_prompt_point`)."""
     res = RequestResult(local_prompt_len=req.prompt_len)
     body = build_payload(cfg, req)
     url = cfg.base_url.rstrip("/") + cfg.endpoint
@@ -498,6 +503,8 @@ async def send_request(client: httpx.AsyncClient, cfg: ClientConfig, req: Sample
                 for choice in chunk.get("choices") or []:
                     text = _content_of(choice)
                     if text:
+                        if stamps is not None:
+                            stamps.append(now)
                         if res.num_content_chunks == 0:
                             res.ttft = now - st
                         else:
@@ -637,6 +644,154 @@ async def run_conversations(
     if pbar is not None:
         pbar.close()
     return [r for rs in per_conv for r in rs], duration
+
+
+# --------------------------------------------------------------------------------------------------
+# Long prompts
+
+
+def gaps_overlapping(stamps: Sequence[float], start: float, end: float) -> list[float]:
+    """The gaps (seconds) between consecutive ``stamps`` (ascending) that overlap ``[start, end]``:
+    each ``(a, b)`` with ``a < end`` and ``b > start``, so a gap that a prefill stretched counts even
+    when it began before the prompt was sent or ended after its first token."""
+    return [b - a for a, b in itertools.pairwise(stamps) if a < end and b > start]
+
+
+def gaps_before(stamps: Sequence[float], start: float) -> list[float]:
+    """The gaps (seconds) between consecutive ``stamps`` that ended at or before ``start``."""
+    return [b - a for a, b in itertools.pairwise(stamps) if b <= start]
+
+
+def _ms(values: Sequence[float], q: float | None = None) -> float | None:
+    if not values:
+        return None
+    arr = np.asarray(values, dtype=np.float64) * 1000.0
+    return float(np.max(arr)) if q is None else float(np.percentile(arr, q))
+
+
+async def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.perf_counter() + timeout_s
+    while not cond():
+        if time.perf_counter() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+_BESIDE_FIELDS = ("beside_ttft_ms", "beside_prefill_tok_s", "stream_itl_before_p99_ms",
+                  "stream_itl_during_p50_ms", "stream_itl_during_p99_ms", "stream_itl_during_max_ms",
+                  "stream_gaps_during")
+
+
+async def long_prompt_point(
+    cfg: ClientConfig,
+    length: int,
+    tokenizer: Any,
+    seed: int,
+    streams: int = 8,
+    stream_input_len: int = 32,
+    stream_output_len: int = 2048,
+    warm_chunks: int = 4,
+) -> dict[str, Any]:
+    """Prefill speed and its cost to running streams at one prompt length.
+
+    1. **Alone**: one request of ``length`` prompt tokens (``random_requests``; 4 output tokens),
+       nothing else running: its TTFT and ``prompt tokens / TTFT`` (prefill tokens/s; the TTFT
+       includes the request's own overhead and its first decode step).
+    2. **Beside streams**: ``streams`` requests of ``stream_input_len`` in / ``stream_output_len``
+       out start; once each has sent ``warm_chunks`` content chunks, another ``length``-token prompt
+       (a fresh one: no prefix cache helps) is sent. Its TTFT, and the streams' inter-token gaps that
+       overlap the window from its send to the first chunk every stream sends after its first token
+       (:func:`gaps_overlapping`): p50, p99 and max, beside the p99 of their gaps before it was sent.
+       The streams are then cancelled. ``streams_outlasted`` is False when a stream ended before the
+       window closed (raise ``stream_output_len``). ``streams=0`` skips this part (its fields None):
+       for a server that runs one request at a time, where the prompt would wait for the streams.
+
+    Returns a dict of those fields (ms, tokens/s; None where nothing was measured) and ``errors``.
+    """
+    fixed = cfg.eos_strategy != "none"
+    alone_req, beside_req = random_requests(2, length, 4, seed, tokenizer, fixed_output=fixed)
+    stream_reqs = random_requests(streams, stream_input_len, stream_output_len, seed + 7, tokenizer, fixed)
+    out: dict[str, Any] = {"prompt_len": length, "streams": streams, "errors": []}
+    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.timeout_s) as client:
+        alone = await send_request(client, cfg, alone_req)
+        tokens = alone.prompt_tokens or alone.local_prompt_len or length
+        out.update(prompt_tokens=tokens, alone_ttft_ms=alone.ttft * 1000 if alone.success else None,
+                   alone_prefill_tok_s=tokens / alone.ttft if alone.success and alone.ttft > 0 else None)
+        if not alone.success:
+            out["errors"].append(f"alone: {alone.error}")
+        if streams == 0:
+            return {**out, **dict.fromkeys(_BESIDE_FIELDS), "streams_outlasted": True}
+        stamps: list[list[float]] = [[] for _ in stream_reqs]
+        tasks = [asyncio.create_task(send_request(client, cfg, r, st)) for r, st in zip(stream_reqs, stamps)]
+        warm = await _wait_for(lambda: all(len(st) >= warm_chunks for st in stamps), cfg.timeout_s)
+        if not warm:
+            out["errors"].append(f"the {streams} streams did not all start within {cfg.timeout_s:.0f} s")
+        sent = time.perf_counter()
+        beside = await send_request(client, cfg, beside_req)
+        first = sent + beside.ttft if beside.success else time.perf_counter()
+        counts = [len(st) for st in stamps]
+        await _wait_for(lambda: all(len(st) > n or t.done() for st, n, t in zip(stamps, counts, tasks)),
+                        cfg.timeout_s)
+        closed = max([first] + [st[-1] for st in stamps if st])
+        outlasted = not any(t.done() for t in tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    during = [g for st in stamps for g in gaps_overlapping(st, sent, closed)]
+    before = [g for st in stamps for g in gaps_before(st, sent)]
+    if not beside.success:
+        out["errors"].append(f"beside streams: {beside.error}")
+    out.update(
+        beside_ttft_ms=beside.ttft * 1000 if beside.success else None,
+        beside_prefill_tok_s=tokens / beside.ttft if beside.success and beside.ttft > 0 else None,
+        stream_itl_before_p99_ms=_ms(before, 99),
+        stream_itl_during_p50_ms=_ms(during, 50),
+        stream_itl_during_p99_ms=_ms(during, 99),
+        stream_itl_during_max_ms=_ms(during),
+        stream_gaps_during=len(during),
+        streams_outlasted=outlasted,
+    )
+    return out
+
+
+def long_prompt_line(p: dict[str, Any]) -> str:
+    """One human line per prompt length of :func:`long_prompt_point`."""
+
+    def f(v: float | None, unit: str = "") -> str:
+        return "-" if v is None else f"{v:,.0f}{unit}"
+
+    beside = (
+        f"  beside {p['streams']} streams: TTFT "
+        f"{f(p['beside_ttft_ms'], ' ms')}; their gaps p50/p99/max {f(p['stream_itl_during_p50_ms'])}/"
+        f"{f(p['stream_itl_during_p99_ms'])}/{f(p['stream_itl_during_max_ms'])} ms "
+        f"(p99 before {f(p['stream_itl_before_p99_ms'])} ms)"
+        if p["stream_gaps_during"] is not None else ""
+    )
+    return (
+        f"prompt {p['prompt_tokens']:>6} tok  alone: TTFT {f(p['alone_ttft_ms'], ' ms')}, "
+        f"{f(p['alone_prefill_tok_s'], ' tok/s')}" + beside
+        + ("" if p["streams_outlasted"] else "  [a stream ended early]")
+        + "".join(f"\n    error: {e}" for e in p["errors"])
+    )
+
+
+async def run_long_prompts(
+    args: argparse.Namespace, cfg: ClientConfig, tokenizer: Any
+) -> list[dict[str, Any]]:
+    """:func:`long_prompt_point` at each ``--long-prompt-lens``, after one short warm-up request."""
+    async with httpx.AsyncClient(timeout=cfg.timeout_s) as client:
+        warm = random_requests(1, 16, 8, args.seed + 3, tokenizer, cfg.eos_strategy != "none")[0]
+        await send_request(client, cfg, warm)
+    points = []
+    for i, length in enumerate(args.long_prompt_lens):
+        point = await long_prompt_point(cfg, length, tokenizer, args.seed + 7919 * (i + 1),
+                                        args.long_prompt_streams, args.random_input_len,
+                                        args.long_prompt_stream_len)
+        print(long_prompt_line(point), flush=True)
+        points.append(point)
+    return points
 
 
 async def fetch_model_id(base_url: str) -> str:
@@ -830,6 +985,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-warmups", type=int, default=2, help="requests sent (and not measured) before each run"
     )
+    p.add_argument("--long-prompt-lens", type=_ints, default=[],
+                   help="after the sweep, prefill at these prompt lengths (tokens), e.g. 1024,8192,32000: "
+                        "alone and beside --long-prompt-streams running streams (long_prompt_point)")
+    p.add_argument("--long-prompt-streams", type=int, default=8,
+                   help="streams running (--random-input-len in) while a long prompt prefills")
+    p.add_argument("--long-prompt-stream-len", type=int, default=2048,
+                   help="max_tokens of those streams (they are cancelled once measured)")
     p.add_argument("--percentiles", type=_floats, default=list(DEFAULT_PERCENTILES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
@@ -952,9 +1114,11 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for err in sorted({e for e in m["errors"] if e})[:3]:
             print(f"    error: {err}", flush=True)
         runs.append(m)
-    summary = {"label": args.label, "model_id": model, "runs": runs}
+    summary: dict[str, Any] = {"label": args.label, "model_id": model, "runs": runs}
+    if args.long_prompt_lens:
+        summary["long_prompts"] = await run_long_prompts(args, cfg, tokenizer)
     _dump(summary, out_dir / f"{args.label}.json")
-    if not args.no_plot:
+    if not args.no_plot and runs:
         plot_runs([summary], out_dir / f"{args.label}.png")
     return summary
 
@@ -990,7 +1154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args = build_parser().parse_args(argv)
     summary = asyncio.run(run_benchmark(args))
-    return 0 if all(r["completed"] > 0 for r in summary["runs"]) else 1
+    long_ok = all(not p["errors"] for p in summary.get("long_prompts", []))
+    return 0 if all(r["completed"] > 0 for r in summary["runs"]) and long_ok else 1
 
 
 if __name__ == "__main__":

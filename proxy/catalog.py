@@ -24,7 +24,6 @@ name or the ``.gguf`` file's stem (llama.cpp's router names them so too).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -219,57 +218,6 @@ def build_catalog(settings: Settings) -> tuple[ModelEntry, ...]:
 def _cli_entry(path: str, name: str | None) -> ModelEntry:
     check_model_path(path, "--model")
     return ModelEntry(name or model_id_of(path), path)
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-"""Files counted as a model's weights by :func:`estimate_bytes`."""
-MEMINFO = "/proc/meminfo"
-
-
-def estimate_bytes(settings: Settings) -> int:
-    """Host memory a model's engine is counted at against ``--models-memory-bytes``: the size of its
-    weight files (``WEIGHT_SUFFIXES`` directly in its folder, or its ``.gguf`` file) plus its KV cache
-    pool (:func:`kv_pool_bytes`). An estimate: an engine process adds its own interpreter and torch
-    (``docs/bench/2026-12-06-several-models.md``)."""
-    path = Path(settings.model or "").expanduser()
-    files = [path] if path.is_file() else [p for p in path.glob("*") if p.suffix.lower() in WEIGHT_SUFFIXES]
-    return sum(p.stat().st_size for p in files if p.is_file()) + kv_pool_bytes(settings, path)
-
-
-def kv_pool_bytes(settings: Settings, folder: Path) -> int:
-    """The CPU KV pool's bytes as the engine sizes it: ``num_kv_blocks`` blocks, else enough for
-    ``max_num_seqs`` full contexts capped by ``kv_cache_bytes``; a token's keys and values from the
-    folder's ``config.json`` (layers x KV heads x head size x 2, 4 bytes in float32, else 2). Without a
-    readable config (a ``.gguf`` file): ``kv_cache_bytes``."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-        config = config.get("text_config", config)
-        heads = int(config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-        per_token = (2 * int(config["num_hidden_layers"]) * int(config.get("num_key_value_heads") or heads)
-                     * head_dim * (4 if settings.dtype == "float32" else 2))
-        context = settings.max_model_len or int(config.get("max_position_embeddings") or 0)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return settings.kv_cache_bytes
-    if not context:
-        return settings.kv_cache_bytes
-    if settings.num_kv_blocks is not None:
-        return per_token * settings.block_size * settings.num_kv_blocks
-    return min(settings.kv_cache_bytes, per_token * settings.max_num_seqs * context)
-
-
-def memory_budget(settings: Settings, meminfo: str = MEMINFO) -> int:
-    """``--models-memory-bytes``, or when unset 90% of ``MemAvailable`` now (0: no check, also where
-    ``meminfo`` cannot be read)."""
-    if settings.models_memory_bytes is not None:
-        return settings.models_memory_bytes
-    try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 * 9 // 10
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def entry_settings(settings: Settings, entry: ModelEntry) -> Settings:

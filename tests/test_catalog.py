@@ -13,11 +13,10 @@ from proxy.catalog import (
     ModelEntry,
     build_catalog,
     entry_settings,
-    estimate_bytes,
     is_multi_model,
-    memory_budget,
 )
 from proxy.cli import build_parser, settings_from
+from proxy.model_memory import estimate_bytes, memory_budget
 from proxy.settings import Settings
 
 
@@ -161,15 +160,47 @@ def test_a_models_estimate_is_its_weight_files_and_its_kv_pool(tmp_path: Path) -
     assert estimate_bytes(Settings(model=str(folder), max_model_len=128)) == 1000 + per_token // 2 * 32 * 128
     capped = Settings(model=str(folder), dtype="float32", kv_cache_bytes=5000)
     assert estimate_bytes(capped) == 6000  # the cap
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"g" * 300)
-    assert estimate_bytes(Settings(model=str(gguf))) == 300 + (1 << 30)  # no config: kv_cache_bytes
+    unreadable = tmp_path / "m.gguf"
+    unreadable.write_bytes(b"g" * 300)
+    assert estimate_bytes(Settings(model=str(unreadable), kv_cache_bytes=1 << 30)) == 300 + (1 << 30)
+
+
+def test_a_gguf_models_kv_pool_comes_from_its_metadata(tmp_path: Path) -> None:
+    """A GGUF's layers, heads and context are its metadata (llama.cpp's keys), so its estimate is the
+    pool the engine will size, not the whole budget."""
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(3)
+    writer.add_embedding_length(64)
+    writer.add_head_count(8)
+    writer.add_head_count_kv(2)
+    writer.add_context_length(512)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    per_token = 2 * 3 * 2 * 8 * 2  # keys and values x layers x KV heads x head size x 2 bytes (bf16)
+    size = path.stat().st_size
+    assert estimate_bytes(Settings(model=str(path))) == size + per_token * 32 * 512
+    assert estimate_bytes(Settings(model=str(path), max_model_len=100)) == size + per_token * 32 * 100
+    assert estimate_bytes(Settings(model=str(path), kv_cache_bytes=1000)) == size + 1000
+
+
+def test_without_kv_cache_bytes_the_pool_is_half_the_available_memory(tmp_path: Path) -> None:
+    from proxy.model_memory import kv_pool_bytes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable:    1000 kB\n")
+    assert kv_pool_bytes(Settings(), tmp_path / "none.gguf", meminfo) == 1000 * 1024 // 2
+    assert kv_pool_bytes(Settings(), tmp_path / "none.gguf", tmp_path / "no-meminfo") == 1 << 30
 
 
 def test_the_memory_budget_defaults_to_most_of_the_available_memory(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:  8000 kB\nMemFree:  100 kB\nMemAvailable:    1000 kB\n")
-    assert memory_budget(Settings(), str(meminfo)) == 1000 * 1024 * 9 // 10
-    assert memory_budget(Settings(models_memory_bytes=5), str(meminfo)) == 5
-    assert memory_budget(Settings(models_memory_bytes=0), str(meminfo)) == 0
-    assert memory_budget(Settings(), str(tmp_path / "none")) == 0
+    assert memory_budget(Settings(), meminfo) == 1000 * 1024 * 9 // 10
+    assert memory_budget(Settings(models_memory_bytes=5), meminfo) == 5
+    assert memory_budget(Settings(models_memory_bytes=0), meminfo) == 0
+    assert memory_budget(Settings(), tmp_path / "none") == 0

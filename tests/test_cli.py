@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -9,7 +10,9 @@ import sys
 import pytest
 
 from proxy.cli import build_parser, settings_from
-from proxy.settings import Settings
+from proxy.engine.scheduler import SchedulerConfig
+from proxy.settings import ExecutionSwitches, Settings, execution_switches, export_execution_switches
+from proxy.settings_groups import SETTINGS_GROUPS, attribute_docs, grouping_errors
 
 
 def parse(argv, env=None):
@@ -138,11 +141,12 @@ def test_help_describes_each_option_from_the_settings_docstring() -> None:
 
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
     helps = {a.dest: a.help for a in serve._actions}
-    assert helps["max_num_seqs"].startswith("most requests in the running batch.")
+    assert helps["max_num_seqs"].startswith("most requests in the running batch (>= 1). (env STREAMPROXY_")
     assert helps["num_kv_blocks"].startswith(
         "KV blocks on CPU; None: enough for max_num_seqs full contexts, capped by"
     )
     assert helps["keepalive_interval_s"].startswith("seconds between SSE comment lines")
+    assert "a bare config: NO_CAP)" in helps["max_num_partial_prefills"]  # Sphinx roles reduced to the name
     assert all(h and "(env STREAMPROXY_" in h for d, h in helps.items() if d != "help")
 
 
@@ -162,3 +166,102 @@ def test_serve_leaves_openmp_waiting_to_the_environment() -> None:
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "PASSIVE"},
                          capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["PASSIVE", "False"]
+
+
+def _serve_parser():
+    return build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+
+
+def test_every_settings_field_is_in_exactly_one_group() -> None:
+    """A new Settings field needs a group: ``proxy/settings_groups.py`` (the message says so)."""
+    names = [f.name for f in dataclasses.fields(Settings)]
+    assert grouping_errors(names) == []
+    assert grouping_errors([*names, "new_knob"]) == [
+        ("Settings field 'new_knob' is in no group: list it in exactly one group of SETTINGS_GROUPS in "
+         "proxy/settings_groups.py")]
+    assert grouping_errors([n for n in names if n != "seed"]) == [
+        "group 'server' lists 'seed', which is no Settings field"]
+
+
+def test_help_prints_the_options_in_their_groups() -> None:
+    serve = _serve_parser()
+    titled = {g.title: [a.dest for a in g._group_actions] for g in serve._action_groups if g._group_actions}
+    assert list(titled) == ["options", *(g.title for g in SETTINGS_GROUPS)]
+    for group in SETTINGS_GROUPS:
+        assert titled[group.title] == [n for n in group.fields if n != "extra_models"]
+    assert titled["scheduler (proxy.engine.scheduler.SchedulerConfig)"][:2] == ["max_num_seqs",
+                                                                               "max_num_batched_tokens"]
+    out = subprocess.run([sys.executable, "-m", "proxy", "serve", "--help"], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    headings = [line[:-1] for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert headings == ["options", *(g.title for g in SETTINGS_GROUPS)]
+
+
+def test_a_field_in_no_group_is_still_an_option_under_other(monkeypatch) -> None:
+    import proxy.cli
+
+    monkeypatch.setattr(proxy.cli, "SETTINGS_GROUPS", SETTINGS_GROUPS[:-1])  # without the Responses API group
+    groups = {g.title: [a.dest for a in g._group_actions] for g in _serve_parser()._action_groups}
+    assert groups["other (add them to proxy/settings_groups.py)"] == list(SETTINGS_GROUPS[-1].fields)
+    assert parse(["--responses-store-max-entries", "3"]).responses_store_max_entries == 3
+
+
+def test_the_scheduler_knobs_are_described_once_in_scheduler_config() -> None:
+    """Their --help is SchedulerConfig's docstring; Settings' docstring does not describe them; their
+    server defaults are Settings' and stay what they were."""
+    scheduler = next(g for g in SETTINGS_GROUPS if g.name == "scheduler").fields
+    config_docs, settings_docs = attribute_docs(SchedulerConfig), attribute_docs(Settings)
+    knobs = {f.name for f in dataclasses.fields(SchedulerConfig)}\
+        & {f.name for f in dataclasses.fields(Settings)}
+    assert set(scheduler) == knobs - {"max_model_len"}
+    helps = {a.dest: a.help for a in _serve_parser()._actions}
+    for name in scheduler:
+        assert name not in settings_docs
+        assert helps[name].startswith(config_docs[name].replace("%", "%%") + " (env STREAMPROXY_")
+    assert {name: getattr(Settings(), name) for name in scheduler} == {
+        "max_num_seqs": 32, "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 128,
+        "max_num_partial_prefills": 2, "max_prefill_step_ratio": 2.0, "max_long_gap_fraction": 0.01}
+    described = set(settings_docs) | set(scheduler)
+    assert described >= {f.name for f in dataclasses.fields(Settings)}
+
+
+def test_execution_switches_are_settings_with_their_environment_names() -> None:
+    assert (parse([]).amx_int4, parse([]).torch_ops) == (True, True)
+    assert (parse(["--no-amx-int4"]).amx_int4, parse(["--no-torch-ops"]).torch_ops) == (False, False)
+    env = {"STREAMPROXY_AMX_INT4": "0", "STREAMPROXY_TORCH_OPS": "false"}
+    assert (parse([], env).amx_int4, parse([], env).torch_ops) == (False, False)
+    assert parse(["--torch-ops"], env).torch_ops is True
+    environ: dict[str, str] = {}
+    export_execution_switches(Settings(torch_ops=False), environ)
+    assert environ == {"STREAMPROXY_AMX_INT4": "1", "STREAMPROXY_TORCH_OPS": "0"}
+    assert execution_switches(environ) == ExecutionSwitches(amx_int4=True, torch_ops=False)
+    assert execution_switches(env) == ExecutionSwitches(amx_int4=False, torch_ops=False)
+    assert execution_switches({"STREAMPROXY_AMX_INT4": ""}) == ExecutionSwitches()
+
+
+def test_no_torch_ops_reaches_the_kernels_before_they_load() -> None:
+    """``serve --no-torch-ops`` puts ``STREAMPROXY_TORCH_OPS=0`` into the environment before the app
+    (and so ``proxy.quant.kernels``) is imported, even where the environment said 1."""
+    code = ("import sys, proxy.cli as c\n"
+            "class Stop(Exception): pass\n"
+            "def stop(*a, **k):\n"
+            "    import proxy.quant.kernels as k\n"
+            "    raise Stop(k.TORCH_OPS_ERROR)\n"
+            "c._server_class = lambda: stop\n"
+            "try: c.main(['serve', '--no-torch-ops'])\n"
+            "except Stop as e: print(e.args[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "STREAMPROXY_TORCH_OPS": "1"},
+                         capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "turned off (STREAMPROXY_TORCH_OPS=0)"
+
+
+@pytest.mark.parametrize("command", [["-m", "proxy", "models"], ["-m", "proxy.models"]])
+def test_models_is_a_subcommand_and_python_m_proxy_models_its_alias(command: list[str]) -> None:
+    out = subprocess.run([sys.executable, *command, "--help"], check=True, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert " ".join(out.split("\n\n")[0].split()) == \
+        "usage: streamproxy models [-h] [--convert] [--model MODEL] [--cache-dir CACHE_DIR]"
+    args = build_parser().parse_args(["models", "--convert", "--model", "/m.gguf", "--cache-dir", "/c"])
+    settings = settings_from(args, {"STREAMPROXY_DTYPE": "float32"})
+    assert (args.command, args.convert) == ("models", True)
+    assert settings == Settings(model="/m.gguf", cache_dir="/c", dtype="float32")

@@ -3,7 +3,8 @@ import in proxy/ (AST, incl. lazy ones).
 
 Lowest first: hot path (stdlib only) -> settings, errors, sampling -> protocol, tokenizer, media -> models,
 quant -> engine -> api -> cli. No module imports itself back through others (no import circle, lazy
-imports and the package ``__init__`` an import runs included). Nothing imports api or cli; scheduler
+imports and the package ``__init__`` an import runs included). Nothing imports api or cli but the
+entry points (``python -m proxy``, ``python -m proxy.models``); scheduler
 and block manager never import torch; only the proxy.api package imports starlette and only cli.py
 imports uvicorn; the api layer reaches the engine only through proxy.engine.client (the EngineClient
 seam).
@@ -23,15 +24,16 @@ ROOT = Path(__file__).resolve().parents[1] / "proxy"
 LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("proxy.hotpath", 0),
     ("proxy", 0),
-    ("proxy.settings", 1), ("proxy.errors", 1), ("proxy.sampling", 1), ("proxy.metrics", 1),
-    ("proxy.catalog", 1),
+    ("proxy.settings", 1), ("proxy.settings_groups", 1), ("proxy.errors", 1), ("proxy.sampling", 1),
+    ("proxy.metrics", 1),
+    ("proxy.catalog", 1), ("proxy.model_memory", 1),
     ("proxy.protocol", 2), ("proxy.tokenizer", 2), ("proxy.tools", 2), ("proxy.reasoning", 2),
     ("proxy.decode_table", 2), ("proxy.media", 2),
     ("proxy.models", 3), ("proxy.quant", 3),
     ("proxy.engine", 4),
     ("proxy.pipeline", 5),
     ("proxy.api", 6),
-    # entry points (``python -m proxy.models`` loads the model as the engine does)
+    # entry points (``python -m proxy.models`` is ``streamproxy models``)
     ("proxy.cli", 7), ("proxy.models.__main__", 7),
     ("proxy.__main__", 8),
 ]
@@ -144,7 +146,7 @@ def test_models_and_quant_never_import_the_engine():
 
 @pytest.mark.parametrize("mod", sorted(MODULES))
 def test_nothing_imports_api_or_cli(mod):
-    if mod.startswith("proxy.api") or mod in ("proxy.cli", "proxy.__main__"):
+    if mod.startswith("proxy.api") or mod in ("proxy.cli", "proxy.__main__", "proxy.models.__main__"):
         return
     bad = {d for d in MODULES[mod] if d.startswith(("proxy.api", "proxy.cli"))}
     assert not bad, f"{mod} imports {bad}"

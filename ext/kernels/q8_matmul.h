@@ -1,12 +1,15 @@
-/* y[M, N] = x[M, K] @ (codes[N, K] * scales[N, K / 32])^T in fp32, for GGUF Q8_0 weights on x86-64 CPUs
+/* y[M, N] = x[M, K] @ (codes[N, K] * scales[N, K / group] + zeros[N, K / group])^T in fp32, group 32
+ * (GGUF Q8_0, Q5_0, IQ4_NL, IQ4_XS; with zeros Q5_1, Q5_K) or 16 (Q6_K), zeros optional, on x86-64 CPUs
  * with AVX2 and FMA, or AVX-512 F (proxy/quant/int8_linear.py says why and what was measured).
  *
  * Per output feature n and row m the sum runs over K in one fixed order: L fp32 lanes (8 with AVX2,
  * 16 with AVX-512), each accumulating with fused multiply-adds the products x[m, k] * w[n, k] of the
- * k in its lane, group by group, where w[n, k] = codes[n, k] * scales[n, k / 32] (exact in fp32: an
- * 8-bit code times an fp16-valued scale); the lanes are then added pairwise (AVX2: 4+4, 2+2, 1+1;
- * AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share a call or on
- * the thread count (threads split N), so a row's result is the same bits in any batch. The two
+ * k in its lane, 32 inputs at a time, where w[n, k] = fma(codes[n, k], scales[n, k / group], zero) with
+ * zero = zeros[n, k / group] or +0 (the product is exact in fp32: the code's and the scale's significant
+ * bits add up to at most 24 for every GGUF type served, e.g. Q8_0 8 + 11, IQ4_XS 7 + 17, Q6_K 6 + 18, so
+ * w is the exact sum rounded once, as gguf computes it); the lanes are then added pairwise (AVX2:
+ * 4+4, 2+2, 1+1; AVX-512: _mm512_reduce_add_ps). That order does not depend on M, on which rows share
+ * a call or on the thread count (threads split N), so a row's result is the same bits in any batch. The two
  * instruction sets sum in other orders: a process uses one (sp_q8_best_isa, unless told otherwise).
  */
 #ifndef STREAMPROXY_Q8_MATMUL_H
@@ -24,7 +27,7 @@
 #define SP_Q8_X86 0
 #endif
 
-#define SP_Q8_GROUP 32
+#define SP_Q8_GROUP 32 /* inputs a step of the loop covers: one group of 32, or two of 16 */
 #define SP_Q8_ROW_TILE 8
 #define SP_Q8_ROW_TILE_512 16
 
@@ -65,18 +68,23 @@ static inline SP_AVX2 __m256 sp_load_q8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* rows [0, MB) of x (row stride K) against one weight row; MB a compile-time constant after inlining */
+/* rows [0, MB) of x (row stride K) against one weight row; MB a compile-time constant after inlining;
+ * gs: scales per 32 inputs (1: group 32; 2: group 16, the first scale for inputs 0-15, the second 16-31) */
 static inline SP_AVX2 __attribute__((always_inline)) void sp_q8_tile(
-    const int MB, const float *x, int64_t K, const int8_t *q, const float *d, int64_t ldy, float *y) {
+    const int MB, const float *x, int64_t K, const int8_t *q, const float *d, const float *z, const int gs,
+    int64_t ldy, float *y) {
     __m256 acc[SP_Q8_ROW_TILE];
     for (int r = 0; r < MB; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < K / SP_Q8_GROUP; g++) {
-        const __m256 s = _mm256_set1_ps(d[g]);
+        const __m256 s = _mm256_set1_ps(d[g * gs]);
+        const __m256 s1 = _mm256_set1_ps(d[g * gs + gs - 1]);
+        const __m256 z0 = z ? _mm256_set1_ps(z[g * gs]) : _mm256_setzero_ps();
+        const __m256 z1 = z ? _mm256_set1_ps(z[g * gs + gs - 1]) : _mm256_setzero_ps();
         const int8_t *qg = q + g * SP_Q8_GROUP;
-        const __m256 w0 = _mm256_mul_ps(sp_load_q8(qg), s);
-        const __m256 w1 = _mm256_mul_ps(sp_load_q8(qg + 8), s);
-        const __m256 w2 = _mm256_mul_ps(sp_load_q8(qg + 16), s);
-        const __m256 w3 = _mm256_mul_ps(sp_load_q8(qg + 24), s);
+        const __m256 w0 = _mm256_fmadd_ps(sp_load_q8(qg), s, z0);
+        const __m256 w1 = _mm256_fmadd_ps(sp_load_q8(qg + 8), s, z0);
+        const __m256 w2 = _mm256_fmadd_ps(sp_load_q8(qg + 16), s1, z1);
+        const __m256 w3 = _mm256_fmadd_ps(sp_load_q8(qg + 24), s1, z1);
         const float *xg = x + g * SP_Q8_GROUP;
         for (int r = 0; r < MB; r++) {
             const float *xr = xg + r * K;
@@ -93,23 +101,25 @@ static inline SP_AVX2 __attribute__((always_inline)) void sp_q8_tile(
 
 /* The whole product with AVX2 (arguments as sp_q8_matmul). */
 static SP_AVX2 void sp_q8_matmul_avx2(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                                      const float *scales, int64_t N, float *y, int num_threads) {
-    const int64_t G = K / SP_Q8_GROUP;
+                                      const float *scales, const float *zeros, const int gs, int64_t N,
+                                      float *y, int num_threads) {
+    const int64_t G = K / SP_Q8_GROUP * gs;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const int8_t *q = codes + n * K;
         const float *d = scales + n * G;
+        const float *z = zeros ? zeros + n * G : 0;
         int64_t m = 0;
         for (; m + SP_Q8_ROW_TILE <= M; m += SP_Q8_ROW_TILE)
-            sp_q8_tile(SP_Q8_ROW_TILE, x + m * K, K, q, d, N, y + m * N + n);
+            sp_q8_tile(SP_Q8_ROW_TILE, x + m * K, K, q, d, z, gs, N, y + m * N + n);
         switch (M - m) {
-        case 7: sp_q8_tile(7, x + m * K, K, q, d, N, y + m * N + n); break;
-        case 6: sp_q8_tile(6, x + m * K, K, q, d, N, y + m * N + n); break;
-        case 5: sp_q8_tile(5, x + m * K, K, q, d, N, y + m * N + n); break;
-        case 4: sp_q8_tile(4, x + m * K, K, q, d, N, y + m * N + n); break;
-        case 3: sp_q8_tile(3, x + m * K, K, q, d, N, y + m * N + n); break;
-        case 2: sp_q8_tile(2, x + m * K, K, q, d, N, y + m * N + n); break;
-        case 1: sp_q8_tile(1, x + m * K, K, q, d, N, y + m * N + n); break;
+        case 7: sp_q8_tile(7, x + m * K, K, q, d, z, gs, N, y + m * N + n); break;
+        case 6: sp_q8_tile(6, x + m * K, K, q, d, z, gs, N, y + m * N + n); break;
+        case 5: sp_q8_tile(5, x + m * K, K, q, d, z, gs, N, y + m * N + n); break;
+        case 4: sp_q8_tile(4, x + m * K, K, q, d, z, gs, N, y + m * N + n); break;
+        case 3: sp_q8_tile(3, x + m * K, K, q, d, z, gs, N, y + m * N + n); break;
+        case 2: sp_q8_tile(2, x + m * K, K, q, d, z, gs, N, y + m * N + n); break;
+        case 1: sp_q8_tile(1, x + m * K, K, q, d, z, gs, N, y + m * N + n); break;
         default: break;
         }
     }
@@ -121,14 +131,16 @@ static inline SP_AVX512 __m512 sp_load_q8_512(const int8_t *p) {
 
 /* as sp_q8_tile, 16 lanes; MB <= SP_Q8_ROW_TILE_512 */
 static inline SP_AVX512 __attribute__((always_inline)) void sp_q8_tile512(
-    const int MB, const float *x, int64_t K, const int8_t *q, const float *d, int64_t ldy, float *y) {
+    const int MB, const float *x, int64_t K, const int8_t *q, const float *d, const float *z, const int gs,
+    int64_t ldy, float *y) {
     __m512 acc[SP_Q8_ROW_TILE_512];
     for (int r = 0; r < MB; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < K / SP_Q8_GROUP; g++) {
-        const __m512 s = _mm512_set1_ps(d[g]);
         const int8_t *qg = q + g * SP_Q8_GROUP;
-        const __m512 w0 = _mm512_mul_ps(sp_load_q8_512(qg), s);
-        const __m512 w1 = _mm512_mul_ps(sp_load_q8_512(qg + 16), s);
+        const __m512 z0 = z ? _mm512_set1_ps(z[g * gs]) : _mm512_setzero_ps();
+        const __m512 z1 = z ? _mm512_set1_ps(z[g * gs + gs - 1]) : _mm512_setzero_ps();
+        const __m512 w0 = _mm512_fmadd_ps(sp_load_q8_512(qg), _mm512_set1_ps(d[g * gs]), z0);
+        const __m512 w1 = _mm512_fmadd_ps(sp_load_q8_512(qg + 16), _mm512_set1_ps(d[g * gs + gs - 1]), z1);
         const float *xg = x + g * SP_Q8_GROUP;
         for (int r = 0; r < MB; r++) {
             const float *xr = xg + r * K;
@@ -141,16 +153,18 @@ static inline SP_AVX512 __attribute__((always_inline)) void sp_q8_tile512(
     for (int r = 0; r < MB; r++) y[r * ldy] = _mm512_reduce_add_ps(acc[r]);
 }
 
-#define SP_Q8_T512(MB) sp_q8_tile512((MB), x + m * K, K, q, d, N, y + m * N + n)
+#define SP_Q8_T512(MB) sp_q8_tile512((MB), x + m * K, K, q, d, z, gs, N, y + m * N + n)
 
 /* The whole product with AVX-512 F (arguments as sp_q8_matmul). */
 static SP_AVX512 void sp_q8_matmul_avx512(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                                          const float *scales, int64_t N, float *y, int num_threads) {
-    const int64_t G = K / SP_Q8_GROUP;
+                                          const float *scales, const float *zeros, const int gs, int64_t N,
+                                          float *y, int num_threads) {
+    const int64_t G = K / SP_Q8_GROUP * gs;
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const int8_t *q = codes + n * K;
         const float *d = scales + n * G;
+        const float *z = zeros ? zeros + n * G : 0;
         int64_t m = 0;
         for (; m + SP_Q8_ROW_TILE_512 <= M; m += SP_Q8_ROW_TILE_512) SP_Q8_T512(SP_Q8_ROW_TILE_512);
         switch (M - m) {
@@ -175,16 +189,22 @@ static SP_AVX512 void sp_q8_matmul_avx512(const float *x, int64_t M, int64_t K, 
 }
 #endif
 
-/* The whole product; K % 32 == 0, all arrays contiguous, x and y fp32, scales fp32 [N, K / 32];
- * isa: SP_Q8_AVX2 or SP_Q8_AVX512, one this CPU runs (sp_q8_best_isa; anything else computes
- * nothing). Threads (OpenMP, num_threads) take contiguous ranges of N. */
+/* The whole product; K % 32 == 0, all arrays contiguous, x and y fp32, scales fp32 [N, K / group] with
+ * group 32 or 16 (anything else computes nothing), zeros fp32 as scales or NULL (none); isa:
+ * SP_Q8_AVX2 or SP_Q8_AVX512, one this CPU runs (sp_q8_best_isa; anything else computes nothing).
+ * Threads (OpenMP, num_threads) take contiguous ranges of N. Group 16 sums in the same order as
+ * group 32 (only the scale a product uses differs). */
 static void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                         const float *scales, int64_t N, float *y, int num_threads, int isa) {
+                         const float *scales, const float *zeros, int64_t group, int64_t N, float *y,
+                         int num_threads, int isa) {
 #if SP_Q8_X86
-    if (isa == SP_Q8_AVX512) sp_q8_matmul_avx512(x, M, K, codes, scales, N, y, num_threads);
-    else if (isa == SP_Q8_AVX2) sp_q8_matmul_avx2(x, M, K, codes, scales, N, y, num_threads);
+    if (group != 16 && group != SP_Q8_GROUP) return;
+    const int gs = (int)(SP_Q8_GROUP / group);
+    if (isa == SP_Q8_AVX512) sp_q8_matmul_avx512(x, M, K, codes, scales, zeros, gs, N, y, num_threads);
+    else if (isa == SP_Q8_AVX2) sp_q8_matmul_avx2(x, M, K, codes, scales, zeros, gs, N, y, num_threads);
 #else
-    (void)x; (void)M; (void)K; (void)codes; (void)scales; (void)N; (void)y; (void)num_threads; (void)isa;
+    (void)x; (void)M; (void)K; (void)codes; (void)scales; (void)zeros; (void)group; (void)N; (void)y;
+    (void)num_threads; (void)isa;
 #endif
 }
 

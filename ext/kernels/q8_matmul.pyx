@@ -8,7 +8,8 @@ cdef extern from "q8_matmul.h" nogil:
     int sp_q8_available()
     int sp_q8_best_isa()
     void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                      const float *scales, int64_t N, float *y, int num_threads, int isa)
+                      const float *scales, const float *zeros, int64_t group, int64_t N, float *y,
+                      int num_threads, int isa)
     int SP_Q8_AVX2
     int SP_Q8_AVX512
 
@@ -28,12 +29,14 @@ def supported_isas() -> list:
     return [name for name, isa in ISAS.items() if 0 < isa <= best]
 
 
-def q8_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scales, int64_t n,
-              uintptr_t out, int num_threads, int isa) -> None:
-    """``out[m, n] = x[m, k] @ (codes[n, k] * scales[n, k / 32]).T``, addresses of contiguous fp32
-    ``x`` / ``scales`` / ``out`` and int8 ``codes``, with instruction set ``isa`` (a value of
-    :data:`ISAS` in :func:`supported_isas`); the GIL is released. Unchecked: call it through
+def q8_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scales, uintptr_t zeros,
+              int64_t group, int64_t n, uintptr_t out, int num_threads, int isa) -> None:
+    """``out[m, n] = x[m, k] @ (codes[n, k] * scales[n, k / group] + zeros[n, k / group]).T``
+    (``group`` 32 or 16; ``zeros`` 0: none), addresses of contiguous fp32 ``x`` / ``scales`` /
+    ``zeros`` / ``out`` and int8 ``codes``, with instruction
+    set ``isa`` (a value of :data:`ISAS` in :func:`supported_isas`); the GIL is released.
+    Unchecked: call it through
     ``proxy.quant.int8_linear.q8_matmul``."""
     with nogil:
-        sp_q8_matmul(<const float *>x, m, k, <const int8_t *>codes, <const float *>scales, n,
-                     <float *>out, num_threads, isa)
+        sp_q8_matmul(<const float *>x, m, k, <const int8_t *>codes, <const float *>scales,
+                     <const float *>zeros, group, n, <float *>out, num_threads, isa)

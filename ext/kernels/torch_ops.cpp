@@ -56,25 +56,31 @@ at::Tensor amx_int4_mm(const at::Tensor& x_in, const at::Tensor& tiles, const at
     return out;
 }
 
-// y fp32 [M, N] = x fp32 [M, K] @ (codes int8 [N, K] * scales fp32 [N, K / 32])^T with instruction set
-// isa (SP_Q8_AVX2 or SP_Q8_AVX512).
-at::Tensor q8_matmul(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales, int64_t isa) {
+// y fp32 [M, N] = x fp32 [M, K] @ (codes int8 [N, K] * scales fp32 [N, K / group] + zeros)^T with
+// instruction set isa (SP_Q8_AVX2 or SP_Q8_AVX512); the group (32 or 16) is K over the scales' columns;
+// zeros (optional) fp32 shaped as scales.
+at::Tensor q8_matmul(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
+                     const std::optional<at::Tensor>& zeros, int64_t isa) {
     TORCH_CHECK(x_in.dim() == 2 && codes.dim() == 2 && scales.dim() == 2 && x_in.scalar_type() == at::kFloat &&
                     codes.scalar_type() == at::kChar && scales.scalar_type() == at::kFloat,
-                "q8_matmul takes fp32 x [M, K], int8 codes [N, K] and fp32 scales [N, K / 32]");
+                "q8_matmul takes fp32 x [M, K], int8 codes [N, K] and fp32 scales [N, K / 32 or K / 16]");
     const int64_t m = x_in.size(0), k = x_in.size(1), n = codes.size(0);
     TORCH_CHECK(k % SP_Q8_GROUP == 0 && codes.size(1) == k && scales.size(0) == n &&
-                    scales.size(1) == k / SP_Q8_GROUP,
+                    (scales.size(1) == k / SP_Q8_GROUP || scales.size(1) == k / 16),
                 "q8_matmul: shapes do not fit (x ", x_in.sizes(), ", codes ", codes.sizes(), ", scales ",
                 scales.sizes(), ")");
     TORCH_CHECK(codes.is_contiguous() && scales.is_contiguous(), "q8_matmul takes contiguous codes and scales");
+    TORCH_CHECK(!zeros || (zeros->scalar_type() == at::kFloat && zeros->sizes() == scales.sizes() &&
+                           zeros->is_contiguous()),
+                "q8_matmul takes contiguous fp32 zeros shaped as the scales");
     TORCH_CHECK((isa == SP_Q8_AVX2 || isa == SP_Q8_AVX512) && isa <= sp_q8_best_isa(),
                 "q8_matmul: instruction set ", isa, " does not run on this CPU");
     at::Tensor x = x_in.contiguous();
     at::Tensor out = at::empty({m, n}, x.options());
     if (m && n)
         sp_q8_matmul(x.const_data_ptr<float>(), m, k, codes.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(),
-                     n, out.mutable_data_ptr<float>(), at::get_num_threads(), static_cast<int>(isa));
+                     zeros ? zeros->const_data_ptr<float>() : nullptr, k ? k / scales.size(1) : SP_Q8_GROUP, n, out.mutable_data_ptr<float>(), at::get_num_threads(),
+                     static_cast<int>(isa));
     return out;
 }
 

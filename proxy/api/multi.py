@@ -24,9 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import protocol
-from proxy.catalog import ModelEntry, entry_settings, estimate_bytes, memory_budget
+from proxy.catalog import ModelEntry, entry_settings
 from proxy.engine.client import EmbeddingClient, EngineClient, ModelInfo
 from proxy.errors import InvalidRequestError, StreamproxyError
+from proxy.model_memory import estimate_bytes, memory_budget
 from proxy.settings import Settings
 from proxy.threads import start_in_own_thread
 

@@ -10,7 +10,7 @@ States of a model (llama.cpp's router names them so in ``GET /v1/models``): ``un
   with no request in flight is unloaded; while every loaded model has requests in flight the load
   waits for one to finish (llama.cpp's router and Ollama's scheduler wait so too);
 - ``budget_bytes`` (``--models-memory-bytes``, 0: no check): the same, until the loaded models'
-  estimates (``proxy.catalog.estimate_bytes``) and the new one's fit; a model whose estimate alone
+  estimates (``proxy.model_memory.estimate_bytes``) and the new one's fit; a model whose estimate alone
   exceeds it is refused (503 ``model_memory_budget``) rather than swapping the machine;
 - ``model_ttl_s`` (``--model-ttl-s``, 0: never): a loaded model idle that long is unloaded;
 - a model is *in flight* from the moment a request names it until its response has ended (the

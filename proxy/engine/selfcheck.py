@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from proxy.engine.execution.architectures import layer_specs
-from proxy.engine.execution.attention import ATTN_IMPLEMENTATION, probe_layers
+from proxy.engine.execution.attention import ATTN_IMPLEMENTATION, activation_dtype, probe_layers
 from proxy.models.vision import decoder_attention
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
@@ -83,11 +83,11 @@ def tie_tolerance(dtype: torch.dtype) -> float:
 
 
 def compute_dtype(model: Any) -> torch.dtype:
-    """The narrowest dtype ``model``'s activations pass through: its parameters' dtype, or bf16 where
+    """The narrowest dtype ``model``'s activations pass through: its activation dtype, or bf16 where
     a packed linear's kernel runs bf16 activations (``kernel_dtype`` of
     :class:`proxy.quant.linear.PackedLinear`; there the engine's prompt tokens may take dense fp32
     copies while ``generate()``'s take the kernel, ``proxy.quant.dense_prefill``)."""
-    dtype: torch.dtype = next(model.parameters()).dtype
+    dtype = activation_dtype(model)
     for module in model.modules():
         kernel = getattr(module, "kernel_dtype", None)
         if isinstance(kernel, torch.dtype) and kernel.itemsize < dtype.itemsize:

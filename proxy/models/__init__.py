@@ -16,8 +16,8 @@ One module a step:
   the engine's loader (``proxy.engine.loading``) gives it the attention implementation and the
   architecture check. This package never imports the engine.
 
-``python -m proxy.models --convert [--model X.gguf] [--cache-dir DIR]`` converts ahead of time
-(:mod:`proxy.models.__main__`).
+``streamproxy models --convert [--model X.gguf] [--cache-dir DIR]`` (or ``python -m proxy.models``)
+converts ahead of time (``proxy.cli.prepare_model``).
 """
 
 from proxy.models.device import auto_dtype, resolve_device_dtype

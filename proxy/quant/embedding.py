@@ -22,35 +22,53 @@ GROUP_SIZE = 32
 Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8 q (ggml-common.h)
 
 
+def group_of(codes: torch.Tensor, scales: torch.Tensor) -> int:
+    """The group size of int8 ``codes [N, K]`` with ``scales [N, K / group]``: ``K`` over the scales'
+    columns (32, or 16 for ``Q6_K``); :data:`GROUP_SIZE` when ``K`` is 0."""
+    k, g = int(codes.shape[-1]), int(scales.shape[-1])
+    return k // g if g else GROUP_SIZE
+
+
 class Int8Embedding(nn.Module):
-    """``nn.Embedding`` over int8 codes with one fp32 scale per group of :data:`GROUP_SIZE` values.
+    """``nn.Embedding`` over int8 codes with one fp32 scale per group of values (:data:`GROUP_SIZE`,
+    or 16 for ``Q6_K``: :func:`group_of`).
 
     Args:
         codes: int8 ``[num_embeddings, embedding_dim]``.
-        scales: fp32 ``[num_embeddings, embedding_dim / GROUP_SIZE]``.
+        scales: fp32 ``[num_embeddings, embedding_dim / group]``.
         dtype: the dtype of the rows returned (the model's; the product is rounded to it once).
+        zeros: None, or fp32 shaped as ``scales``, added to each group (``Q4_K`` / ``Q5_K``'s
+            ``-dmin * m``, ``Q5_1``'s ``m``).
 
     ``forward(ids)``: long ``[...]`` -> ``[..., embedding_dim]`` in ``dtype``; row ``i`` is
-    ``codes[i] * scales[i]`` (each scale repeated over its group), computed in fp32.
+    ``codes[i] * scales[i] (+ zeros[i])`` (each repeated over its group), computed in fp32: the
+    product is exact, the sum rounded once.
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
+    zeros: torch.Tensor | None
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
+                 zeros: torch.Tensor | None = None) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = codes.shape
         self.dtype = dtype
         self.register_buffer("codes", codes.contiguous(), persistent=False)
         self.register_buffer("scales", scales.to(torch.float32).contiguous(), persistent=False)
+        self.register_buffer("zeros", None if zeros is None else zeros.contiguous(), persistent=False)
+        self.group_size = group_of(codes, scales)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        groups = self.codes[ids].view(*ids.shape, -1, GROUP_SIZE).to(torch.float32)
-        rows = (groups * self.scales[ids].unsqueeze(-1)).view(*ids.shape, self.embedding_dim)
+        groups = self.codes[ids].view(*ids.shape, -1, self.group_size).to(torch.float32)
+        groups = groups * self.scales[ids].unsqueeze(-1)
+        if self.zeros is not None:
+            groups += self.zeros[ids].unsqueeze(-1)
+        rows = groups.view(*ids.shape, self.embedding_dim)
         return rows if self.dtype == torch.float32 else rows.to(self.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int8 g{GROUP_SIZE}, dtype={self.dtype}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 g{self.group_size}, dtype={self.dtype}"
 
 
 def q8_0_codes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,24 +83,31 @@ def q8_0_codes(raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, t
 
 def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
                       rows: Callable[[str, torch.Tensor], torch.Tensor], device: torch.device,
-                      decoded: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
+                      decoded: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> bool:
     """Swap ``model``'s input embedding for an :class:`Int8Embedding` of the GGUF's ``Q8_0`` blocks
-    when it is a plain ``nn.Embedding`` (not a subclass that scales its rows), the shape divides into
-    groups, and every row equals the dense reference table: ``rows(parameter name, ids)`` returns
+    (or of another type's int8 codes, ``decoded``) when it is a plain ``nn.Embedding`` (not a
+    subclass that scales its rows), the shape divides into groups, and every row equals the dense
+    reference table: ``rows(parameter name, ids)`` returns
     rows ``ids`` (long ``[R]``, consecutive) ``[R, K]`` in the model's dtype, read 4096 at a time
     (the whole fp32 table of the default model is 113 MB; read at once it was the load's RSS peak).
-    ``decoded``: the ``(codes, scales)`` of :func:`q8_0_codes` already on ``device``, when a tied
-    lm_head holds them (:class:`proxy.quant.int8_linear.Int8Linear`): the embedding then shares
-    those tensors instead of decoding a second copy.
+    ``decoded``: the ``(codes int8 [V, K], scales fp32 [V, K / group], zeros or None)`` already
+    decoded on ``device``:
+    those a tied lm_head holds (:class:`proxy.quant.int8_linear.Int8Linear`), which the embedding
+    then shares instead of decoding a second copy, or those of a type other than ``Q8_0`` with an
+    int8 layout (``proxy.quant.gguf_types.int8_codes``); without it only ``Q8_0`` blocks are read.
     Returns whether it was swapped; a mismatch is logged and the embedding stays dense."""
     get_in = getattr(model, "get_input_embeddings", None)
     inp = get_in() if callable(get_in) else None
-    if type_name != "Q8_0" or type(inp) is not nn.Embedding or inp.embedding_dim % GROUP_SIZE:
+    if type_name != "Q8_0" and decoded is None:
+        return False
+    if type(inp) is not nn.Embedding or inp.embedding_dim % GROUP_SIZE:
         return False
     if inp.max_norm is not None:  # renormalizes rows in place at lookup
         return False
     shape = (inp.num_embeddings, inp.embedding_dim)
-    codes, scales = q8_0_codes(raw, shape) if decoded is None else decoded
+    codes, scales, zeros = (*q8_0_codes(raw, shape), None) if decoded is None else decoded
+    if tuple(codes.shape) != shape:
+        return False
     name = next(n for n, m in model.named_modules() if m is inp)
     pname = f"{name}.weight" if name else "weight"
     layer: Int8Embedding | None = None
@@ -90,9 +115,10 @@ def pack_q8_embedding(model: nn.Module, type_name: str, raw: np.ndarray,
         ids = torch.arange(start, min(start + 4096, shape[0]))
         want = rows(pname, ids).to(device)
         if layer is None:
-            layer = Int8Embedding(codes.to(device), scales.to(device), want.dtype)
+            layer = Int8Embedding(codes.to(device), scales.to(device), want.dtype,
+                                  None if zeros is None else zeros.to(device))
         if not torch.equal(layer(ids.to(device)), want):
-            logger.warning("the Q8_0 token embedding does not match the dense table; it stays dense")
+            logger.warning("the %s token embedding does not match the dense table; it stays dense", type_name)
             return False
     if layer is None:
         return False

@@ -92,7 +92,8 @@ def _fusable(parts: list[object]) -> list[PackedLinear] | list[Int8Linear] | Non
     int8 = [p for p in parts if type(p) is Int8Linear]
     if len(int8) == len(parts):
         first8 = int8[0]
-        if all((p.in_features, p.bias is None) == (first8.in_features, first8.bias is None) for p in int8):
+        key = (first8.in_features, first8.group_size, first8.zeros is None, first8.bias is None)
+        if all((p.in_features, p.group_size, p.zeros is None, p.bias is None) == key for p in int8):
             return int8
         return None
     packed = [p for p in parts if type(p) is PackedLinear]

@@ -105,11 +105,17 @@ def planes_rows(planes: list[Int4Plane]) -> RowValues:
     return lambda idx: planes_value([p.select_rows(idx) for p in planes], slice(None))
 
 
-def q8_rows(codes: torch.Tensor, scales: torch.Tensor) -> RowValues:
-    """:data:`RowValues` of int8 ``codes [N, K]`` with fp32 ``scales [N, K / 32]`` (exact products)."""
+def q8_rows(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None = None) -> RowValues:
+    """:data:`RowValues` of int8 ``codes [N, K]`` with fp32 ``scales [N, K / group]`` (exact products;
+    ``group`` 32, or 16 for ``Q6_K``) and ``zeros`` shaped as the scales or None (added: one rounding)."""
+    group = codes.shape[1] // scales.shape[1] if scales.shape[1] else GROUP_SIZE
+
     def values(idx: torch.Tensor) -> torch.Tensor:
         q = codes[idx]
-        return (q.view(len(idx), -1, GROUP_SIZE).float() * scales[idx, :, None]).view(q.shape)
+        w = q.view(len(idx), -1, group).float() * scales[idx, :, None]
+        if zeros is not None:
+            w += zeros[idx, :, None]
+        return w.view(q.shape)
     return values
 
 

@@ -1,5 +1,6 @@
-"""``Int8Linear``: an int8 g32 linear (a GGUF's ``Q8_0`` codes, or weights re-quantized to int8 g32)
-served by this project's CPU kernel; every int8 g32 linear on a CPU where :func:`kernel_available`.
+"""``Int8Linear``: an int8 g32 linear (a GGUF's ``Q8_0`` codes, or weights re-quantized to int8 g32), or
+int8 g16 (a GGUF's ``Q6_K``), served by this project's CPU kernel; every int8 g32 linear on a CPU where
+:func:`kernel_available`.
 
 Why: the default model's lm_head is its ``Q8_0`` token embedding (tied, 49152 x 576). As a
 :class:`~proxy.quant.linear.PackedLinear` it ran as two int4 planes through torch's int4 kernel
@@ -28,7 +29,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from proxy.quant.embedding import GROUP_SIZE
+from proxy.quant.embedding import GROUP_SIZE, group_of
 from proxy.quant.kernels import define_cpu_op
 
 _q8_matmul: ModuleType | None
@@ -75,15 +76,20 @@ def set_kernel_isa(name: str) -> None:
     KERNEL_ISA = name
 
 
-def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
+def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+           zeros: torch.Tensor | None = None) -> None:
     if x.dim() != 2 or codes.dim() != 2 or scales.dim() != 2:
-        raise ValueError("q8_matmul takes x [M, K], codes [N, K], scales [N, K / 32]")
+        raise ValueError("q8_matmul takes x [M, K], codes [N, K], scales [N, K / 32] or [N, K / 16]")
     n, k = codes.shape
-    if x.shape[1] != k or k % GROUP_SIZE or tuple(scales.shape) != (n, k // GROUP_SIZE):
+    if (x.shape[1] != k or k % GROUP_SIZE or scales.shape[0] != n
+            or scales.shape[1] not in (k // GROUP_SIZE, k // 16)):
         raise ValueError(
             f"q8_matmul shapes do not fit: x {tuple(x.shape)}, codes {tuple(codes.shape)}, "
-            f"scales {tuple(scales.shape)} (K a multiple of {GROUP_SIZE})"
+            f"scales {tuple(scales.shape)} (K a multiple of {GROUP_SIZE}, a scale per 32 or 16 inputs)"
         )
+    if zeros is not None and (zeros.shape != scales.shape or zeros.dtype != torch.float32):
+        raise ValueError(
+            f"q8_matmul takes fp32 zeros shaped as the scales, not {tuple(zeros.shape)} {zeros.dtype}")
     if x.dtype != torch.float32 or codes.dtype != torch.int8 or scales.dtype != torch.float32:
         raise ValueError(f"q8_matmul takes fp32 x and scales and int8 codes, not {x.dtype}, "
                          f"{codes.dtype}, {scales.dtype}")
@@ -91,13 +97,16 @@ def _check(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
         raise ValueError("q8_matmul runs on the CPU")
 
 
-def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` with ``W[n, k] = codes[n, k] * scales[n, k // 32]``, in fp32, through the kernel.
+def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+              zeros: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T`` with ``W[n, k] = codes[n, k] * scales[n, k // group] (+ zeros[n, k // group])``, in
+    fp32, through the kernel (the product is exact, so ``W`` is the sum rounded once).
 
     Args:
         x: fp32 ``[M, K]`` (made contiguous here).
         codes: int8 ``[N, K]``, contiguous.
-        scales: fp32 ``[N, K / 32]``, contiguous.
+        scales: fp32 ``[N, K / group]``, contiguous; ``group`` 32, or 16 (``Q6_K``).
+        zeros: None, or fp32 shaped as ``scales``, contiguous (``Q5_1``'s ``m``, ``Q5_K``'s ``-dmin * m``).
     Returns:
         fp32 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
     Raises:
@@ -105,18 +114,19 @@ def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> tor
         RuntimeError: the kernel is not available (:func:`kernel_available`).
     """
     if not torch.compiler.is_compiling():  # checked eagerly; a compiled step's shapes were checked at capture
-        _check(x, codes, scales)
-        if not (codes.is_contiguous() and scales.is_contiguous()):
+        _check(x, codes, scales, zeros)
+        if not all(t.is_contiguous() for t in (codes, scales, zeros) if t is not None):
             raise ValueError("q8_matmul takes contiguous codes and scales")
         if _q8_matmul is None or not _q8_matmul.available():
             raise RuntimeError(
                 f"the Q8_0 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AVX2/FMA'})")
     isa = _q8_matmul.ISAS[KERNEL_ISA] if _q8_matmul is not None and KERNEL_ISA is not None else 0
-    out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales, isa)
+    out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales, zeros, isa)
     return out
 
 
-def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, isa: int) -> torch.Tensor:
+def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                  isa: int) -> torch.Tensor:
     """The op's Python kernel (where ``ext/kernels/torch_ops.cpp``'s is not built:
     :func:`proxy.quant.kernels.define_cpu_op`). The op keeps a call one opaque node for
     ``torch.compile`` (``data_ptr`` cannot be traced). Arguments as :func:`q8_matmul`, checked there;
@@ -126,28 +136,34 @@ def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, is
     n = codes.shape[0]
     out = torch.empty(m, n, dtype=torch.float32)
     if m and n:
-        _q8_matmul.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), n, out.data_ptr(),
-                             torch.get_num_threads(), isa)
+        _q8_matmul.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(),
+                             0 if zeros is None else zeros.data_ptr(), group_of(codes, scales), n,
+                             out.data_ptr(), torch.get_num_threads(), isa)
     return out
 
 
-def _q8_matmul_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, isa: int) -> torch.Tensor:
+def _q8_matmul_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                    isa: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], codes.shape[0])
 
 
-define_cpu_op("q8_matmul(Tensor x, Tensor codes, Tensor scales, int isa) -> Tensor", _q8_matmul_op,
-              _q8_matmul_fake)
+define_cpu_op("q8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor? zeros, int isa) -> Tensor",
+              _q8_matmul_op, _q8_matmul_fake)
 
 
-def q8_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def q8_matmul_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                        zeros: torch.Tensor | None = None) -> torch.Tensor:
     """What :func:`q8_matmul` computes, with torch ops (the weight dequantized :data:`REFERENCE_ROWS`
     output rows at a time): the same values up to the order of the fp32 sums."""
-    _check(x, codes, scales)
+    _check(x, codes, scales, zeros)
     n, k = codes.shape
+    group = group_of(codes, scales)
     parts = []
     for start in range(0, n, REFERENCE_ROWS):
         q = codes[start:start + REFERENCE_ROWS]
-        w = (q.view(q.shape[0], -1, GROUP_SIZE).float() * scales[start:start + REFERENCE_ROWS, :, None])
+        w = (q.view(q.shape[0], -1, group).float() * scales[start:start + REFERENCE_ROWS, :, None])
+        if zeros is not None:
+            w += zeros[start:start + REFERENCE_ROWS, :, None]
         parts.append(x @ w.view(q.shape[0], k).t())
     return torch.cat(parts, dim=1) if parts else x.new_empty(x.shape[0], 0)
 
@@ -157,7 +173,9 @@ class Int8Linear(nn.Module):
 
     Args:
         codes: int8 ``[out_features, in_features]``.
-        scales: fp32 ``[out_features, in_features / 32]`` (GGUF's fp16 ``d``, widened exactly).
+        scales: fp32 ``[out_features, in_features / group]``, ``group`` 32 (GGUF's fp16 ``d``, widened
+            exactly) or 16 (``Q6_K``'s ``d * scale``, exact in fp32).
+        zeros: None, or fp32 shaped as ``scales``: ``W = codes * scales + zeros`` (``Q5_1``, ``Q5_K``).
         bias: ``[out_features]`` or None (kept in fp32, added in fp32).
         scheme: how the weight was stored, for ``extra_repr`` and the load summary.
 
@@ -169,17 +187,20 @@ class Int8Linear(nn.Module):
 
     codes: torch.Tensor
     scales: torch.Tensor
+    zeros: torch.Tensor | None
     in_features: int
     out_features: int
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-                 scheme: str = "Q8_0 as int8 g32") -> None:
+                 scheme: str = "Q8_0 as int8 g32", zeros: torch.Tensor | None = None) -> None:
         super().__init__()
-        _check(codes.new_empty(0, codes.shape[1], dtype=torch.float32), codes, scales)
+        _check(codes.new_empty(0, codes.shape[1], dtype=torch.float32), codes, scales, zeros)
         self.out_features, self.in_features = int(codes.shape[0]), int(codes.shape[1])
+        self.group_size = group_of(codes, scales)
         self.scheme = scheme
         self.register_buffer("codes", codes.contiguous(), persistent=False)
         self.register_buffer("scales", scales.contiguous(), persistent=False)
+        self.register_buffer("zeros", None if zeros is None else zeros.contiguous(), persistent=False)
         self.bias = None if bias is None else nn.Parameter(
             bias.detach().to(torch.float32), requires_grad=False)
         self._mm = q8_matmul if kernel_available() else q8_matmul_reference
@@ -190,20 +211,21 @@ class Int8Linear(nn.Module):
     def concat(cls, parts: list[Int8Linear]) -> Int8Linear:
         """One layer whose output rows are ``parts``' rows in order (their outputs side by side;
         each output column is computed alone, so a fused column equals the part's bit for bit).
-        All parts must share ``in_features`` and whether they have a bias."""
+        All parts must share ``in_features``, ``group_size``, whether they have zeros and a bias."""
         biases = [p.bias for p in parts]
         bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
+        zeros = [p.zeros for p in parts if p.zeros is not None]
         return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), bias,
-                   parts[0].scheme)
+                   parts[0].scheme, torch.cat(zeros) if zeros else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # both registered
+        buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
         mm = self._mm if x2.shape[0] < GEMM_ROWS else q8_matmul_reference
-        y = mm(x2, buffers["codes"], buffers["scales"])
+        y = mm(x2, buffers["codes"], buffers["scales"], buffers["zeros"])
         bias = self.bias
         if bias is not None:
             y += bias
@@ -212,9 +234,13 @@ class Int8Linear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        """The fp32 weight ``[out_features, in_features]`` (exact: ``codes * scales``)."""
-        w = self.codes.view(self.out_features, -1, GROUP_SIZE).float() * self.scales[..., None]
+        """The fp32 weight ``[out_features, in_features]``: ``codes * scales`` (exact), ``+ zeros`` (one
+        rounding)."""
+        w = self.codes.view(self.out_features, -1, self.group_size).float() * self.scales[..., None]
+        if self.zeros is not None:
+            w += self.zeros[..., None]
         return w.view(self.out_features, self.in_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}, "
+                f"group_size={self.group_size}")

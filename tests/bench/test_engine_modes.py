@@ -33,6 +33,6 @@ def test_a_mode_that_cannot_load_fails_the_run_at_once(tmp_path: Path, capsys: p
     captured = capsys.readouterr()
     assert code == 1
     assert "engine_modes: FAILED in mode thread" in captured.err
-    assert "could not load the model" in captured.err and "missing" in captured.err
+    assert "not a Hugging Face folder or a .gguf file" in captured.err  # the one-line reason
     assert "engine modes," not in captured.out  # no table
     assert elapsed < 120  # not the load timeout

@@ -560,3 +560,43 @@ def test_compare_eos_logit_bias_overrides_each_peers_eos_strategy(tmp_path: Path
         parsed = sb.build_parser().parse_args(cmd[2:])
         assert (parsed.eos_strategy, parsed.eos_token_ids) == (strategy, ids)
         assert parsed.max_concurrency == [8] and parsed.tokenizer == str(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# long prompts: prefill alone and beside running streams
+
+
+def test_gaps_overlapping_a_window_exact() -> None:
+    stamps = [1.0, 1.5, 4.0, 4.25, 6.0]  # gaps 0.5, 2.5, 0.25, 1.75
+    assert sb.gaps_overlapping(stamps, 2.0, 4.1) == [2.5, 0.25]  # the stretched gap, and the one ending after
+    assert sb.gaps_overlapping(stamps, 1.5, 1.5) == []  # an empty window at a stamp overlaps nothing
+    assert sb.gaps_overlapping(stamps, 0.0, 10.0) == [0.5, 2.5, 0.25, 1.75]
+    assert sb.gaps_before(stamps, 4.0) == [0.5, 2.5]
+    assert sb.gaps_before(stamps, 1.0) == []
+
+
+def test_long_prompts_against_fake_server(
+    fake_server: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    base_url, received = fake_server
+    received.clear()
+    args = _args(base_url, tmp_path, "--max-concurrency", "", "--long-prompt-lens", "40,60",
+                 "--long-prompt-streams", "2", "--long-prompt-stream-len", "300", "--no-plot")
+    summary = asyncio.run(sb.run_benchmark(args))
+    assert summary["runs"] == []
+    points = summary["long_prompts"]
+    assert [p["prompt_len"] for p in points] == [40, 60]
+    for p in points:
+        assert p["errors"] == [] and p["streams"] == 2 and p["streams_outlasted"] is True
+        assert p["prompt_tokens"] == PROMPT_TOKENS  # the server's usage
+        assert p["alone_ttft_ms"] >= ROLE_DELAY_S * 1000 and p["beside_ttft_ms"] >= ROLE_DELAY_S * 1000
+        assert p["alone_prefill_tok_s"] == pytest.approx(PROMPT_TOKENS / (p["alone_ttft_ms"] / 1000))
+        assert p["stream_gaps_during"] >= 2 and p["stream_itl_during_max_ms"] >= p["stream_itl_during_p50_ms"]
+    # a warm-up, then per length: the prompt alone, 2 streams, the prompt beside them
+    assert [b["max_tokens"] for b in received] == [8, 4, 300, 300, 4, 4, 300, 300, 4]
+    lengths = [len(b["messages"][0]["content"].split()) for b in received if b["max_tokens"] == 4]
+    assert lengths == [39, 39, 59, 59]  # "<i>:" and length - 2 words: no tokenizer
+    prompts = [b["messages"][0]["content"] for b in received if b["max_tokens"] == 4]
+    assert len(set(prompts)) == 4  # fresh prompts: no prefix cache answers the second
+    on_disk = json.loads((tmp_path / "fake.json").read_text())
+    assert on_disk["long_prompts"][1]["prompt_len"] == 60

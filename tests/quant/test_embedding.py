@@ -89,7 +89,7 @@ def test_an_embedding_that_does_not_match_or_is_not_q8_0_stays_dense(tmp_path: P
     assert "token_embd Q8_0 -> int8 g32" not in counts and type(other.model.embed_tokens) is nn.Embedding
 
 
-def test_a_scaled_embedding_subclass_stays_dense(tmp_path: Path) -> None:
+def test_a_scaled_embedding_subclass_stays_dense(tmp_path: Path, caplog) -> None:
     dense, path = _model_and_gguf(tmp_path, T.Q8_0)
 
     class Scaled(nn.Embedding):  # as Gemma's ScaledWordEmbedding: rows times a factor
@@ -107,3 +107,8 @@ def test_a_scaled_embedding_subclass_stays_dense(tmp_path: Path) -> None:
 
     assert not pack_q8_embedding(dense, "Q8_0", tensors["token_embd.weight"].data, rows, CPU)
     assert type(dense.model.embed_tokens) is Scaled
+    with caplog.at_level("INFO"):  # the loader counts it and logs why, with the bytes
+        counts = load_gguf_linears(dense, path, torch.float32)
+    assert counts["token_embd Q8_0 -> dense"] == 1 and type(dense.model.embed_tokens) is Scaled
+    assert ("GGUF token_embd Q8_0 -> dense x1, not at its own precision (the input embedding is not a plain "
+            "nn.Embedding, or its rows differ from the file's)") in caplog.text

@@ -1,4 +1,5 @@
-"""The Q8_0 kernel (``ext/kernels/q8_matmul.h``) and :class:`proxy.quant.int8_linear.Int8Linear`."""
+"""The Q8_0 kernel (``ext/kernels/q8_matmul.h``; groups of 32, and of 16 for Q6_K) and
+:class:`proxy.quant.int8_linear.Int8Linear`."""
 
 from __future__ import annotations
 
@@ -27,8 +28,14 @@ def isa(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     int8_linear.KERNEL_ISA = before
 
 
-def _weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _weights(n: int, k: int, seed: int = 0, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random codes and scales: group 32 as ``Q8_0`` (fp16 ``d``), 16 as ``Q6_K`` (6-bit codes,
+    ``d * scale`` with an int8 scale)."""
     g = torch.Generator().manual_seed(seed)
+    if group == 16:
+        codes = torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=g)
+        sub = torch.randint(-128, 128, (n, k // 16), generator=g).float()
+        return codes, (torch.rand(n, k // 256 + 1, generator=g) * 1e-3).half().float()[:, :1] * sub
     codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     scales = (torch.rand(n, k // 32, generator=g) * 0.02).half().float()  # GGUF's fp16 d, widened
     return codes, scales
@@ -51,14 +58,15 @@ def test_an_isa_this_cpu_lacks_is_refused() -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("group", [32, 16])
 @pytest.mark.parametrize(
     ("m", "n", "k"), [(1, 5, 32), (7, 100, 96), (8, 33, 576), (9, 64, 64), (33, 17, 160)]
 )
-def test_kernel_equals_the_torch_reference(m: int, n: int, k: int, isa: str) -> None:
-    codes, scales = _weights(n, k)
+def test_kernel_equals_the_torch_reference(m: int, n: int, k: int, group: int, isa: str) -> None:
+    codes, scales = _weights(n, k, group=group)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
     got = q8_matmul(x, codes, scales)
-    want = x.double() @ (codes.double().view(n, -1, 32) * scales.double()[..., None]).view(n, k).t()
+    want = x.double() @ (codes.double().view(n, -1, group) * scales.double()[..., None]).view(n, k).t()
     assert got.dtype == torch.float32 and got.shape == (m, n)
     bound = 1e-6 * (x.double().abs() @ codes.double().abs().t() * scales.double().max()).max().item()
     assert (got.double() - want).abs().max().item() <= bound
@@ -66,16 +74,42 @@ def test_kernel_equals_the_torch_reference(m: int, n: int, k: int, isa: str) -> 
 
 
 @needs_kernel
-def test_unit_rows_give_the_gguf_values_exactly(isa: str) -> None:
-    """``e_k @ W.T`` is column ``k`` of ``codes * scales``, each product exact in fp32."""
-    codes, scales = _weights(48, 64)
+@pytest.mark.parametrize("group", [32, 16])
+def test_unit_rows_give_the_gguf_values_exactly(group: int, isa: str) -> None:
+    """``e_k @ W.T`` is column ``k`` of ``codes * scales``, each product exact in fp32; with groups of
+    16 each half of a 32-input step takes its own scale."""
+    codes, scales = _weights(48, 64, group=group)
     got = q8_matmul(torch.eye(64), codes, scales)
-    assert torch.equal(got.t(), Int8Linear(codes, scales, None).dequantize())
+    layer = Int8Linear(codes, scales, None)
+    assert layer.group_size == group
+    want = (codes.float().view(48, -1, group) * scales[..., None]).view(48, 64)
+    assert torch.equal(got.t(), want) and torch.equal(layer.dequantize(), want)
 
 
 @needs_kernel
-def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads(isa: str) -> None:
-    codes, scales = _weights(200, 576)
+def test_zeros_are_added_to_the_exact_products(isa: str) -> None:
+    """``Q5_1`` / ``Q5_K``: ``W = codes * scales + zeros``, the exact product plus the zero rounded
+    once (gguf's ``d * q + m``); unit rows give it exactly, a row's bits do not depend on the batch."""
+    codes, scales = _weights(48, 96)
+    codes = codes.abs().clamp(max=31)  # 5-bit codes
+    zeros = -(torch.rand(48, 3, generator=torch.Generator().manual_seed(4)) * 0.3).half().float()
+    layer = Int8Linear(codes, scales, None, "Q5_1 as int8 g32", zeros)
+    want = (codes.double().view(48, 3, 32) * scales.double()[..., None] + zeros.double()[..., None]).float()
+    assert torch.equal(layer.dequantize(), want.view(48, 96))
+    assert torch.equal(q8_matmul(torch.eye(96), codes, scales, zeros).t(), want.view(48, 96))
+    x = torch.randn(19, 96, generator=torch.Generator().manual_seed(5))
+    whole = layer(x)
+    assert torch.equal(layer(x[7:8]), whole[7:8]) and torch.equal(layer(x[2:19]), whole[2:19])
+    ref = q8_matmul_reference(x, codes, scales, zeros).double()
+    assert (whole.double() - ref).abs().max().item() < 1e-4
+    with pytest.raises(ValueError, match="zeros shaped as the scales"):
+        Int8Linear(codes, scales, None, "x", zeros[:, :1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("group", [32, 16])
+def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads(group: int, isa: str) -> None:
+    codes, scales = _weights(200, 576, group=group)
     x = torch.randn(19, 576, generator=torch.Generator().manual_seed(2))
     whole = q8_matmul(x, codes, scales)
     for i in (0, 7, 8, 15, 16, 18):  # tiles: 8 rows (AVX2), 16 (AVX-512); the tail
@@ -108,6 +142,8 @@ def test_arguments_that_do_not_fit_are_refused() -> None:
         q8_matmul(torch.randn(2, 32), codes, scales)
     with pytest.raises(ValueError, match="shapes do not fit"):
         q8_matmul(torch.randn(2, 48), torch.zeros(16, 48, dtype=torch.int8), torch.zeros(16, 1))
+    with pytest.raises(ValueError, match="a scale per 32 or 16 inputs"):  # groups of 8
+        q8_matmul(x, codes, torch.zeros(16, 8))
     with pytest.raises(ValueError, match="contiguous"):
         q8_matmul(x, torch.zeros(64, 16, dtype=torch.int8).t(), scales)
     with pytest.raises(ValueError, match="fp32 x"):
@@ -141,8 +177,10 @@ def test_the_op_is_registered_for_torch_compile() -> None:
     codes, scales = _weights(16, 64)
     assert int8_linear._q8_matmul is not None and int8_linear.KERNEL_ISA is not None
     isa = int8_linear._q8_matmul.ISAS[int8_linear.KERNEL_ISA]
-    torch.library.opcheck(torch.ops.streamproxy.q8_matmul.default, (torch.randn(3, 64), codes, scales, isa),
-                          test_utils=("test_schema", "test_faketensor"))
+    op = torch.ops.streamproxy.q8_matmul.default
+    for zeros in (None, torch.rand(16, 2)):
+        torch.library.opcheck(op, (torch.randn(3, 64), codes, scales, zeros, isa),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 @needs_kernel
@@ -152,9 +190,9 @@ def test_calls_of_many_rows_take_the_dequantized_gemm(monkeypatch: pytest.Monkey
     calls: list[int] = []
     real = int8_linear.q8_matmul_reference
 
-    def spy(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    def spy(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         calls.append(x.shape[0])
-        return real(x, c, s)
+        return real(x, c, s, z)
 
     monkeypatch.setattr(int8_linear, "q8_matmul_reference", spy)
     x = torch.randn(int8_linear.GEMM_ROWS, 64)

@@ -76,11 +76,13 @@ def test_the_amx_op_refuses_arguments_that_do_not_fit() -> None:
 
 @needs_cpp
 @needs_q8
-def test_the_q8_op_gives_the_extension_calls_bits() -> None:
+@pytest.mark.parametrize(("group", "with_zeros"), [(32, False), (16, False), (32, True)])
+def test_the_q8_op_gives_the_extension_calls_bits(group: int, with_zeros: bool) -> None:
     g = torch.Generator().manual_seed(2)
     n, k = 40, 96
     codes = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-    scales = torch.rand(n, k // 32, generator=g)
+    scales = torch.rand(n, k // group, generator=g)
+    zeros = torch.randn(n, k // group, generator=g) if with_zeros else None
     x = torch.randn(17, k, generator=g)
     op = torch.ops.streamproxy.q8_matmul.default
     ext = int8_linear._q8_matmul
@@ -91,15 +93,20 @@ def test_the_q8_op_gives_the_extension_calls_bits() -> None:
         for m in (0, 1, 5, 17):
             want = torch.empty(m, n)
             if m:
-                ext.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), n, want.data_ptr(),
-                                     torch.get_num_threads(), isa)
-            assert torch.equal(op(x[:m], codes, scales, isa), want), (name, m)
+                ext.q8_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(),
+                              0 if zeros is None else zeros.data_ptr(), group, n, want.data_ptr(),
+                              torch.get_num_threads(), isa)
+            assert torch.equal(op(x[:m], codes, scales, zeros, isa), want), (name, m)
     with pytest.raises(RuntimeError, match="instruction set 7"):
-        op(x, codes, scales, 7)
+        op(x, codes, scales, zeros, 7)
     with pytest.raises(RuntimeError, match="shapes do not fit"):
-        op(x[:, :64], codes, scales, best)
+        op(x[:, :64], codes, scales, zeros, best)
+    with pytest.raises(RuntimeError, match="shapes do not fit"):  # groups of 8
+        op(x, codes, torch.rand(n, k // 8), None, best)
+    with pytest.raises(RuntimeError, match="zeros shaped as the scales"):
+        op(x, codes, scales, torch.rand(n, 1), best)
     with pytest.raises(RuntimeError, match="takes fp32 x"):
-        op(x.double(), codes, scales, best)
+        op(x.double(), codes, scales, zeros, best)
 
 
 @needs_cpp

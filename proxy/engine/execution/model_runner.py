@@ -36,6 +36,7 @@ from proxy.engine.execution.attention import (
     LayerSpec,
     PagedAttentionMetadata,
     PagedKVCache,
+    activation_dtype,
     active_metadata,
     choose_num_blocks,
     probe_layers,
@@ -95,9 +96,8 @@ class ModelRunner:
 
             register()
             model.set_attn_implementation(decoder_attention(model.config, ATTN_IMPLEMENTATION))  # type: ignore[operator]
-        param = next(model.parameters())
-        self.device = param.device
-        self.dtype = param.dtype
+        self.device = next(model.parameters()).device
+        self.dtype = activation_dtype(model)
         #: what runs, chosen before the model loaded (the loader's), else here for its device
         self.choice = choice if choice is not None else choose_execution(settings, self.device)
         probe = probe_layers(model)
@@ -110,14 +110,16 @@ class ModelRunner:
         #: a vision-language model's image encoder (``proxy.engine.execution.image_embeds``); None: text only
         self.images = ImageEncoder(model, self.device, self.dtype) if is_served_vision(model.config) else None
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
-        num_blocks = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
+        pool = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
+        num_blocks = pool.num_blocks
         self.kv_cache = PagedKVCache(
             self.layers, num_blocks, self.block_size, self.dtype, self.device, num_scratch_slots=1
         )
         self.kv_bytes_per_token = bytes_per_token
         logger.info(
-            "KV cache: %d blocks x %d tokens, %.1f MiB (%d bytes/token) on %s",
-            num_blocks, self.block_size, self.kv_cache.num_bytes / 2**20, bytes_per_token, self.device,
+            "KV cache: %d blocks x %d tokens (%d tokens), %.1f MiB (%d bytes/token) on %s: %s",
+            num_blocks, self.block_size, num_blocks * self.block_size, self.kv_cache.num_bytes / 2**20,
+            bytes_per_token, self.device, pool.reason,
         )
         self.max_num_seqs = settings.max_num_seqs
         self.max_model_len = max_model_len

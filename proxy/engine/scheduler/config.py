@@ -12,11 +12,16 @@ NO_CAP = 1_000_000
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """What the scheduler may put in one step. Built once from ``Settings`` (:meth:`from_settings`)
-    and passed whole to :class:`~proxy.engine.scheduler.Scheduler`, which hands it to
+    """What the scheduler may put in one step: the scheduler group of ``streamproxy serve``'s options.
+    Built once from ``Settings`` (:meth:`from_settings`) and passed whole to
+    :class:`~proxy.engine.scheduler.Scheduler`, which hands it to
     :class:`~proxy.engine.scheduler.StepCostModel` and :class:`~proxy.engine.scheduler.StepBudget`.
-    A bare config (the defaults below) is plain chunked prefill: every prefill bound off. The
-    server's defaults are ``Settings``'; ``docs/scheduling.md`` says why and has the measurements.
+
+    One description per knob: this docstring's is also the ``--help`` of the option of the same name
+    (``proxy.cli``), and ``Settings`` does not repeat it. The server's defaults are ``Settings``'
+    fields (the one place they are set; ``--help`` shows them); the keyword defaults here are each
+    prefill bound's *off* value, so a bare config is plain chunked prefill (tests, embedders).
+    ``docs/scheduling.md`` says why the server's defaults are what they are, with the measurements.
 
     A *decode* is a running request that needs exactly one token (``Request.is_decoding``); a *step
     with decodes* carries at least one. The prefill bounds below apply only to steps with decodes,
@@ -25,22 +30,23 @@ class SchedulerConfig:
     prompts take the whole token budget, as in a step without decodes.
 
     Attributes:
-        max_num_seqs: most requests running at once (>= 1).
-        max_num_batched_tokens: token budget of one step, decodes and prefill chunks together
-            (>= 1). A step's prefill chunks are also capped at twice this many query rows once each
-            is padded to the longest (``StepBudget.for_step``).
-        max_model_len: longest prompt + output in tokens; a request reaching it finishes "length".
+        max_num_seqs: most requests in the running batch (>= 1).
+        max_num_batched_tokens: token budget of one engine step, decode tokens and prefill chunks
+            together (>= 1; vLLM's OpenAI-server default). A step's prefill chunks are also capped at
+            twice this many query rows once each is padded to the longest (``StepBudget.for_step``).
+        max_model_len: longest prompt + output in tokens; a request reaching it finishes "length"
+            (the server's ``--max-model-len``, lowered to the KV pool's size).
         long_prefill_token_threshold: in a step with decodes, the largest prefill chunk one request
-            adds (tokens); 0: no cap beyond the step budget.
-        max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks join
-            it (>= 1; default :data:`NO_CAP`).
+            may add, outside a burst (tokens); 0: only max_num_batched_tokens bounds it.
+        max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks may
+            join it, outside a burst (>= 1; a bare config: :data:`NO_CAP`).
         max_prefill_step_ratio: in a step with decodes, prefill tokens join only as many as the
             step-time fit (``StepCostModel``) says keep the step within this many decode-only steps
-            of its batch, widened by ``1 + waiting / decoding``; 0: off (no fit, no burst rule:
-            vLLM's policy). Otherwise > 1.
+            of its batch, widened by ``1 + waiting / decoding`` and lifted in a burst; 0: off (no
+            fit, no burst rule: the token knobs alone, vLLM's policy). Otherwise > 1.
         max_long_gap_fraction: the measured bound is lifted for a step while steps longer than the
-            ratio have made at most this share of recent inter-token gaps (so an occasional prompt
-            joins whole); 0: never. In [0, 1).
+            ratio have made at most this share of recent inter-token gaps, so an occasional prompt
+            is prefilled at once; 0: never. In [0, 1).
         prefill_token_multiple: the measured bound gives prefill tokens in multiples of this (the
             rows of one fixed-shape prefill call, the model runner's ``PrefillPlan.call_rows``, where
             the model runs prompt tokens in such calls; else 1).

@@ -17,7 +17,15 @@ One module a concept:
 from __future__ import annotations
 
 from proxy.engine.execution.attention.binding import ATTN_IMPLEMENTATION, METADATA_KWARG, active_metadata
-from proxy.engine.execution.attention.cache import LayerSpec, PagedKVCache, choose_num_blocks, lazy_zeros
+from proxy.engine.execution.attention.cache import (
+    KVPoolSize,
+    LayerSpec,
+    PagedKVCache,
+    activation_dtype,
+    choose_num_blocks,
+    cpu_pool_size,
+    lazy_zeros,
+)
 from proxy.engine.execution.attention.forward import paged_attention_forward, register
 from proxy.engine.execution.attention.metadata import KEY_PAD, PagedAttentionMetadata, padded_key_length
 from proxy.engine.execution.attention.probe import LayerProbe, probe_layers
@@ -26,12 +34,15 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "KEY_PAD",
     "METADATA_KWARG",
+    "KVPoolSize",
     "LayerProbe",
     "LayerSpec",
     "PagedAttentionMetadata",
     "PagedKVCache",
+    "activation_dtype",
     "active_metadata",
     "choose_num_blocks",
+    "cpu_pool_size",
     "lazy_zeros",
     "padded_key_length",
     "paged_attention_forward",

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from proxy.settings import Settings
+from proxy.heap import mem_available_bytes
+from proxy.settings import CPU_KV_FALLBACK_BYTES, CPU_KV_MEMORY_FRACTION, Settings
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,24 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
         return torch.zeros(shape, dtype=dtype)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # the tensor keeps a reference to it
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+
+
+def activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s hidden states, and so of its KV pools: its first parameter's that is
+    not a bias (a norm's or a dense layer's weight), else its first parameter's. Biases do not decide
+    it: a layer may keep its bias in fp32 (``Int8Linear`` of ``proxy.quant``), and a model whose
+    embedding is int8 codes (no parameter) with q/k/v biases (Qwen2 from a GGUF) starts with one.
+
+    Raises:
+        ValueError: the model has no parameters."""
+    first: torch.dtype | None = None
+    for name, param in model.named_parameters():
+        if not name.endswith("bias"):
+            return param.dtype
+        first = first or param.dtype
+    if first is None:
+        raise ValueError("the model has no parameters")
+    return first
 
 
 class PagedKVCache:
@@ -121,13 +140,60 @@ class PagedKVCache:
         return self.num_blocks * self.block_size * self.bytes_per_token(self.layers, self.dtype)
 
 
+@dataclass(frozen=True)
+class KVPoolSize:
+    """The pool's size in blocks and why (the reason goes into the start-up log)."""
+
+    num_blocks: int
+    reason: str
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def cpu_pool_size(
+    bytes_per_block: int, wanted: int, kv_cache_bytes: int | None, mem_available: int | None
+) -> KVPoolSize:
+    """The CPU pool: ``min(wanted, budget // bytes_per_block)`` blocks.
+
+    The budget is ``kv_cache_bytes`` when set, else ``CPU_KV_MEMORY_FRACTION`` of ``mem_available``
+    (bytes, ``MemAvailable`` after the weights are loaded), else (unreadable) ``CPU_KV_FALLBACK_BYTES``.
+    ``wanted`` (blocks for ``max_num_seqs`` full contexts) bounds it: more could never be used.
+
+    Raises:
+        ValueError: when not even one block fits.
+    """
+    need = f"{wanted} blocks ({_gib(wanted * bytes_per_block)}) hold max_num_seqs full contexts"
+    if kv_cache_bytes is not None:
+        budget, source = kv_cache_bytes, f"kv_cache_bytes {_gib(kv_cache_bytes)}"
+    elif mem_available is not None:
+        budget = int(mem_available * CPU_KV_MEMORY_FRACTION)
+        source = f"{CPU_KV_MEMORY_FRACTION:.0%} of MemAvailable {_gib(mem_available)} after the weights"
+    else:
+        budget, source = CPU_KV_FALLBACK_BYTES, f"MemAvailable unreadable: {_gib(CPU_KV_FALLBACK_BYTES)}"
+    fits = budget // bytes_per_block
+    if fits < 1:
+        raise ValueError(
+            f"the KV cache cannot hold a single block ({bytes_per_block} bytes) within {source}; "
+            "raise kv_cache_bytes or lower block_size"
+        )
+    if wanted <= fits:
+        return KVPoolSize(wanted, f"{need}, within {source}")
+    return KVPoolSize(fits, f"{source} (smaller than the {need})")
+
+
 def choose_num_blocks(
-    settings: Settings, bytes_per_token: int, max_model_len: int, device: torch.device
-) -> int:
-    """Number of KV blocks for the pool: ``settings.num_kv_blocks`` when set; otherwise enough
-    blocks for ``max_num_seqs`` full contexts, capped on CUDA by ``free memory *
+    settings: Settings,
+    bytes_per_token: int,
+    max_model_len: int,
+    device: torch.device,
+    mem_available: int | None = None,
+) -> KVPoolSize:
+    """Number of KV blocks for the pool, and why: ``settings.num_kv_blocks`` when set; otherwise
+    enough blocks for ``max_num_seqs`` full contexts, capped on CUDA by ``free memory *
     gpu_memory_utilization`` (``torch.cuda.mem_get_info`` after the weights are loaded) and on CPU
-    by ``settings.kv_cache_bytes``.
+    as :func:`cpu_pool_size` says (``mem_available``: bytes, default ``MemAvailable`` read now).
 
     Raises:
         ValueError: when not even one block fits.
@@ -136,12 +202,14 @@ def choose_num_blocks(
     # never more than max_num_seqs full-length sequences can use
     wanted = settings.max_num_seqs * -(-max_model_len // settings.block_size)
     if settings.num_kv_blocks is not None:
-        num_blocks = settings.num_kv_blocks
-    elif device.type == "cuda":
+        return KVPoolSize(settings.num_kv_blocks, "num_kv_blocks set")
+    if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         num_blocks = min(wanted, int(free * settings.gpu_memory_utilization) // bytes_per_block)
-    else:
-        num_blocks = min(wanted, settings.kv_cache_bytes // bytes_per_block)
-    if num_blocks < 1:
-        raise ValueError("the KV cache cannot hold a single block; raise kv_cache_bytes or lower block_size")
-    return num_blocks
+        if num_blocks < 1:
+            raise ValueError("the KV cache cannot hold a single block; lower block_size")
+        return KVPoolSize(num_blocks, f"gpu_memory_utilization {settings.gpu_memory_utilization} of free "
+                                      f"{_gib(free)}, at most max_num_seqs full contexts")
+    if mem_available is None:
+        mem_available = mem_available_bytes()
+    return cpu_pool_size(bytes_per_block, wanted, settings.kv_cache_bytes, mem_available)
