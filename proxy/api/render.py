@@ -32,7 +32,7 @@ from proxy.protocol.responses_request import parse_responses_request
 
 from .body import read_json_body
 from .responses import json_response
-from .state import ServerState
+from .state import ServedModel, ServerState
 
 
 def _request_id(prefix: str) -> str:
@@ -100,56 +100,47 @@ def generate_request(prepared: PreparedRequest, model: str, body: dict[str, Any]
     }
 
 
-async def render_chat_completion(request: Request) -> Response:
-    """``POST /v1/chat/completions/render`` (vLLM): a chat body -> its ``GenerateRequest`` (200).
+async def _read(request: Request) -> tuple[ServerState, ServedModel, dict[str, Any]]:
+    """The server state, the model the body names (``ServerState.model_of``) and the body, as every
+    render endpoint starts.
 
     Raises:
-        InvalidRequestError: the body is not a valid chat request (400, ``param`` named).
         ModelNotFoundError: another ``model`` (404).
         ServiceUnavailableError: loading or draining (503).
     """
     state: ServerState = request.app.state.server
     body = await read_json_body(request, state.settings.max_body_bytes)
-    served = state.model_of(request)
-    client = served.client
-    chat = protocol.parse_chat_request(body, max_n=state.max_n, vocab_size=client.model.vocab_size)
-    prepared = await prepare_chat(chat, client, served.features, compile_grammar=False)
+    return state, state.model_of(request), body
+
+
+async def render_chat_completion(request: Request) -> Response:
+    """``POST /v1/chat/completions/render`` (vLLM): a chat body -> its ``GenerateRequest`` (200); a
+    body that is not a valid chat request is its 400 (``param`` named), and as :func:`_read`."""
+    state, served, body = await _read(request)
+    chat = protocol.parse_chat_request(body, max_n=state.max_n, vocab_size=served.client.model.vocab_size)
+    prepared = await prepare_chat(chat, served.client, served.features, compile_grammar=False)
     return json_response(generate_request(prepared, chat.model, body, "chatcmpl"))
 
 
 async def render_completion(request: Request) -> Response:
-    """``POST /v1/completions/render`` (vLLM): a completion body -> ``[GenerateRequest]`` (200).
-
-    Raises:
-        InvalidRequestError: the body is not a valid completion request (400, ``param`` named).
-        ModelNotFoundError: another ``model`` (404).
-        ServiceUnavailableError: loading or draining (503).
-    """
-    state: ServerState = request.app.state.server
-    body = await read_json_body(request, state.settings.max_body_bytes)
-    client = state.model_of(request).client
-    cmpl = protocol.parse_completion_request(body, max_n=state.max_n, vocab_size=client.model.vocab_size)
-    prepared = await prepare_completion(cmpl, client)
+    """``POST /v1/completions/render`` (vLLM): a completion body -> ``[GenerateRequest]`` (200); a
+    body that is not a valid completion request is its 400, and as :func:`_read`."""
+    state, served, body = await _read(request)
+    vocab_size = served.client.model.vocab_size
+    cmpl = protocol.parse_completion_request(body, max_n=state.max_n, vocab_size=vocab_size)
+    prepared = await prepare_completion(cmpl, served.client)
     return json_response([generate_request(prepared, cmpl.model, body, "cmpl")])
 
 
 async def render_response(request: Request) -> Response:
     """``POST /v1/responses/render`` (vLLM): a Responses body -> its ``GenerateRequest`` (200), the
-    prompt built as ``POST /v1/responses`` builds it (``parse_responses_request``, ``prepare_chat``).
-
-    Raises:
-        InvalidRequestError: ``previous_response_id`` given (the render is stateless), or the body
-            is not a valid Responses request (400, ``param`` named).
-        ModelNotFoundError: another ``model`` (404).
-        ServiceUnavailableError: loading or draining (503).
-    """
-    state: ServerState = request.app.state.server
-    body = await read_json_body(request, state.settings.max_body_bytes)
-    served = state.model_of(request)
-    client = served.client
+    prompt built as ``POST /v1/responses`` builds it (``parse_responses_request``, ``prepare_chat``);
+    ``previous_response_id`` is a 400 (the render is stateless), an invalid body its 400, and as
+    :func:`_read`."""
+    _, served, body = await _read(request)
     if body.get("previous_response_id") is not None:
         raise InvalidRequestError("The render endpoint is stateless: send the whole conversation as 'input' "
                                   "instead of 'previous_response_id'.", param="previous_response_id")
-    parsed = parse_responses_request(body, [], vocab_size=client.model.vocab_size)
-    prepared = await prepare_chat(parsed.chat, client, served.features, compile_grammar=False)
+    parsed = parse_responses_request(body, [], vocab_size=served.client.model.vocab_size)
+    prepared = await prepare_chat(parsed.chat, served.client, served.features, compile_grammar=False)
     return json_response(generate_request(prepared, parsed.chat.model, body, "resp"))
