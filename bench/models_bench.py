@@ -32,22 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rss_bench import descendants
+from rss_bench import status_mb
 
 from proxy.ports import start_serve
 
 
 def rss_mb(pid: int) -> float:
     """``VmRSS`` (MB) summed over ``pid`` and its descendants."""
-    total_kb = 0
-    for p in descendants(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total_kb += int(line.split()[1])
-        except OSError:
-            pass
-    return round(total_kb / 1024, 1)
+    return round(status_mb(pid, "VmRSS"), 1)
 
 
 def default_folder() -> str:

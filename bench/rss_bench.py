@@ -42,17 +42,23 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def peak_rss_mb(pid: int) -> float:
-    """Sum of ``VmHWM`` (peak resident set, MB) over ``pid`` and its descendants."""
+def status_mb(pid: int, key: str = "VmHWM") -> float:
+    """``key`` of ``/proc/<pid>/status`` (``VmHWM``: the peak resident set; ``VmRSS``: the resident set
+    now), in MB, summed over ``pid`` and its descendants."""
     total_kb = 0
     for p in descendants(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{key}:"):
                     total_kb += int(line.split()[1])
         except OSError:
             pass
     return total_kb / 1024
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Sum of ``VmHWM`` (peak resident set, MB) over ``pid`` and its descendants."""
+    return status_mb(pid, "VmHWM")
 
 
 def run_one(quantization: str, max_tokens: int, log_dir: Path, extra: list[str]) -> dict[str, float | str]:
