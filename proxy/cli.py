@@ -286,7 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.command == "models":
-        return prepare_model(settings, convert_only=args.convert)
+        try:
+            return prepare_model(settings, convert_only=args.convert)
+        except Exception as exc:  # noqa: BLE001 (one line, as serve reports a model it cannot load)
+            print(f"streamproxy: the model cannot be prepared: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     return serve(settings, enable_test_faults=os.environ.get(TEST_FAULTS_ENV, "") in ("1", "true", "yes"))
 
 

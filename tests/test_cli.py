@@ -265,3 +265,15 @@ def test_models_is_a_subcommand_and_python_m_proxy_models_its_alias(command: lis
     settings = settings_from(args, {"STREAMPROXY_DTYPE": "float32"})
     assert (args.command, args.convert) == ("models", True)
     assert settings == Settings(model="/m.gguf", cache_dir="/c", dtype="float32")
+
+
+def test_models_subcommand_reports_a_bad_model_in_one_line(tmp_path, capsys):
+    """``streamproxy models`` says why a model cannot be prepared in one line, as ``serve`` does (no
+    traceback), and exits 1."""
+    from proxy.cli import main
+
+    missing = tmp_path / "missing.gguf"
+    assert main(["models", "--convert", "--model", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"streamproxy: the model cannot be prepared: ModelLoadError: --model '{missing}': "
+                   "not a Hugging Face folder or a .gguf file\n")

@@ -150,7 +150,7 @@ async def load_model(request: Request) -> Response:
     load is the 503 of its reason."""
     slot = await _named(request)
     request.app.state.server.check_not_draining()
-    await _registry(request).ensure_loaded(slot)
+    await _registry(request).ensure_loaded(slot, retry=True)
     return json_response({"success": True, "model": slot.id, "status": _registry(request).status_of(slot)})
 
 

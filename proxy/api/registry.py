@@ -2,8 +2,9 @@
 its first request and unloaded when the bound or the idle time says so.
 
 States of a model (llama.cpp's router names them so in ``GET /v1/models``): ``unloaded`` ->
-``loading`` -> ``loaded``, or ``failed`` with its one-line reason (a later request or
-``POST /models/load`` tries again). Rules:
+``loading`` -> ``loaded``, or ``failed`` with its one-line reason: requests get that reason at once for
+:data:`LOAD_RETRY_S` seconds (a client retrying a broken model must not unload the working ones for
+each try), after which a request tries again; ``POST /models/load`` tries again at once. Rules:
 
 - concurrent first requests load a model once (they await the same task);
 - ``models_max`` (``--models-max``, 0: no bound): before a load, the least recently used loaded model
@@ -44,6 +45,8 @@ LoadFn = Callable[["ModelSlot"], Awaitable[Loaded]]
 UnloadFn = Callable[["ModelSlot"], Awaitable[None]]
 WAIT_POLL_S = 0.05
 """Seconds between two looks at the in-flight counts while a load or an unload waits for them."""
+LOAD_RETRY_S = 30.0
+"""Seconds a failed load answers its requests with its reason before a request may try it again."""
 
 
 def _size(num_bytes: int) -> str:
@@ -67,6 +70,7 @@ class ModelSlot:
         error_code: the ``code`` its requests get then (``model_load_failed``, or a refusal's own).
         in_flight: requests that named it and have not ended.
         last_used: ``time.monotonic()`` of the last request's start or end.
+        failed_at: ``time.monotonic()`` of its last failed load.
         size_bytes: its estimated host memory, counted against the budget.
         admitted: a load under way has passed the bound and the budget (it counts against them;
             one still waiting for room does not, or two waiting loads would wait for each other).
@@ -84,6 +88,7 @@ class ModelSlot:
     error_code: str = "model_load_failed"
     in_flight: int = 0
     last_used: float = 0.0
+    failed_at: float = 0.0
     task: asyncio.Task[None] | None = None
 
     @property
@@ -141,13 +146,15 @@ class ModelRegistry:
 
     # ---- load ------------------------------------------------------------------------------------
 
-    async def ensure_loaded(self, slot: ModelSlot) -> ModelSlot:
-        """``slot`` once loaded: loads it, or awaits the load already running (once for everyone).
+    async def ensure_loaded(self, slot: ModelSlot, retry: bool = False) -> ModelSlot:
+        """``slot`` once loaded: loads it, or awaits the load already running (once for everyone). A
+        load that failed less than :data:`LOAD_RETRY_S` ago is not tried again unless ``retry``.
 
         Raises:
             ServiceUnavailableError: the load failed (503 with its one-line reason).
         """
-        if slot.status != "loaded":
+        recent = slot.status == "failed" and time.monotonic() - slot.failed_at < LOAD_RETRY_S
+        if slot.status != "loaded" and not (recent and not retry):
             if slot.task is None or slot.task.done():
                 slot.task = asyncio.create_task(self._run_load(slot))
             await asyncio.shield(slot.task)
@@ -168,6 +175,7 @@ class ModelRegistry:
             slot.client, slot.embedder = await self._load(slot)
         except Exception as exc:
             slot.status, slot.error = "failed", self._reason_of(exc, slot)
+            slot.failed_at = time.monotonic()
             refused = isinstance(exc, ServiceUnavailableError) and exc.code is not None
             slot.error_code = str(getattr(exc, "code", "")) if refused else "model_load_failed"
             log.error("model '%s' failed to load: %s", slot.id, slot.error)

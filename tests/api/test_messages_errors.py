@@ -115,6 +115,24 @@ def test_bad_bodies_are_4xx_in_anthropic_envelope(bad: dict[str, Any], status: i
         assert words in err["error"]["message"], err
 
 
+def test_count_tokens_refuses_a_budget_as_create_does() -> None:
+    """A thinking budget the model cannot close (no reasoning parser) is the same 400 from
+    ``count_tokens`` as from ``POST /v1/messages``, naming ``thinking.budget_tokens``."""
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+
+    async def main():
+        async with serve(FakeEngine(reply_ids=reply_ids(make_tokenizer()))) as s:
+            create = await s.client.post("/v1/messages", json=_with(max_tokens=2000, thinking=thinking))
+            count = await s.client.post("/v1/messages/count_tokens", json={
+                k: v for k, v in _with(thinking=thinking).items() if k != "max_tokens"})
+            return create, count
+
+    create, count = run(main())
+    assert (create.status_code, count.status_code) == (400, 400), count.text
+    assert create.json() == count.json()
+    assert "'thinking.budget_tokens' cannot be enforced" in count.json()["error"]["message"]
+
+
 def test_body_that_is_not_json_and_unknown_route_and_method() -> None:
     async def main():
         async with serve() as s:

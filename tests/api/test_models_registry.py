@@ -360,3 +360,20 @@ def test_two_loads_waiting_for_room_both_finish(tmp_path: Path) -> None:
         assert {m: r.json()["choices"][0]["message"]["content"] for m, r in replies.items()} == {
             "b": "I am b.", "c": "I am c."}
         assert farm.loads[0] == "a" and sorted(farm.loads[1:]) == ["b", "c"]
+
+
+def test_a_failed_load_is_not_retried_by_requests_for_a_while(tmp_path: Path) -> None:
+    """A client retrying a broken model gets its reason at once and unloads nobody (the first try made
+    room, as any load does); ``POST /models/load`` tries again at once."""
+    farm = Farm(fail={"bad": "broken"})
+    with multi_server(tmp_path, ["a", "bad"], farm, models_max=1) as client:
+        chat(client, "bad")
+        assert chat(client, "a").json()["choices"][0]["message"]["content"] == "I am a."
+        for _ in range(3):
+            again = chat(client, "bad")
+            assert (again.status_code, again.json()["error"]["code"]) == (503, "model_load_failed")
+        assert states(client)["a"] == {"value": "loaded"}
+        assert (farm.loads, farm.shut) == (["bad", "a"], [])
+        retried = client.post("/models/load", json={"model": "bad"})
+        assert retried.status_code == 503
+        assert (farm.loads, farm.shut) == (["bad", "a", "bad"], ["a"])

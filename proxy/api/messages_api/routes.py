@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from proxy.errors import ContextLengthExceededError, InvalidRequestError
 from proxy.pipeline import PreparedRequest, check_model, prepare_chat, render_chat
+from proxy.pipeline.reasoning_controls import thinking_budget
 from proxy.protocol.messages_request import MessagesRequest, messages_param, parse_messages_request
 
 from ..body import read_json_body
@@ -103,6 +104,9 @@ async def count_tokens(request: Request) -> Response:
     check_model(served.client, parsed.chat.model)
     try:
         ids = await _prompt_ids(served, parsed)
+        budget = parsed.chat.thinking_token_budget
+        if budget is not None:  # refused here as POST /v1/messages refuses it
+            thinking_budget(budget, served.client.tokenizer, served.features.reasoning_parser, True)
     except InvalidRequestError as exc:
         raise messages_param(exc, parsed.paths) from None
     body: dict[str, Any] = {"input_tokens": len(ids)}
