@@ -27,7 +27,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from .fields import _bad, _type_name
+from .fields import _bad, _type_name, array_of_objects
 
 __all__ = ["CLEARED_TOOL_RESULT", "ClearThinking", "ClearToolUses", "ContextEdit", "clear_thinking",
            "clear_tool_uses", "num_tool_uses", "parse_context_management"]
@@ -122,13 +122,8 @@ def parse_context_management(value: Any) -> tuple[ContextEdit, ...]:
     edits = value.get("edits")
     if edits is None:
         return ()
-    if not isinstance(edits, list):
-        raise _bad("context_management.edits", "'context_management.edits' must be an array.")
     out: list[ContextEdit] = []
-    for i, edit in enumerate(edits):
-        path = f"context_management.edits[{i}]"
-        if not isinstance(edit, dict):
-            raise _bad(path, f"'{path}' must be an object, not {_type_name(edit)}.")
+    for path, edit in array_of_objects(edits, "context_management.edits"):
         kind = edit.get("type")
         if kind == "clear_tool_uses_20250919":
             out.append(_clear_tool_uses(edit, path))
