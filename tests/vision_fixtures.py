@@ -69,13 +69,7 @@ def build_tiny_llava(seed: int = 0) -> Any:
     config = LlavaConfig(vision_config=vision, text_config=text,
                          image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN), vision_feature_layer=-2,
                          vision_feature_select_strategy="default")
-    model = LlavaForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    model.set_attn_implementation("sdpa")
-    return model.eval()
+    return far_from_ties(LlavaForConditionalGeneration(config))
 
 
 def make_tiny_llava(folder: Path) -> Path:
@@ -134,13 +128,7 @@ def build_tiny_idefics3(seed: int = 0) -> Any:
                                   num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8)
     config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2,
                             image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN))
-    model = Idefics3ForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    model.set_attn_implementation("sdpa")
-    return model.eval()
+    return far_from_ties(Idefics3ForConditionalGeneration(config))
 
 
 GRID_PINPOINTS = [[32, 64], [64, 32], [64, 64]]
@@ -170,7 +158,7 @@ def build_tiny_llava_next(seed: int = 0) -> Any:
     next_config = LlavaNextConfig(vision_config=config.vision_config, text_config=config.text_config,
                                   image_token_id=config.image_token_id, image_grid_pinpoints=GRID_PINPOINTS,
                                   vision_feature_layer=-2, vision_feature_select_strategy="default")
-    return _init(LlavaNextForConditionalGeneration(next_config))
+    return far_from_ties(LlavaNextForConditionalGeneration(next_config))
 
 
 def torch_seed(seed: int) -> None:
@@ -179,7 +167,7 @@ def torch_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _init(model: Any) -> Any:
+def far_from_ties(model: Any) -> Any:
     """Weights drawn larger than the default init (logits far from ties); eval, SDPA."""
     import torch
 

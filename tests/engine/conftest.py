@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from vision_fixtures import far_from_ties
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -61,13 +62,7 @@ def build_tiny(arch: str, seed: int = 0) -> torch.nn.Module:
         model = Qwen3ForCausalLM(config)
     else:
         raise ValueError(arch)
-    # Larger weights than the default init so that logits are far from ties and outputs vary.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    model.set_attn_implementation("sdpa")
-    return model.eval()
+    return far_from_ties(model)
 
 
 def engine_copy(model: torch.nn.Module) -> torch.nn.Module:
