@@ -193,3 +193,27 @@ def make_tiny_vlm(family: str, folder: Path) -> Path:
     build().save_pretrained(folder)
     processor().save_pretrained(folder)
     return folder
+
+
+def llava_answer(folder: Path, question: str, png: bytes, new_tokens: int, *, ignore_eos: bool) -> str:
+    """transformers' greedy answer of the LLaVA ``folder`` to one user turn (``question`` then the
+    image ``png``) through the folder's processor: ``new_tokens`` tokens, or fewer at EOS unless
+    ``ignore_eos``; decoded without special tokens."""
+    import io
+
+    import torch
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
+    model = LlavaForConditionalGeneration.from_pretrained(str(folder), attn_implementation="sdpa").eval()
+    content = [{"type": "text", "text": question}, {"type": "image"}]
+    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                   add_generation_prompt=True)
+    enc = processor(text=[text], images=[Image.open(io.BytesIO(png)).convert("RGB")], return_tensors="pt",
+                    add_special_tokens=False)
+    floor = {"min_new_tokens": new_tokens} if ignore_eos else {}
+    with torch.inference_mode():
+        out = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **floor)
+    answer: str = processor.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return answer

@@ -6,14 +6,12 @@ OpenAI SDK (Chat Completions, streamed too, and Responses), LangChain's ``ChatOp
 from __future__ import annotations
 
 import base64
-import io
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from media.images import data_url, encode, picture
-from vision_fixtures import make_tiny_llava
+from vision_fixtures import llava_answer, make_tiny_llava
 
 from proxy.ports import LocalServer, start_serve
 
@@ -43,21 +41,7 @@ def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
 @pytest.fixture(scope="module")
 def expected(folder: Path) -> str:
     """``generate()``'s greedy answer (EOS ignored, as the clients below ask) with the folder's processor."""
-    from PIL import Image
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-
-    processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
-    model = LlavaForConditionalGeneration.from_pretrained(str(folder), attn_implementation="sdpa").eval()
-    content = [{"type": "text", "text": QUESTION}, {"type": "image"}]
-    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                   add_generation_prompt=True)
-    image = Image.open(io.BytesIO(PNG)).convert("RGB")
-    enc = processor(text=[text], images=[image], return_tensors="pt", add_special_tokens=False)
-    with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                             pad_token_id=0)
-    answer: str = processor.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return answer
+    return llava_answer(folder, QUESTION, PNG, NEW_TOKENS, ignore_eos=True)
 
 
 def test_openai_sdk(server: LocalServer, expected: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from e2e.test_images_clients import NAME, PNG, QUESTION
-from vision_fixtures import make_tiny_llava
+from vision_fixtures import llava_answer, make_tiny_llava
 
 from proxy.ports import start_serve
 
@@ -26,23 +26,7 @@ pytestmark = pytest.mark.skipif(NODE is None,
 
 def expected(folder: Path) -> str:
     """``generate()``'s greedy answer (stopping at EOS, as the server does) with the folder's processor."""
-    import io
-
-    import torch
-    from PIL import Image
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-
-    processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
-    model = LlavaForConditionalGeneration.from_pretrained(str(folder), attn_implementation="sdpa").eval()
-    content = [{"type": "text", "text": QUESTION}, {"type": "image"}]
-    text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                   add_generation_prompt=True)
-    enc = processor(text=[text], images=[Image.open(io.BytesIO(PNG)).convert("RGB")], return_tensors="pt",
-                    add_special_tokens=False)
-    with torch.inference_mode():
-        out = model.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
-    answer: str = processor.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return answer
+    return llava_answer(folder, QUESTION, PNG, NEW_TOKENS, ignore_eos=False)
 
 
 def test_ai_sdk_openai_provider_sends_an_image(tmp_path: Path) -> None:
