@@ -4,25 +4,12 @@ the context the llama.cpp peers and vLLM are started with, and the long-prompt t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_compare() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_compare", REPO / "bench" / "compare.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_compare"] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
+from .test_serve_bench import _load_compare
 
 compare = _load_compare()
 
