@@ -678,6 +678,38 @@ async def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
     return True
 
 
+async def running_requests(client: httpx.AsyncClient, cfg: ClientConfig) -> int | None:
+    """Requests the server is running now, or None where it does not say: llama-server's ``GET
+    /slots`` (slots with ``is_processing``), else a Prometheus ``GET /metrics`` gauge named
+    ``*:num_requests_running`` (vLLM's ``vllm:``, streamproxy's ``streamproxy:``), summed over labels."""
+    root = cfg.base_url.rstrip("/").removesuffix("/v1")
+    try:
+        slots = await client.get(root + "/slots")
+        if slots.status_code == 200 and isinstance(slots.json(), list):
+            return sum(1 for slot in slots.json() if isinstance(slot, dict) and slot.get("is_processing"))
+        metrics = await client.get(root + "/metrics")
+    except (httpx.HTTPError, ValueError):
+        return None
+    if metrics.status_code != 200:
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in metrics.text.splitlines()
+              if line.split("{", 1)[0].split(" ", 1)[0].endswith(":num_requests_running")]
+    return int(sum(values)) if values else None
+
+
+async def wait_until_idle(client: httpx.AsyncClient, cfg: ClientConfig, timeout_s: float) -> bool:
+    """Wait until :func:`running_requests` is 0 (True), or ``timeout_s`` seconds (False); True at once
+    where the server does not say. Why: a server may go on generating for a cancelled stream
+    (llama-server ran the cancelled 2048-token streams of one prompt length to their end, so the next
+    length's prompt met eight of them), and the next measurement must start on an idle server."""
+    deadline = time.perf_counter() + timeout_s
+    while await running_requests(client, cfg):
+        if time.perf_counter() > deadline:
+            return False
+        await asyncio.sleep(0.25)
+    return True
+
+
 _BESIDE_FIELDS = ("beside_ttft_ms", "beside_prefill_tok_s", "stream_itl_before_p99_ms",
                   "stream_itl_during_p50_ms", "stream_itl_during_p99_ms", "stream_itl_during_max_ms",
                   "stream_gaps_during")
@@ -739,6 +771,9 @@ async def long_prompt_point(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if not await wait_until_idle(client, cfg, cfg.timeout_s):
+            out["errors"].append(f"the server still ran requests {cfg.timeout_s:.0f} s after the streams "
+                                 "were cancelled")
     during = [g for st in stamps for g in gaps_overlapping(st, sent, closed)]
     before = [g for st in stamps for g in gaps_before(st, sent)]
     if not beside.success:

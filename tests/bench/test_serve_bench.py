@@ -600,3 +600,37 @@ def test_long_prompts_against_fake_server(
     assert len(set(prompts)) == 4  # fresh prompts: no prefix cache answers the second
     on_disk = json.loads((tmp_path / "fake.json").read_text())
     assert on_disk["long_prompts"][1]["prompt_len"] == 60
+
+
+def test_wait_until_idle_reads_llama_server_slots_then_prometheus_gauges() -> None:
+    """A cancelled stream may run on in the server (llama-server ran its cancelled streams to the end):
+    the long-prompt point waits for ``/slots`` or ``*:num_requests_running`` to say 0."""
+    import httpx
+
+    busy_reads = {"slots": 2, "metrics": 2}
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if request.url.host == "llama" and request.url.path == "/slots":
+            busy_reads["slots"] -= 1
+            return httpx.Response(200, json=[{"id": 0, "is_processing": busy_reads["slots"] > 0},
+                                             {"id": 1, "is_processing": False}])
+        if request.url.host == "prom" and request.url.path == "/metrics":
+            busy_reads["metrics"] -= 1
+            n = 3 if busy_reads["metrics"] > 0 else 0
+            gauge = f'streamproxy:num_requests_running{{model_name="a"}} {n}.0'
+            return httpx.Response(200, text=f"# HELP x\n{gauge}\nvllm:num_requests_waiting 5.0\n")
+        return httpx.Response(404)
+
+    async def run(host: str) -> tuple[int | None, bool]:
+        cfg = sb.ClientConfig(base_url=f"http://{host}/v1", model="m")
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            first = await sb.running_requests(client, cfg)
+            return first, await sb.wait_until_idle(client, cfg, 5.0)
+
+    assert asyncio.run(run("llama")) == (1, True)
+    assert busy_reads["slots"] == 0
+    assert asyncio.run(run("prom")) == (3, True)
+    assert busy_reads["metrics"] == 0 and "/slots" in seen  # /slots 404 there: the gauge answered
+    assert asyncio.run(run("none")) == (None, True)  # a server that says neither: no wait
