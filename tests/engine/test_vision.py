@@ -2,8 +2,8 @@
 engine: greedy ids equal transformers' ``generate()`` with the same processor for one and two images,
 alone and batched with a text-only request, with prefill chunks that cut images, after a preemption and
 from the prefix cache; the prefix cache reuses an image's blocks for the same image only; Qwen2-VL's
-M-RoPE positions are ``get_rope_index``'s in every chunk and continue from its delta; unserved
-vision-language types are refused at load by name."""
+M-RoPE positions are ``get_rope_index``'s in every chunk and continue from its delta, also through the
+graph and compiled decode paths; unserved vision-language types are refused at load by name."""
 
 from __future__ import annotations
 
@@ -310,3 +310,25 @@ def test_graph_decodes_take_shifted_positions_and_a_last_prompt_token_runs_eager
     assert_greedy_matches(again[0], ref_ids, gaps, "graph decodes after a one-token prompt row")
     plan = core.execution
     assert plan.rope_positions == "m-rope" and ", rotary positions m-rope," in plan.summary()
+
+
+def test_compiled_step_rows_take_shifted_positions_batched_and_after_preemption(qwen2_vl: Family) -> None:
+    from proxy.engine.execution.compiled_step import CompiledDecodeStep
+    from proxy.engine.execution.decode_runner import CompiledDecode
+    from proxy.engine.execution.traced_decode import decode_forward
+
+    text = qwen2_vl.text_of("What is", None, "?")
+    words = qwen2_vl.text_of("Hello world! alpha beta")
+    prompts = [qwen2_vl.prompt_of(text, [image(seed)]) for seed in range(3)] + [qwen2_vl.prompt_of(words, [])]
+    longest = max(len(ids) for ids, _ in prompts) + NEW_TOKENS
+    core = qwen2_vl.engine(chunk=16, num_blocks=-(-longest // 4) * 2)  # two of the four fit at a time
+    # the function the compiled step traces, run as the compiled graph would be called (inductor aside)
+    step = CompiledDecodeStep(decode_forward, core.runner.model, "compiled", 0.0)
+    core.runner.decode = CompiledDecode(step)
+    out = run(core, prompts)
+    assert core.scheduler.num_preemptions >= 1 and step.num_calls >= NEW_TOKENS
+    for i, seed in enumerate(range(3)):
+        ref_ids, gaps = qwen2_vl.reference(text, [image(seed)])
+        assert_greedy_matches(out[str(i)][0], ref_ids, gaps, f"image {seed} through the compiled step")
+    ref_ids, gaps = qwen2_vl.reference(words, [])
+    assert_greedy_matches(out["3"][0], ref_ids, gaps, "text only through the compiled step")
