@@ -1,13 +1,15 @@
 """The OpenAI SDK sends an image with its defaults to a real ``python -m proxy serve`` of a tiny random
 Qwen2.5-VL (uvicorn on 127.0.0.1, the engine in its own process: the default) and gets transformers'
 ``generate()`` answer for the same processor inputs, whole and streamed: the processor built without
-video, the vision tower, and the M-RoPE positions through the served engine."""
+video, the vision tower, and the M-RoPE positions through the served engine, which its execution plan
+reports."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from media.images import data_url, encode, picture
 from vision_fixtures import make_tiny_vlm, vlm_answer
@@ -51,3 +53,8 @@ def test_openai_sdk_image_on_qwen2_5_vl(server: LocalServer, folder: Path) -> No
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
                        client.chat.completions.create(**ask, stream=True) if chunk.choices)
     assert streamed == expected
+
+
+def test_the_execution_plan_reports_m_rope(server: LocalServer) -> None:
+    plan = httpx.get(f"{server.base_url}/server_info", timeout=10).json()["execution"]
+    assert plan["rope_positions"] == "m-rope" and ", rotary positions m-rope," in plan["summary"]
