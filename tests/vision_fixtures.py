@@ -8,6 +8,11 @@ each over the API tests' BPE tokenizer with its image tokens added and a ChatML 
 - Idefics3: the same Llama + a 2-layer Idefics3 vision tower on 32 x 32 tiles, pixel-shuffled by 2:
   4 placeholders per tile; an image is resized to a longest edge of 64 and split into tiles plus a
   global view (a 40 x 30 image: 4 tiles + 1, 20 placeholders).
+- Qwen2-VL and Qwen2.5-VL: a 2-layer Qwen2-VL decoder with M-RoPE (``mrope_section`` [2, 3, 3]) + a
+  2-layer vision tower on 4 x 4 patches merged 2 x 2 (Qwen2.5-VL's in windows of 2 x 2 merged patches,
+  its second block full): an image is resized to multiples of 8 (a 40 x 30 image: 40 x 32, a grid of
+  8 x 10 patches, 20 placeholders between ``<|vision_start|>`` and ``<|vision_end|>``); the processor
+  is built without video (``proxy.media.processor.image_only_processor``), as the server builds it.
 """
 
 from __future__ import annotations
@@ -179,10 +184,92 @@ def far_from_ties(model: Any) -> Any:
     return model.eval()
 
 
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_TEMPLATE = TEMPLATE.replace("<image>", "<|vision_start|><|image_pad|><|vision_end|>")
+"""ChatML whose image parts render as Qwen2-VL's template renders them."""
+
+
+@functools.lru_cache(maxsize=1)
+def qwen_tokenizer() -> Any:
+    """The API tests' BPE tokenizer with Qwen2-VL's vision tokens added and :data:`QWEN_TEMPLATE`."""
+    from api.fakes import make_hf_tokenizer
+
+    tok = copy.deepcopy(make_hf_tokenizer())
+    tok.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    tok.chat_template = QWEN_TEMPLATE
+    return tok
+
+
+def _qwen_processor(class_name: str) -> Any:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from proxy.media.processor import image_only_processor
+
+    images = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=64 * 64, patch_size=4, merge_size=2,
+                                      temporal_patch_size=2)
+    return image_only_processor(class_name, images, qwen_tokenizer(), QWEN_TEMPLATE)
+
+
+def qwen2_vl_processor() -> Any:
+    """Qwen2-VL's processor without video over a Pillow image processor (4 x 4 patches, merged 2 x 2)."""
+    return _qwen_processor("Qwen2VLProcessor")
+
+
+def qwen2_5_vl_processor() -> Any:
+    """Qwen2.5-VL's processor without video, over :func:`qwen2_vl_processor`'s image processor."""
+    return _qwen_processor("Qwen2_5_VLProcessor")
+
+
+def _qwen_text_config() -> dict[str, Any]:
+    tok = qwen_tokenizer()
+    return {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            "eos_token_id": tok.convert_tokens_to_ids("<|im_end|>"),
+            "bos_token_id": tok.convert_tokens_to_ids("<|endoftext|>"), "tie_word_embeddings": False}
+
+
+def _qwen_token_ids() -> dict[str, int]:
+    tok = qwen_tokenizer()
+    return {"image_token_id": tok.convert_tokens_to_ids("<|image_pad|>"),
+            "video_token_id": tok.convert_tokens_to_ids("<|video_pad|>"),
+            "vision_start_token_id": tok.convert_tokens_to_ids("<|vision_start|>"),
+            "vision_end_token_id": tok.convert_tokens_to_ids("<|vision_end|>")}
+
+
+def build_tiny_qwen2_vl(seed: int = 0) -> Any:
+    """A tiny random ``Qwen2VLForConditionalGeneration`` (fp32, CPU, eval, SDPA), weights as
+    :func:`build_tiny_llava`'s."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    torch_seed(seed)
+    vision = {"depth": 2, "embed_dim": 16, "hidden_size": 64, "mlp_ratio": 2, "num_heads": 2, "patch_size": 4,
+              "spatial_merge_size": 2, "temporal_patch_size": 2}
+    config = Qwen2VLConfig(text_config=_qwen_text_config(), vision_config=vision, tie_word_embeddings=False,
+                           **_qwen_token_ids())
+    return far_from_ties(Qwen2VLForConditionalGeneration(config))
+
+
+def build_tiny_qwen2_5_vl(seed: int = 0) -> Any:
+    """A tiny random ``Qwen2_5_VLForConditionalGeneration``: :func:`build_tiny_qwen2_vl`'s decoder, a
+    vision tower attending in windows of 2 x 2 merged patches (its second block over the whole image)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch_seed(seed)
+    vision = {"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 16,
+              "fullatt_block_indexes": [1]}
+    config = Qwen2_5_VLConfig(text_config=_qwen_text_config(), vision_config=vision,
+                              tie_word_embeddings=False, **_qwen_token_ids())
+    return far_from_ties(Qwen2_5_VLForConditionalGeneration(config))
+
+
 FAMILIES = {
     "llava": (build_tiny_llava, llava_processor, llava_tokenizer),
     "llava_next": (build_tiny_llava_next, llava_next_processor, llava_tokenizer),
     "idefics3": (build_tiny_idefics3, idefics3_processor, idefics3_tokenizer),
+    "qwen2_vl": (build_tiny_qwen2_vl, qwen2_vl_processor, qwen_tokenizer),
+    "qwen2_5_vl": (build_tiny_qwen2_5_vl, qwen2_5_vl_processor, qwen_tokenizer),
 }
 """Family -> (model builder, processor, tokenizer) of the tiny vision-language models."""
 
@@ -195,18 +282,21 @@ def make_tiny_vlm(family: str, folder: Path) -> Path:
     return folder
 
 
-def llava_answer(folder: Path, question: str, png: bytes, new_tokens: int, *, ignore_eos: bool) -> str:
-    """transformers' greedy answer of the LLaVA ``folder`` to one user turn (``question`` then the
-    image ``png``) through the folder's processor: ``new_tokens`` tokens, or fewer at EOS unless
-    ``ignore_eos``; decoded without special tokens."""
+def vlm_answer(folder: Path, question: str, png: bytes, new_tokens: int, *, ignore_eos: bool) -> str:
+    """transformers' greedy answer of the vision-language model ``folder`` to one user turn (``question``
+    then the image ``png``) through the folder's processor as the server loads it
+    (``proxy.media.processor.load_processor``: Pillow backend, Qwen2-VL's without video):
+    ``new_tokens`` tokens, or fewer at EOS unless ``ignore_eos``; decoded without special tokens."""
     import io
 
     import torch
     from PIL import Image
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from transformers import AutoConfig, AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
-    model = LlavaForConditionalGeneration.from_pretrained(str(folder), attn_implementation="sdpa").eval()
+    from proxy.media.processor import load_processor
+
+    processor = load_processor(folder, AutoConfig.from_pretrained(str(folder)).model_type)
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), attn_implementation="sdpa").eval()
     content = [{"type": "text", "text": question}, {"type": "image"}]
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True)

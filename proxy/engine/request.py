@@ -110,6 +110,11 @@ class Request:
         image_embeds: the images' embeddings (a tensor ``[placeholders, hidden]``), computed by the
             model runner before the first prompt chunk that holds a placeholder and dropped once the
             prompt is computed; None otherwise.
+        rope_positions: the prompt's 3-D M-RoPE positions (a tensor ``[3, num_prompt_tokens]`` int64),
+            set by the model runner of an M-RoPE model at the request's first step
+            (``proxy.engine.execution.mrope``) when it has images; None otherwise.
+        rope_delta: what a token past the prompt adds to its position in every M-RoPE row (the
+            prompt's largest position + 1 - its length); 0 without ``rope_positions``.
     """
 
     request_id: str
@@ -132,6 +137,8 @@ class Request:
     num_cached_tokens: int = -1
     images: PromptImages | None = None
     image_embeds: Any = None
+    rope_positions: Any = None
+    rope_delta: int = 0
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -13,14 +13,19 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   one placeholder per packed feature;
 - Idefics3 (``Idefics3ForConditionalGeneration``, the architecture of SmolVLM's first release): each
   image is split into tiles plus a global view, each ``image_seq_len`` placeholders between row /
-  column marker tokens (``Idefics3Model.inputs_merger``).
+  column marker tokens (``Idefics3Model.inputs_merger``);
+- Qwen2-VL and Qwen2.5-VL (``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``):
+  an image resized to a multiple of the patch size times the merge size becomes ``t * h * w / merge**2``
+  placeholders, and the decoder takes 3-D rotary positions (M-RoPE, :data:`MROPE`): the prompt's from
+  the model's own ``get_rope_index`` (:func:`mrope_positions`), every later token's its position plus
+  the prompt's rope delta (``proxy.engine.execution.mrope``). Their processors are built without video
+  (``proxy.media.processor.image_only_processor``).
 
 Other image-text-to-text model types that transformers' causal-LM classes do not load are refused at
-load by name (:func:`refusal`): Qwen2-VL / Qwen2.5-VL / Qwen3-VL (3-D M-RoPE positions; their
-processors also need torchvision for video), SmolVLM and LLaVA-OneVision (processors with a video part
-that needs torchvision or ``num2words``), Mistral3, ... Those its causal-LM classes load (Gemma 3, whose
-image tokens attend bidirectionally; Llama 4, ...) are served as text models and refuse images per
-request.
+load by name (:func:`refusal`): Qwen3-VL (:data:`REASONS`), SmolVLM and LLaVA-OneVision (processors
+with a video part that needs torchvision or ``num2words``), Mistral3, ... Those its causal-LM classes
+load (Gemma 3, whose image tokens attend bidirectionally; Llama 4, ...) are served as text models and
+refuse images per request.
 """
 
 from __future__ import annotations
@@ -32,11 +37,19 @@ import torch
 from proxy.media.processor import SERVED, VisionProcessor, is_served_vision
 from proxy.media.prompt import PromptImages
 
+MROPE: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl"})
+"""Types in :data:`SERVED` whose decoder takes 3-D M-RoPE positions (temporal, height, width)."""
+
+_DEEPSTACK = ("adds vision features to the hidden states of its first decoder layers (DeepStack), which "
+              "streamproxy's paged decoder does not do yet")
+REASONS: dict[str, str] = {"qwen3_vl": _DEEPSTACK, "qwen3_vl_moe": _DEEPSTACK}
+"""Vision-language types refused for a reason of their own (the reason names what is unsupported)."""
+
 
 def refusal(config: Any) -> str | None:
     """Why a vision-language config cannot be served (to be refused at load), or None: a type in
     :data:`SERVED`, a text model, or an image-text-to-text type transformers' causal-LM classes load
-    (served as a text model; its images are refused per request)."""
+    (served as a text model; its images are refused per request). :data:`REASONS` names its own."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
@@ -46,8 +59,10 @@ def refusal(config: Any) -> str | None:
     if (model_type in SERVED or model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
             or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         return None
-    return (f"is a vision-language model that streamproxy does not serve yet (served with images: "
-            f"{', '.join(sorted(SERVED))})")
+    served = ", ".join(sorted(SERVED))
+    if model_type in REASONS:
+        return f"is a vision-language model that {REASONS[model_type]} (served with images: {served})"
+    return f"is a vision-language model that streamproxy does not serve yet (served with images: {served})"
 
 
 def decoder_attention(config: Any, attn: str) -> str | dict[str, str]:
@@ -85,5 +100,26 @@ def encode_images(model: Any, images: PromptImages, device: torch.device, dtype:
     return rows
 
 
-__all__ = ["SERVED", "VisionProcessor", "decoder_attention", "encode_images", "is_served_vision",
-           "load_model_class", "refusal"]
+def uses_mrope(config: Any) -> bool:
+    """True for a config of a type in :data:`MROPE`."""
+    return str(getattr(config, "model_type", "")) in MROPE
+
+
+def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> tuple[torch.Tensor, int]:
+    """The M-RoPE positions of a prompt with images for a :data:`MROPE` model: ``([3, L] int64 on the
+    CPU, rope delta)``, from the model's own ``get_rope_index`` (``Qwen2VLModel.get_rope_index``: text
+    tokens count on in all three rows; an image's placeholders take (temporal, row, column) from
+    its ``image_grid_thw`` over the spatial merge, after which text goes on from the image's largest
+    position + 1) with the placeholder tokens as its image tokens (``mm_token_type_ids`` 1, the rest 0,
+    as the processor marks them). The delta is ``max(positions) + 1 - L``: a token at position
+    ``p >= L`` takes ``p + delta`` in all three rows (``compute_3d_position_ids``)."""
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    types = torch.zeros_like(ids, dtype=torch.int)
+    types[0, list(images.token_positions)] = 1
+    positions, deltas = model.model.get_rope_index(ids, mm_token_type_ids=types,
+                                                   image_grid_thw=images.encoder_inputs["image_grid_thw"])
+    return positions[:, 0].to("cpu", torch.long).contiguous(), int(deltas.reshape(-1)[0])
+
+
+__all__ = ["MROPE", "SERVED", "VisionProcessor", "decoder_attention", "encode_images", "is_served_vision",
+           "load_model_class", "mrope_positions", "refusal", "uses_mrope"]

@@ -29,10 +29,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def reference(folder: Path, content: list[dict[str, Any]], images: list[Any]) -> tuple[str, int]:
-    """``(generate()'s text, prompt length)`` of one user turn with the folder's own processor."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    """``(generate()'s text, prompt length)`` of one user turn with the folder's own processor (Pillow
+    backend; Qwen2-VL's without video, as the server builds it)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
+    from proxy.media.processor import load_processor
+
+    processor = load_processor(folder, AutoConfig.from_pretrained(str(folder)).model_type)
     model = AutoModelForImageTextToText.from_pretrained(str(folder), attn_implementation="sdpa").eval()
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True)
@@ -159,7 +162,7 @@ def test_bad_images_are_a_400_naming_the_part_and_the_server_keeps_serving(model
     assert good.status_code == 200
 
 
-@pytest.mark.parametrize("family", ["idefics3", "llava_next"])
+@pytest.mark.parametrize("family", ["idefics3", "llava_next", "qwen2_vl", "qwen2_5_vl"])
 def test_other_families_equal_generate(family: str, tmp_path: Path) -> None:
     folder = make_tiny_vlm(family, tmp_path / family)
     want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])

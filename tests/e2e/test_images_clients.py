@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from media.images import data_url, encode, picture
-from vision_fixtures import llava_answer, make_tiny_llava
+from vision_fixtures import make_tiny_llava, vlm_answer
 
 from proxy.ports import LocalServer, start_serve
 
@@ -41,7 +41,7 @@ def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
 @pytest.fixture(scope="module")
 def expected(folder: Path) -> str:
     """``generate()``'s greedy answer (EOS ignored, as the clients below ask) with the folder's processor."""
-    return llava_answer(folder, QUESTION, PNG, NEW_TOKENS, ignore_eos=True)
+    return vlm_answer(folder, QUESTION, PNG, NEW_TOKENS, ignore_eos=True)
 
 
 def test_openai_sdk(server: LocalServer, expected: str) -> None:

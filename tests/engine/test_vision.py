@@ -1,7 +1,9 @@
-"""Tiny random vision-language models (LLaVA, LLaVA-Next, Idefics3) through the engine: greedy ids equal
-transformers' ``generate()`` with the same processor for one and two images, alone and batched with a
-text-only request, with prefill chunks that cut images; the prefix cache reuses an image's blocks for
-the same image only; unserved vision-language types are refused at load by name."""
+"""Tiny random vision-language models (LLaVA, LLaVA-Next, Idefics3, Qwen2-VL, Qwen2.5-VL) through the
+engine: greedy ids equal transformers' ``generate()`` with the same processor for one and two images,
+alone and batched with a text-only request, with prefill chunks that cut images, after a preemption and
+from the prefix cache; the prefix cache reuses an image's blocks for the same image only; Qwen2-VL's
+M-RoPE positions are ``get_rope_index``'s in every chunk and continue from its delta, also through the
+graph and compiled decode paths; unserved vision-language types are refused at load by name."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from media.images import encode, picture
-from vision_fixtures import FAMILIES, IMAGE_TOKEN, NUM_IMAGE_TOKENS
+from vision_fixtures import FAMILIES, NUM_IMAGE_TOKENS
 
 from proxy.engine.core import EngineCore
 from proxy.engine.execution.architectures import check_supported
@@ -29,6 +31,7 @@ from proxy.settings import Settings
 from .engine_helpers import assert_blocks_conserved, assert_greedy_matches
 
 NEW_TOKENS = 12
+SERVED_NAMES = "idefics3, llava, llava_next, qwen2_5_vl, qwen2_vl"
 PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
@@ -41,8 +44,13 @@ class Family:
     tokenizer: Any
 
     @property
+    def image_token_id(self) -> int:
+        token_id: int = self.tokenizer.convert_tokens_to_ids(str(self.processor.image_token))
+        return token_id
+
+    @property
     def vision(self) -> VisionProcessor:
-        return VisionProcessor(self.processor, self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
+        return VisionProcessor(self.processor, self.image_token_id)
 
     def text_of(self, *parts: str | None) -> str:
         """The chat template's prompt of one user turn (``None``: an image part)."""
@@ -90,6 +98,12 @@ def llava() -> Family:
     return Family(build(), processor(), tokenizer())
 
 
+@pytest.fixture(scope="module")
+def qwen2_vl() -> Family:
+    build, processor, tokenizer = FAMILIES["qwen2_vl"]
+    return Family(build(), processor(), tokenizer())
+
+
 def image(seed: int, size: tuple[int, int] = (40, 30)) -> LoadedImage:
     return decode_image(encode(picture(size, seed=seed)), f"messages[0].content[{seed}]")
 
@@ -126,7 +140,7 @@ def test_greedy_equals_generate_alone_and_batched(family: Family, chunk: int) ->
         text = family.text_of(*parts)
         prompts.append(family.prompt_of(text, images))
         refs.append(family.reference(text, images))
-    image_token = family.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    image_token = family.image_token_id
     for ids, images in prompts:
         assert ids.count(image_token) == (sum(images.counts) if images is not None else 0)
     alone = [run(family.engine(chunk), [p])["0"] for p in prompts]
@@ -174,6 +188,8 @@ def test_prefix_cache_reuses_the_same_image_only(family: Family) -> None:
     assert third[2] == first_image_block * 4  # ... reused only up to the block the image starts in
     assert third[0] == run(family.engine(prefix_caching=False), [other])["0"][0]
     assert core.runner.images is not None and core.runner.images.num_encoded == encoded + 1
+    ref_ids, gaps = family.reference(text, [image(0)])
+    assert_greedy_matches(again[0], ref_ids, gaps, "the same image again, from the prefix cache")
 
 
 def test_prompt_images_positions_and_block_keys(llava: Family) -> None:
@@ -195,8 +211,7 @@ def test_prompt_images_positions_and_block_keys(llava: Family) -> None:
     assert tuple(images.encoder_inputs["pixel_values"].shape) == (2, 3, 32, 32)
 
 
-@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "Qwen3VLConfig", "SmolVLMConfig",
-                                  "LlavaOnevisionConfig", "Mistral3Config"])
+@pytest.mark.parametrize("name", ["SmolVLMConfig", "LlavaOnevisionConfig", "Mistral3Config"])
 def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     import transformers
 
@@ -204,8 +219,22 @@ def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     with pytest.raises(ModelLoadError) as err:
         check_supported(config)
     want = (f"model type '{config.model_type}' is a vision-language model that streamproxy does not serve "
-            "yet (served with images: idefics3, llava, llava_next); serve it with vLLM or llama.cpp, or "
-            "pick a pure-attention model")
+            f"yet (served with images: {SERVED_NAMES}); serve it with vLLM or llama.cpp, or pick a "
+            "pure-attention model")
+    assert str(err.value) == want
+
+
+@pytest.mark.parametrize("name", ["Qwen3VLConfig", "Qwen3VLMoeConfig"])
+def test_qwen3_vl_is_refused_naming_deepstack(name: str) -> None:
+    import transformers
+
+    config = getattr(transformers, name)()
+    with pytest.raises(ModelLoadError) as err:
+        check_supported(config)
+    want = (f"model type '{config.model_type}' is a vision-language model that adds vision features to the "
+            "hidden states of its first decoder layers (DeepStack), which streamproxy's paged decoder does "
+            f"not do yet (served with images: {SERVED_NAMES}); serve it with vLLM or llama.cpp, or pick a "
+            "pure-attention model")
     assert str(err.value) == want
 
 
@@ -237,3 +266,69 @@ def test_self_check_covers_one_image(family: Family, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ImageEncoder, "embed", no_images)
     with pytest.raises(SelfCheckError, match="the image prompt .* first differs at generated token"):
         run_self_check(paged(family.model), settings, 256, vision=family.vision)
+
+
+def test_mrope_positions_are_get_rope_index_in_chunks_and_continue_from_its_delta(qwen2_vl: Family) -> None:
+    text = qwen2_vl.text_of("Compare", None, "with", None)
+    pictures = [image(1), image(2, (24, 36))]
+    enc = qwen2_vl.processor(text=[text], images=[im.image for im in pictures], return_tensors="pt",
+                             add_special_tokens=False)
+    want, delta = qwen2_vl.model.model.get_rope_index(enc["input_ids"], enc["mm_token_type_ids"],
+                                                      image_grid_thw=enc["image_grid_thw"])
+    num_prompt = enc["input_ids"].shape[1]
+    assert int(delta) < 0  # the images' placeholders take fewer positions than tokens: 3-D positions differ
+    core = qwen2_vl.engine(chunk=7)
+    seen: list[torch.Tensor] = []
+    rotary = core.runner.model.model.language_model.rotary_emb
+    rotary.register_forward_hook(lambda _m, args, _out: seen.append(args[1].expand(3, 1, -1)[:, 0]))
+    run(core, [qwen2_vl.prompt_of(text, pictures)])
+    assert len(seen) > num_prompt // 7  # chunks, then one step a token
+    got = torch.cat(seen, dim=1)
+    later = torch.arange(num_prompt, num_prompt + NEW_TOKENS - 1) + int(delta)
+    assert torch.equal(got, torch.cat([want[:, 0], later.expand(3, -1)], dim=1))
+
+
+def test_graph_decodes_take_shifted_positions_and_a_last_prompt_token_runs_eager(qwen2_vl: Family) -> None:
+    from .execution.test_decode_graphs import ReplayGraph
+
+    graphs: list[ReplayGraph] = []
+
+    def make_graph() -> ReplayGraph:
+        graphs.append(ReplayGraph())
+        return graphs[-1]
+
+    texts = [qwen2_vl.text_of("What is" + " it" * k, None, "?") for k in range(4)]
+    text = next(t for t in texts if (len(qwen2_vl.prompt_of(t, [image(0)])[0]) - 1) % 4 == 0)
+    prompt = qwen2_vl.prompt_of(text, [image(0)])
+    core = qwen2_vl.engine()
+    core.runner.use_decode_graphs(make_graph)
+    first = run(core, [prompt])["0"]
+    again = run(core, [prompt])["0"]  # every token but the last from the cache: a one-token prompt row
+    assert again[2] == len(prompt[0]) - 1 and sum(g.replays for g in graphs) >= 2 * (NEW_TOKENS - 2)
+    ref_ids, gaps = qwen2_vl.reference(text, [image(0)])
+    assert_greedy_matches(first[0], ref_ids, gaps, "graph decodes")
+    assert_greedy_matches(again[0], ref_ids, gaps, "graph decodes after a one-token prompt row")
+    plan = core.execution
+    assert plan.rope_positions == "m-rope" and ", rotary positions m-rope," in plan.summary()
+
+
+def test_compiled_step_rows_take_shifted_positions_batched_and_after_preemption(qwen2_vl: Family) -> None:
+    from proxy.engine.execution.compiled_step import CompiledDecodeStep
+    from proxy.engine.execution.decode_runner import CompiledDecode
+    from proxy.engine.execution.traced_decode import decode_forward
+
+    text = qwen2_vl.text_of("What is", None, "?")
+    words = qwen2_vl.text_of("Hello world! alpha beta")
+    prompts = [qwen2_vl.prompt_of(text, [image(seed)]) for seed in range(3)] + [qwen2_vl.prompt_of(words, [])]
+    longest = max(len(ids) for ids, _ in prompts) + NEW_TOKENS
+    core = qwen2_vl.engine(chunk=16, num_blocks=-(-longest // 4) * 2)  # two of the four fit at a time
+    # the function the compiled step traces, run as the compiled graph would be called (inductor aside)
+    step = CompiledDecodeStep(decode_forward, core.runner.model, "compiled", 0.0)
+    core.runner.decode = CompiledDecode(step)
+    out = run(core, prompts)
+    assert core.scheduler.num_preemptions >= 1 and step.num_calls >= NEW_TOKENS
+    for i, seed in enumerate(range(3)):
+        ref_ids, gaps = qwen2_vl.reference(text, [image(seed)])
+        assert_greedy_matches(out[str(i)][0], ref_ids, gaps, f"image {seed} through the compiled step")
+    ref_ids, gaps = qwen2_vl.reference(words, [])
+    assert_greedy_matches(out["3"][0], ref_ids, gaps, "text only through the compiled step")

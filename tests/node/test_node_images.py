@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from e2e.test_images_clients import NAME, PNG, QUESTION
-from vision_fixtures import llava_answer, make_tiny_llava
+from vision_fixtures import make_tiny_llava, vlm_answer
 
 from proxy.ports import start_serve
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(NODE is None,
 
 def expected(folder: Path) -> str:
     """``generate()``'s greedy answer (stopping at EOS, as the server does) with the folder's processor."""
-    return llava_answer(folder, QUESTION, PNG, NEW_TOKENS, ignore_eos=False)
+    return vlm_answer(folder, QUESTION, PNG, NEW_TOKENS, ignore_eos=False)
 
 
 def test_ai_sdk_openai_provider_sends_an_image(tmp_path: Path) -> None:

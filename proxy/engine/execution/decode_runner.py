@@ -11,6 +11,10 @@ model runner is built and replaced (never branched on) when its path fails.
   tokens in one chunk (``SchedulerConfig.outputs_on_decode_path``), so every generated token's K/V
   and logits come from the same kernels whatever the load.
 
+The model takes ``StepInputs.model_position_ids``: an M-RoPE model's rotary positions
+(``proxy.engine.execution.mrope``) are one row past a prompt (the compiled step's rows, every decode
+row but a prompt's last token); a step with three rows (an image prompt's tokens) runs eager.
+
 A compiled call that fails returns None (the step logged it: "decode steps run eager from now
 on"); the model runner then puts an :class:`EagerDecode` in its place and runs the step again.
 nano-vllm makes the same eager / graph choice with one ``if`` (``engine/model_runner.py``); vLLM
@@ -83,8 +87,9 @@ class CudaGraphDecode:
         """:class:`DecodeRunner.execute` (never None: a shape without a graph runs eager)."""
         inputs = runner.build_inputs(rows)
         meta = inputs.meta
-        if meta.num_decodes == len(rows.requests) and meta.row_plan is None:
-            logits = self.graphs.run(inputs.input_ids, inputs.position_ids, meta)
+        positions = inputs.model_position_ids
+        if meta.num_decodes == len(rows.requests) and meta.row_plan is None and positions.dim() == 2:
+            logits = self.graphs.run(inputs.input_ids, positions, meta)
             if logits is not None:  # sampling rows selected outside the graph (a copy)
                 return logits.index_select(0, inputs.logits_index.to(runner.device)).float()
         return runner.forward_inputs(inputs)
@@ -126,7 +131,7 @@ class CompiledDecode:
         when the call failed."""
         split, sampled = rows.one_token_rows()
         inputs = runner.build_inputs(split)
-        logits = self.step(runner.kv_cache, runner.num_groups, inputs.input_ids, inputs.position_ids,
+        logits = self.step(runner.kv_cache, runner.num_groups, inputs.input_ids, inputs.model_position_ids,
                            inputs.meta)
         if logits is None:
             return None

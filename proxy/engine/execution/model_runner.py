@@ -1,7 +1,8 @@
 """The torch side of a step: ``SchedulerOutput`` -> flat ragged batch -> one forward -> logits.
 
 One forward pass per step over all scheduled tokens, as ``input_ids [1, T]`` with explicit
-``position_ids [1, T]`` (without them every sequence after the first gets wrong RoPE positions),
+``position_ids [1, T]`` (without them every sequence after the first gets wrong RoPE positions;
+an M-RoPE model's are its rotary positions, ``proxy.engine.execution.mrope``),
 ``use_cache=False`` (the paged cache is ours), and ``logits_to_keep`` = the flat index of the last
 token of each sequence that samples this step (logits ``[1, S, V]``; computing logits for every
 prefill token would cost ~25% on a long prefill). The step's :class:`PagedAttentionMetadata` is
@@ -52,10 +53,11 @@ from proxy.engine.execution.decode_graphs import DecodeGraphRunner
 from proxy.engine.execution.decode_runner import CompiledDecode, CudaGraphDecode, DecodeRunner, EagerDecode
 from proxy.engine.execution.graph_kinds import DecodeGraph
 from proxy.engine.execution.image_embeds import ImageEncoder
+from proxy.engine.execution.mrope import MRope
 from proxy.engine.execution.step_inputs import ImageSlots, StepInputs, StepRows, build_step_inputs
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.models.source import cache_root
-from proxy.models.vision import decoder_attention, is_served_vision
+from proxy.models.vision import decoder_attention, is_served_vision, uses_mrope
 from proxy.quant.dense_prefill import active_row_plan, plan_rows
 from proxy.settings import Settings
 
@@ -109,6 +111,8 @@ class ModelRunner:
         self.block_size = settings.block_size
         #: a vision-language model's image encoder (``proxy.engine.execution.image_embeds``); None: text only
         self.images = ImageEncoder(model, self.device, self.dtype) if is_served_vision(model.config) else None
+        #: an M-RoPE model's rotary positions (``proxy.engine.execution.mrope``); None: the cache positions
+        self.mrope = MRope(model) if uses_mrope(model.config) else None
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         pool = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
         num_blocks = pool.num_blocks
@@ -173,6 +177,8 @@ class ModelRunner:
         inputs = build_step_inputs(rows, self.kv_cache, self.block_size, self.num_groups)
         if self.images is not None:
             inputs.image_slots = self.images.slots(rows)
+        if self.mrope is not None:
+            inputs.rope_position_ids = self.mrope.positions(rows, inputs.position_ids[0])
         prefill = self.prefill_plan
         if prefill is not None and inputs.prompt_tokens is not None:
             inputs.meta.row_plan = plan_rows(inputs.position_ids[0], inputs.prompt_tokens,
@@ -234,7 +240,7 @@ class ModelRunner:
     def forward_inputs(self, inputs: StepInputs) -> torch.Tensor:
         """Logits ``[S, V]`` float32 of a step's inputs through the eager forward (moved to the
         model's device here)."""
-        input_ids, position_ids, logits_index, meta = (inputs.input_ids, inputs.position_ids,
+        input_ids, position_ids, logits_index, meta = (inputs.input_ids, inputs.model_position_ids,
                                                        inputs.logits_index, inputs.meta)
         dev = self.device
         if dev.type != "cpu":

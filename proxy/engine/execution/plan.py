@@ -16,6 +16,10 @@ path is measured):
   reference``, ``skinny fp32`` (``proxy.quant.skinny``), ``dense``;
 - **prompt tokens' linears**: dense copies of the packed weights (``proxy.quant.dense_prefill``) in
   bf16 or fp32, or the packed kernels;
+- **rotary positions**: ``1-d`` (each token's cache position) or ``m-rope`` (Qwen2-VL's three rows:
+  prompt tokens of a request with images run eager with three rows, every other token with its
+  position plus its prompt's rope delta on whatever path the step takes;
+  ``proxy.engine.execution.mrope``);
 - **the op kernels**: the C++ kernels of the ``streamproxy::`` ops or their Python kernels
   (``STREAMPROXY_TORCH_OPS``), and the hot path's compiled or pure-Python twin
   (``STREAMPROXY_PURE_PYTHON``).
@@ -52,6 +56,7 @@ class ExecutionPlan:
         op_kernels: ``"c++"`` or ``"python"`` (the ``streamproxy::`` ops).
         hot_path: ``"compiled"`` or ``"python"`` (detokenizer, stop strings, SSE framing).
         off: each path not taken -> why.
+        rope_positions: ``"1-d"`` or ``"m-rope"``.
     """
 
     device: str
@@ -64,17 +69,20 @@ class ExecutionPlan:
     op_kernels: str
     hot_path: str
     off: dict[str, str]
+    rope_positions: str = "1-d"
 
     def summary(self) -> str:
         """The one log line: ``execution: step compiled, decode attention pools_op, linear modules
         (after fusion) int4 amx x120 + int8 q8 avx512 x1, prompt tokens dense bfloat16 copies, op
         kernels c++, detokenizer/SSE hot path compiled (cpu: avx2 avx512f avx512_bf16 amx_bf16,
-        bfloat16)``, then ``; not taken: PATH: WHY; ...`` when a path is off."""
+        bfloat16)``, with ``, rotary positions m-rope`` after the decode attention for such a model,
+        then ``; not taken: PATH: WHY; ...`` when a path is off."""
         linears = " + ".join(f"{kind} x{n}" for kind, n in self.linears.items()) or "none"
         where = f"cpu: {' '.join(self.cpu_flags) or 'no avx2'}" if self.device == "cpu" else self.device
         off = "; ".join(f"{path}: {why}" for path, why in self.off.items())
-        return (f"execution: step {self.step}, decode attention {self.decode_attention}, linear modules "
-                f"(after fusion) {linears}, prompt tokens {self.prompt_linears}, op kernels "
+        rope = "" if self.rope_positions == "1-d" else f", rotary positions {self.rope_positions}"
+        return (f"execution: step {self.step}, decode attention {self.decode_attention}{rope}, linear "
+                f"modules (after fusion) {linears}, prompt tokens {self.prompt_linears}, op kernels "
                 f"{self.op_kernels}, detokenizer/SSE hot path {self.hot_path} ({where}, {self.dtype})"
                 + (f"; not taken: {off}" if off else ""))
 
@@ -148,6 +156,6 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
         cpu_flags=probe.cpu_flags if device.type == "cpu" else (), step=step,
         decode_attention=decode_attention, linears=dict(sorted(linears.items())),
         prompt_linears=prompt_linears, op_kernels="c++" if probe.op_kernels is None else "python",
-        hot_path=probe.hot_path, off=off,
+        hot_path=probe.hot_path, off=off, rope_positions="1-d" if runner.mrope is None else "m-rope",
     )
 

@@ -108,6 +108,9 @@ class StepInputs:
             no row holds one.
         image_slots: the positions that take image embeddings instead of their token's (set by the
             model runner of a vision-language model); None: none.
+        rope_position_ids: the rotary positions where they are not ``position_ids`` (set by the model
+            runner of an M-RoPE model, ``proxy.engine.execution.mrope``): ``[1, T]`` or ``[3, 1, T]``
+            int64; None: ``position_ids``. The KV slots and masks always take ``position_ids``.
     """
 
     input_ids: torch.Tensor
@@ -116,6 +119,12 @@ class StepInputs:
     meta: PagedAttentionMetadata
     prompt_tokens: torch.Tensor | None
     image_slots: ImageSlots | None = None
+    rope_position_ids: torch.Tensor | None = None
+
+    @property
+    def model_position_ids(self) -> torch.Tensor:
+        """The ``position_ids`` the model takes: :attr:`rope_position_ids`, else :attr:`position_ids`."""
+        return self.position_ids if self.rope_position_ids is None else self.rope_position_ids
 
 
 def build_step_inputs(rows: StepRows, kv_cache: PagedKVCache, block_size: int, num_groups: int) -> StepInputs:
