@@ -24,8 +24,50 @@ SERVED: dict[str, str] = {
     "llava": "LlavaForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
 }
 """Model types served with their images -> the transformers class that runs them."""
+
+OWN_CLASS = frozenset({"llava_onevision", "smolvlm", "pixtral"})
+"""Processors ``AutoProcessor`` cannot build without torchvision, by :func:`processor_kind`: built as
+their class by ``proxy.media.processor_classes`` (LLaVA-OneVision's and SmolVLM's without their video
+processor; Pixtral's)."""
+
+NEEDS_PACKAGE: dict[str, str] = {"smolvlm": "num2words"}
+"""Served types whose processor needs a package beyond transformers (transformers checks for it when
+the processor is built)."""
+
+IMAGES_REFUSED: dict[str, str] = {
+    "gemma3": (
+        "is served as a text model: Gemma 3's image tokens attend to each other bidirectionally within "
+        "an image during prefill (token_type_ids), which the paged causal attention does not compute"
+    ),
+}
+"""Image-text-to-text types served as text models -> why their images are refused (per request)."""
+
+
+def images_refusal(config: Any) -> str | None:
+    """Why the images of a model served as a text model are refused, for a request's 400: an
+    image-text-to-text type that transformers' causal-LM classes load (:data:`IMAGES_REFUSED`'s
+    reason, else "its vision tower is not run"); None for a type in :data:`SERVED` and for text
+    models."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    model_type = str(getattr(config, "model_type", ""))
+    if model_type in SERVED or model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return None
+    return IMAGES_REFUSED.get(model_type, "is served as a text model: its vision tower is not run")
+
+
+def processor_kind(config: Any) -> str:
+    """``pixtral`` for a model with a Pixtral vision tower (Mistral3; LLaVA as Pixtral-12B is
+    published), else its model type."""
+    vision = getattr(config, "vision_config", None)
+    if str(getattr(vision, "model_type", "")) == "pixtral":
+        return "pixtral"
+    return str(getattr(config, "model_type", ""))
 
 
 def is_served_vision(config: Any) -> bool:
@@ -47,14 +89,20 @@ class VisionProcessor:
 
     @classmethod
     def load(cls, folder: str | Path, config: Any = None) -> VisionProcessor | None:
-        """``AutoProcessor.from_pretrained(folder, backend="pil")`` of a :data:`SERVED` model's folder;
-        None for any other model (``config``: its ``AutoConfig``, read from ``folder`` when None)."""
+        """``AutoProcessor.from_pretrained(folder, backend="pil")`` of a :data:`SERVED` model's folder
+        (a processor of :data:`OWN_CLASS`: its class, ``proxy.media.processor_classes``); None for
+        any other model (``config``: its ``AutoConfig``, read from ``folder`` when None)."""
         from transformers import AutoConfig, AutoProcessor
 
         config = config if config is not None else AutoConfig.from_pretrained(str(folder))
         if not is_served_vision(config):
             return None
-        processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
+        if processor_kind(config) in OWN_CLASS:
+            from .processor_classes import load_processor
+
+            processor = load_processor(str(folder), processor_kind(config))
+        else:
+            processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
         return cls(processor, int(config.image_token_id))
 
     def num_tokens(self, images: Sequence[LoadedImage]) -> list[int]:

@@ -13,36 +13,53 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   one placeholder per packed feature;
 - Idefics3 (``Idefics3ForConditionalGeneration``, the architecture of SmolVLM's first release): each
   image is split into tiles plus a global view, each ``image_seq_len`` placeholders between row /
-  column marker tokens (``Idefics3Model.inputs_merger``).
+  column marker tokens (``Idefics3Model.inputs_merger``);
+- LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``): LLaVA-Next's packing with
+  ``anyres_max_N`` (features of more than N base views' worth shrunk by bilinear interpolation,
+  ``pack_image_features``);
+- SmolVLM (``SmolVLMForConditionalGeneration``): Idefics3's tiles and markers;
+- Mistral3 (``Mistral3ForConditionalGeneration``, Mistral Small 3.x) and LLaVA with a Pixtral vision
+  tower (Pixtral-12B): transformers' Pixtral tower (2-D RoPE over each image's own patch grid; the
+  encoder takes ``pixel_values`` and ``image_sizes``), Mistral3's patch merger; each image is one
+  ``[IMG]`` placeholder per (merged) patch, rows ended by ``[IMG_BREAK]`` and the image by
+  ``[IMG_END]``, which are text tokens (``PixtralProcessor.replace_image_token``).
 
-Other image-text-to-text model types that transformers' causal-LM classes do not load are refused at
-load by name (:func:`refusal`): Qwen2-VL / Qwen2.5-VL / Qwen3-VL (3-D M-RoPE positions; their
-processors also need torchvision for video), SmolVLM and LLaVA-OneVision (processors with a video part
-that needs torchvision or ``num2words``), Mistral3, ... Those its causal-LM classes load (Gemma 3, whose
-image tokens attend bidirectionally; Llama 4, ...) are served as text models and refuse images per
-request.
+LLaVA-OneVision's and SmolVLM's processors are loaded without their video part and Pixtral's without
+torchvision (``proxy.media.processor_classes``; videos are not accepted); SmolVLM's needs ``num2words``.
+
+Refused at load by name (:func:`refusal`): the other image-text-to-text model types that
+transformers' causal-LM classes do not load (Qwen2-VL / Qwen2.5-VL / Qwen3-VL: 3-D M-RoPE positions
+and processors that need torchvision for video; ...). Those its causal-LM classes load are served as
+text models and refuse images per request with :func:`images_refusal`'s reason (Gemma 3: image tokens
+attend bidirectionally within an image, which the paged causal attention does not compute).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
 
-from proxy.media.processor import SERVED, VisionProcessor, is_served_vision
+from proxy.media.processor import NEEDS_PACKAGE, SERVED, VisionProcessor, images_refusal, is_served_vision
 from proxy.media.prompt import PromptImages
 
 
 def refusal(config: Any) -> str | None:
     """Why a vision-language config cannot be served (to be refused at load), or None: a type in
-    :data:`SERVED`, a text model, or an image-text-to-text type transformers' causal-LM classes load
-    (served as a text model; its images are refused per request)."""
+    :data:`SERVED` (unless a package its processor needs, ``NEEDS_PACKAGE``, is missing), a text
+    model, or an image-text-to-text type transformers' causal-LM classes load (served as a text
+    model; its images are refused per request, :func:`images_refusal`)."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     )
 
     model_type = str(getattr(config, "model_type", ""))
+    package = NEEDS_PACKAGE.get(model_type)
+    if package is not None and importlib.util.find_spec(package) is None:
+        return (f"is served with its images, but its processor needs the package '{package}', which is not "
+                f"installed (pip install {package}; streamproxy's own install has it)")
     if (model_type in SERVED or model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
             or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         return None
@@ -85,5 +102,5 @@ def encode_images(model: Any, images: PromptImages, device: torch.device, dtype:
     return rows
 
 
-__all__ = ["SERVED", "VisionProcessor", "decoder_attention", "encode_images", "is_served_vision",
-           "load_model_class", "refusal"]
+__all__ = ["SERVED", "VisionProcessor", "decoder_attention", "encode_images", "images_refusal",
+           "is_served_vision", "load_model_class", "refusal"]

@@ -29,10 +29,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def reference(folder: Path, content: list[dict[str, Any]], images: list[Any]) -> tuple[str, int]:
-    """``(generate()'s text, prompt length)`` of one user turn with the folder's own processor."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    """``(generate()'s text, prompt length)`` of one user turn with the folder's own processor
+    (``AutoProcessor``'s, or the same class built without torchvision where it needs it:
+    ``proxy.media.processor_classes``)."""
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
+    from proxy.media.processor import VisionProcessor
+
+    vision = VisionProcessor.load(folder)
+    assert vision is not None
+    processor = vision.processor
     model = AutoModelForImageTextToText.from_pretrained(str(folder), attn_implementation="sdpa").eval()
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True)
@@ -159,7 +165,7 @@ def test_bad_images_are_a_400_naming_the_part_and_the_server_keeps_serving(model
     assert good.status_code == 200
 
 
-@pytest.mark.parametrize("family", ["idefics3", "llava_next"])
+@pytest.mark.parametrize("family", ["idefics3", "llava_next", "llava_onevision", "smolvlm", "mistral3"])
 def test_other_families_equal_generate(family: str, tmp_path: Path) -> None:
     folder = make_tiny_vlm(family, tmp_path / family)
     want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])

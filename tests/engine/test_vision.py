@@ -1,7 +1,8 @@
-"""Tiny random vision-language models (LLaVA, LLaVA-Next, Idefics3) through the engine: greedy ids equal
-transformers' ``generate()`` with the same processor for one and two images, alone and batched with a
-text-only request, with prefill chunks that cut images; the prefix cache reuses an image's blocks for
-the same image only; unserved vision-language types are refused at load by name."""
+"""Tiny random vision-language models (LLaVA, LLaVA-Next, LLaVA-OneVision, Idefics3, SmolVLM) through the
+engine: greedy ids equal transformers' ``generate()`` with the same processor for one and two images,
+alone and batched with a text-only request, with prefill chunks that cut images; the prefix cache
+reuses an image's blocks for the same image only; unserved vision-language types are refused at load
+by name."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from media.images import encode, picture
-from vision_fixtures import FAMILIES, IMAGE_TOKEN, NUM_IMAGE_TOKENS
+from vision_fixtures import FAMILIES, NUM_IMAGE_TOKENS
 
 from proxy.engine.core import EngineCore
 from proxy.engine.execution.architectures import check_supported
@@ -42,7 +43,7 @@ class Family:
 
     @property
     def vision(self) -> VisionProcessor:
-        return VisionProcessor(self.processor, self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
+        return VisionProcessor(self.processor, int(self.model.config.image_token_id))
 
     def text_of(self, *parts: str | None) -> str:
         """The chat template's prompt of one user turn (``None``: an image part)."""
@@ -126,7 +127,7 @@ def test_greedy_equals_generate_alone_and_batched(family: Family, chunk: int) ->
         text = family.text_of(*parts)
         prompts.append(family.prompt_of(text, images))
         refs.append(family.reference(text, images))
-    image_token = family.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    image_token = family.model.config.image_token_id
     for ids, images in prompts:
         assert ids.count(image_token) == (sum(images.counts) if images is not None else 0)
     alone = [run(family.engine(chunk), [p])["0"] for p in prompts]
@@ -195,8 +196,7 @@ def test_prompt_images_positions_and_block_keys(llava: Family) -> None:
     assert tuple(images.encoder_inputs["pixel_values"].shape) == (2, 3, 32, 32)
 
 
-@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "Qwen3VLConfig", "SmolVLMConfig",
-                                  "LlavaOnevisionConfig", "Mistral3Config"])
+@pytest.mark.parametrize("name", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "Qwen3VLConfig"])
 def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     import transformers
 
@@ -204,9 +204,47 @@ def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     with pytest.raises(ModelLoadError) as err:
         check_supported(config)
     want = (f"model type '{config.model_type}' is a vision-language model that streamproxy does not serve "
-            "yet (served with images: idefics3, llava, llava_next); serve it with vLLM or llama.cpp, or "
-            "pick a pure-attention model")
+            "yet (served with images: idefics3, llava, llava_next, llava_onevision, mistral3, smolvlm); "
+            "serve it with vLLM or llama.cpp, or pick a pure-attention model")
     assert str(err.value) == want
+
+
+@pytest.mark.parametrize(("name", "merge", "rows"), [("mistral3", 2, [3, 3]), ("llava_pixtral", 1, [5] * 4)])
+def test_pixtral_placeholders_break_rows_and_end_each_image(name: str, merge: int, rows: list[int]) -> None:
+    """A 40 x 30 image through ``PixtralProcessor``: ``[IMG]`` per (merged) 8 x 8 patch of the image
+    resized up to whole patches (48 x 32 with merging, 40 x 32 without), ``[IMG_BREAK]`` after each
+    row, ``[IMG_END]`` instead of the last; only the ``[IMG]`` tokens take embedding rows."""
+    import sys
+
+    from proxy.media.processor_classes import TORCHVISION_MODULE
+
+    build, processor, tokenizer = FAMILIES[name]
+    pixtral = Family(build(), processor(), tokenizer())
+    assert TORCHVISION_MODULE not in sys.modules  # the stand-in is gone after the import
+    ids, images = pixtral.vision.prompt(pixtral.text_of("a", None), [image(0)])
+    tokens = pixtral.tokenizer.convert_ids_to_tokens(ids)
+    first, last = images.spans()[0]
+    want = []
+    for i, width in enumerate(rows):
+        want += ["[IMG]"] * width + ["[IMG_END]" if i == len(rows) - 1 else "[IMG_BREAK]"]
+    assert tokens[first: last + 2] == want and images.counts == (sum(rows),)
+    assert set(images.encoder_inputs) == {"pixel_values", "image_sizes"}
+    assert tuple(images.encoder_inputs["image_sizes"][0].tolist()) == (32, 8 * merge * rows[0])
+
+
+def test_smolvlm_without_num2words_is_refused_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from transformers import SmolVLMConfig
+
+    find_spec = importlib.util.find_spec
+    check_supported(SmolVLMConfig())  # installed: served
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "num2words"
+                        else find_spec(name, *a))
+    with pytest.raises(ModelLoadError, match=r"^model type 'smolvlm' is served with its images, but its "
+                       r"processor needs the package 'num2words', which is not installed \(pip install "
+                       r"num2words; streamproxy's own install has it\); serve it with"):
+        check_supported(SmolVLMConfig())
 
 
 def test_served_families_pass_and_causal_vision_models_load_as_text(family: Family) -> None:
@@ -214,6 +252,22 @@ def test_served_families_pass_and_causal_vision_models_load_as_text(family: Fami
 
     check_supported(family.model.config)
     assert refusal(family.model.config) is None and refusal(Gemma3Config()) is None  # Gemma 3: text
+
+
+@pytest.mark.parametrize("chunk", [64, 9], ids=["whole prompt", "chunks of 9 cutting the image"])
+def test_onevision_shrinks_a_large_image_as_generate_does(chunk: int) -> None:
+    """``anyres_max_1``: a 70 x 50 image takes the 96 x 96 pinpoint (3 x 3 views, 12 x 12 patches,
+    8 x 12 once unpadded: 96 features + 8 newlines past the 16 of the base view); more than one
+    view's worth, they are interpolated to 3 x 4 (+ 3 newlines): 31 placeholders, not 120."""
+    build, processor, tokenizer = FAMILIES["llava_onevision"]
+    onevision = Family(build(), processor(), tokenizer())
+    text = onevision.text_of("What is", None, "?")
+    big = [image(5, (70, 50))]
+    prompt = onevision.prompt_of(text, big)
+    assert prompt[1] is not None and prompt[1].counts == (31,)
+    ref_ids, gaps = onevision.reference(text, big)
+    out = run(onevision.engine(chunk), [prompt, onevision.prompt_of(text, [image(6)])])
+    assert_greedy_matches(out["0"][0], ref_ids, gaps, "a shrunk image batched")
 
 
 def paged(model: Any) -> Any:

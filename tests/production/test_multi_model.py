@@ -82,7 +82,8 @@ def test_a_model_that_cannot_be_served_exits_with_one_line(tmp_path: Path) -> No
                            "--device", "cpu"], check=False, cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     reason = ("ModelLoadError: model type 'qwen2_vl' is a vision-language model that streamproxy does not "
-              "serve yet (served with images: idefics3, llava, llava_next)")
+              "serve yet (served with images: idefics3, llava, llava_next, llava_onevision, mistral3, "
+              "smolvlm)")
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1].startswith(f"streamproxy: the model cannot be served: {reason}")
     assert "Traceback" not in done.stderr and str(folder) not in done.stderr
