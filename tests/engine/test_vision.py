@@ -270,6 +270,51 @@ def test_onevision_shrinks_a_large_image_as_generate_does(chunk: int) -> None:
     assert_greedy_matches(out["0"][0], ref_ids, gaps, "a shrunk image batched")
 
 
+def build_tiny_gemma3() -> Any:
+    """A tiny random ``Gemma3ForConditionalGeneration`` (its SigLIP tower included) whose decoder has a
+    sliding-window layer (window 4) and a full one, over the LLaVA tests' tokenizer."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+    from vision_fixtures import far_from_ties, llava_tokenizer, torch_seed
+
+    tok = llava_tokenizer()
+    torch_seed(0)
+    text = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                            layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512,
+                            eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=32, patch_size=8)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    return far_from_ties(Gemma3ForConditionalGeneration(config))
+
+
+@pytest.mark.parametrize("chunk", [64, 5], ids=["whole prompts", "chunks of 5"])
+def test_gemma3_runs_as_a_text_model_with_its_sliding_window_layers(chunk: int) -> None:
+    """Gemma 3's multimodal class is loaded as a text model (transformers' causal-LM mapping): text
+    prompts longer than its sliding window equal ``generate()``, alone and batched; its images are
+    refused per request with the reason (``tests/api/test_images.py``)."""
+    from vision_fixtures import llava_tokenizer
+
+    from proxy.media.processor import images_refusal
+
+    gemma = Family(build_tiny_gemma3(), None, llava_tokenizer())
+    check_supported(gemma.model.config)
+    assert refusal(gemma.model.config) is None and images_refusal(gemma.model.config) is not None
+    texts = [gemma.text_of("Hello world! alpha beta"), gemma.text_of("Describe a picture of red and blue.")]
+    prompts = [gemma.prompt_of(t, []) for t in texts]
+    assert min(len(ids) for ids, _ in prompts) > 4 * 2  # past the window
+    batched = run(gemma.engine(chunk), prompts)
+    for i, text in enumerate(texts):
+        ref_ids, gaps = gemma.reference(text, [])
+        assert_greedy_matches(run(gemma.engine(chunk), [prompts[i]])["0"][0], ref_ids, gaps, f"{i} alone")
+        assert_greedy_matches(batched[str(i)][0], ref_ids, gaps, f"{i} batched")
+
+
 def paged(model: Any) -> Any:
     """A copy of ``model`` whose decoder takes the paged attention, as the loader gives it."""
     from proxy.engine.execution.attention import register
