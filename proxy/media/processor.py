@@ -35,6 +35,10 @@ OWN_CLASS = frozenset({"llava_onevision", "smolvlm", "pixtral"})
 their class by ``proxy.media.processor_classes`` (LLaVA-OneVision's and SmolVLM's without their video
 processor; Pixtral's)."""
 
+NESTED = frozenset({"llava_onevision"})
+"""Types whose processor reads a prompt's images as one nested list (:class:`VisionProcessor`'s
+``nested``)."""
+
 NEEDS_PACKAGE: dict[str, str] = {"smolvlm": "num2words"}
 """Served types whose processor needs a package beyond transformers (transformers checks for it when
 the processor is built)."""
@@ -81,11 +85,16 @@ class VisionProcessor:
     Args:
         processor: the transformers processor (``tokenizer``, ``image_processor``, ``image_token``).
         image_token_id: the placeholder token of one image patch (``config.image_token_id``).
+        nested: the prompt's images go to the processor as one list per prompt (``[[a, b]]``), as
+            ``apply_chat_template`` passes a conversation's images; LLaVA-OneVision then takes its
+            multi-image mode (a prompt with several images: each one base view and a newline, no
+            anyres grid), a flat list being read as one image per prompt. False: a flat list.
     """
 
-    def __init__(self, processor: Any, image_token_id: int) -> None:
+    def __init__(self, processor: Any, image_token_id: int, nested: bool = False) -> None:
         self.processor = processor
         self.image_token_id = image_token_id
+        self.nested = nested
 
     @classmethod
     def load(cls, folder: str | Path, config: Any = None) -> VisionProcessor | None:
@@ -103,11 +112,18 @@ class VisionProcessor:
             processor = load_processor(str(folder), processor_kind(config))
         else:
             processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
-        return cls(processor, int(config.image_token_id))
+        return cls(processor, int(config.image_token_id), nested=str(config.model_type) in NESTED)
 
     def num_tokens(self, images: Sequence[LoadedImage]) -> list[int]:
         """Placeholder tokens of each image (the processor's ``_get_num_multimodal_tokens``, the
-        count vLLM's transformers backend reads too)."""
+        count vLLM's transformers backend reads too; for several images :attr:`nested` into
+        LLaVA-OneVision's multi-image mode, which that count does not know, its
+        ``replace_image_token``'s: ``num_image_tokens`` + 1 newline, less the CLS feature under the
+        ``default`` strategy)."""
+        if self.nested and len(images) > 1:
+            per_image = int(self.processor.num_image_tokens) + 1
+            per_image -= self.processor.vision_feature_select_strategy == "default"
+            return [per_image] * len(images)
         sizes = [[im.size[1], im.size[0]] for im in images]
         return [int(n) for n in self.processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens]
 
@@ -122,8 +138,9 @@ class VisionProcessor:
         """
         param = images[0].param
         try:
-            enc = self.processor(text=[text], images=[im.image for im in images], return_tensors="pt",
-                                 add_special_tokens=False)
+            pictures = [im.image for im in images]
+            enc = self.processor(text=[text], images=[pictures] if self.nested else pictures,
+                                 return_tensors="pt", add_special_tokens=False)
             ids = [int(t) for t in enc.pop("input_ids")[0].tolist()]
             enc.pop("attention_mask", None)
             return ids, PromptImages.of(ids, self.image_token_id, self.num_tokens(images),

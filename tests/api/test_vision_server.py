@@ -42,7 +42,8 @@ def reference(folder: Path, content: list[dict[str, Any]], images: list[Any]) ->
     model = AutoModelForImageTextToText.from_pretrained(str(folder), attn_implementation="sdpa").eval()
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True)
-    enc = processor(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
+    nested = [images] if vision.nested and images else images  # as apply_chat_template nests them
+    enc = processor(text=[text], images=nested or None, return_tensors="pt", add_special_tokens=False)
     with torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                              pad_token_id=0)

@@ -20,7 +20,7 @@ from proxy.engine.execution.architectures import check_supported
 from proxy.engine.execution.image_embeds import ImageEncoder
 from proxy.engine.selfcheck import SelfCheckError, run_self_check
 from proxy.media.decode import LoadedImage, decode_image
-from proxy.media.processor import VisionProcessor
+from proxy.media.processor import NESTED, VisionProcessor
 from proxy.media.prompt import PromptImages
 from proxy.models.loaded import ModelLoadError
 from proxy.models.vision import decoder_attention, refusal
@@ -43,7 +43,8 @@ class Family:
 
     @property
     def vision(self) -> VisionProcessor:
-        return VisionProcessor(self.processor, int(self.model.config.image_token_id))
+        return VisionProcessor(self.processor, int(self.model.config.image_token_id),
+                               nested=self.model.config.model_type in NESTED)
 
     def text_of(self, *parts: str | None) -> str:
         """The chat template's prompt of one user turn (``None``: an image part)."""
@@ -55,8 +56,9 @@ class Family:
     def reference(self, text: str, images: list[LoadedImage]) -> tuple[list[int], list[float]]:
         """``generate(do_sample=False)`` of one prompt with the processor's inputs, and its top-2 gaps."""
         if images:
-            enc = self.processor(text=[text], images=[im.image for im in images], return_tensors="pt",
-                                 add_special_tokens=False)
+            pictures = [im.image for im in images]  # one prompt's, as apply_chat_template nests them
+            enc = self.processor(text=[text], images=[pictures] if self.vision.nested else pictures,
+                                 return_tensors="pt", add_special_tokens=False)
         else:
             enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
         with torch.inference_mode():
@@ -268,6 +270,20 @@ def test_onevision_shrinks_a_large_image_as_generate_does(chunk: int) -> None:
     ref_ids, gaps = onevision.reference(text, big)
     out = run(onevision.engine(chunk), [prompt, onevision.prompt_of(text, [image(6)])])
     assert_greedy_matches(out["0"][0], ref_ids, gaps, "a shrunk image batched")
+
+
+def test_onevision_takes_its_multi_image_mode_for_several_images() -> None:
+    """Two images in one prompt (nested as ``apply_chat_template`` passes them): each its base view
+    and a newline, 16 + 1 placeholders, no grid (``test_greedy_equals_generate_alone_and_batched``'s
+    "two images" case checks the ids)."""
+    build, processor, tokenizer = FAMILIES["llava_onevision"]
+    onevision = Family(build(), processor(), tokenizer())
+    text = onevision.text_of("Compare", None, "with", None)
+    _, images = onevision.prompt_of(text, [image(1), image(2, (70, 50))])
+    assert images is not None and images.counts == (NUM_IMAGE_TOKENS + 1, NUM_IMAGE_TOKENS + 1)
+    assert images.encoder_inputs["batch_num_images"].tolist() == [2]
+    _, alone = onevision.prompt_of(text.replace("with<image>", "with"), [image(1)])
+    assert alone is not None and alone.counts == (31,)  # one image: the anyres grid
 
 
 def build_tiny_gemma3() -> Any:
