@@ -14,9 +14,10 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
 - Idefics3 (``Idefics3ForConditionalGeneration``, the architecture of SmolVLM's first release): each
   image is split into tiles plus a global view, each ``image_seq_len`` placeholders between row /
   column marker tokens (``Idefics3Model.inputs_merger``);
-- LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``): LLaVA-Next's packing with
+- LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``): one image, LLaVA-Next's packing with
   ``anyres_max_N`` (features of more than N base views' worth shrunk by bilinear interpolation,
-  ``pack_image_features``);
+  ``pack_image_features``); several in a prompt, a base view and a newline each (its multi-image
+  mode, ``VisionProcessor.nested``);
 - SmolVLM (``SmolVLMForConditionalGeneration``): Idefics3's tiles and markers;
 - Mistral3 (``Mistral3ForConditionalGeneration``, Mistral Small 3.x) and LLaVA with a Pixtral vision
   tower (Pixtral-12B): transformers' Pixtral tower (2-D RoPE over each image's own patch grid; the
