@@ -12,7 +12,17 @@ each over the API tests' BPE tokenizer with its image tokens added and a ChatML 
   2-layer vision tower on 4 x 4 patches merged 2 x 2 (Qwen2.5-VL's in windows of 2 x 2 merged patches,
   its second block full): an image is resized to multiples of 8 (a 40 x 30 image: 40 x 32, a grid of
   8 x 10 patches, 20 placeholders between ``<|vision_start|>`` and ``<|vision_end|>``); the processor
-  is built without video (``proxy.media.processor.image_only_processor``), as the server builds it.
+  is built without video (``proxy.media.processor_classes``), as the server builds it.
+- LLaVA-OneVision: a 2-layer Qwen2 + a 2-layer SigLIP tower on 32 x 32 views in 8 x 8 patches, the
+  grid pinpoints :data:`ONEVISION_PINPOINTS` and ``anyres_max_1`` (a 40 x 30 image: 16 base + 15
+  packed placeholders; a 70 x 50 one has its packed features shrunk by interpolation); its processor
+  without the video part (``proxy.media.processor_classes``), as the server loads it.
+- SmolVLM: Idefics3's shapes as ``SmolVLMForConditionalGeneration`` with ``SmolVLMProcessor`` (images
+  only; it needs ``num2words``).
+- Mistral3 and LLaVA with a Pixtral tower (Pixtral-12B's layout): a 2-layer Mistral + a 2-layer Pixtral
+  tower on 8 x 8 patches of images resized to a longest edge of 64 (Mistral3: 2 x 2 patches merged
+  into one placeholder), ``PixtralProcessor`` with ``[IMG]`` / ``[IMG_BREAK]`` / ``[IMG_END]`` (a
+  40 x 30 image: 3 x 2 placeholders for Mistral3, 5 x 4 for LLaVA, one break per row but the last).
 """
 
 from __future__ import annotations
@@ -136,6 +146,101 @@ def build_tiny_idefics3(seed: int = 0) -> Any:
     return far_from_ties(Idefics3ForConditionalGeneration(config))
 
 
+def smolvlm_processor() -> Any:
+    """The images-only ``SmolVLMProcessor`` with :func:`idefics3_processor`'s sizes."""
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    from proxy.media.processor_classes import SmolVLMImagesProcessor
+
+    images = SmolVLMImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE},
+                                      max_image_size={"longest_edge": IMAGE_SIZE}, do_image_splitting=True)
+    return SmolVLMImagesProcessor(image_processor=images, tokenizer=idefics3_tokenizer(),
+                                  image_seq_len=IDEFICS3_SEQ_LEN, chat_template=TEMPLATE)
+
+
+def build_tiny_smolvlm(seed: int = 0) -> Any:
+    """A tiny random ``SmolVLMForConditionalGeneration``: :func:`build_tiny_idefics3`'s parts."""
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMVisionConfig
+
+    config = build_tiny_idefics3(seed).config
+    torch_seed(seed)
+    vision = SmolVLMVisionConfig(**{k: getattr(config.vision_config, k) for k in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size",
+        "patch_size")})
+    smol = SmolVLMConfig(vision_config=vision, text_config=config.text_config, scale_factor=2,
+                         image_token_id=config.image_token_id)
+    return far_from_ties(SmolVLMForConditionalGeneration(smol))
+
+
+PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+PIXTRAL_TEMPLATE = TEMPLATE.replace(IMAGE_TOKEN, "[IMG]")
+"""The vision template with Pixtral's image token."""
+
+
+@functools.lru_cache(maxsize=1)
+def pixtral_tokenizer() -> Any:
+    """The API tests' BPE tokenizer with Pixtral's image tokens added and :data:`PIXTRAL_TEMPLATE`."""
+    from api.fakes import make_hf_tokenizer
+
+    tok = copy.deepcopy(make_hf_tokenizer())
+    tok.add_special_tokens({"additional_special_tokens": PIXTRAL_TOKENS})
+    tok.chat_template = PIXTRAL_TEMPLATE
+    return tok
+
+
+def _pixtral_processor(merge: int) -> Any:
+    """``PixtralProcessor`` (imported as the server does) over a Pillow image processor that resizes to
+    a longest edge of 64 in 8 x 8 patches, ``merge`` x ``merge`` patches per placeholder."""
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    from proxy.media.processor_classes import pixtral_processor_class
+
+    images = PixtralImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE},
+                                      patch_size={"height": 8, "width": 8})
+    return pixtral_processor_class()(image_processor=images, tokenizer=pixtral_tokenizer(), patch_size=8,
+                                     spatial_merge_size=merge, chat_template=PIXTRAL_TEMPLATE)
+
+
+def _pixtral_parts() -> tuple[Any, Any]:
+    """The Mistral decoder and Pixtral tower configs of the Pixtral families."""
+    from transformers import MistralConfig, PixtralVisionConfig
+
+    tok = pixtral_tokenizer()
+    text = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         max_position_embeddings=512,
+                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), sliding_window=None,
+                         bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), tie_word_embeddings=False)
+    vision = PixtralVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, image_size=2 * IMAGE_SIZE, patch_size=8, head_dim=8)
+    return text, vision
+
+
+def build_tiny_mistral3(seed: int = 0) -> Any:
+    """A tiny random ``Mistral3ForConditionalGeneration`` (2 x 2 patch merger), weights as
+    :func:`build_tiny_llava`'s."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    torch_seed(seed)
+    text, vision = _pixtral_parts()
+    config = Mistral3Config(vision_config=vision, text_config=text, spatial_merge_size=2,
+                            vision_feature_layer=-1,
+                            image_token_id=pixtral_tokenizer().convert_tokens_to_ids("[IMG]"))
+    return far_from_ties(Mistral3ForConditionalGeneration(config))
+
+
+def build_tiny_llava_pixtral(seed: int = 0) -> Any:
+    """A tiny random ``LlavaForConditionalGeneration`` with a Pixtral tower (Pixtral-12B's layout)."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    torch_seed(seed)
+    text, vision = _pixtral_parts()
+    config = LlavaConfig(vision_config=vision, text_config=text, vision_feature_layer=-1,
+                         vision_feature_select_strategy="full",
+                         image_token_id=pixtral_tokenizer().convert_tokens_to_ids("[IMG]"))
+    return far_from_ties(LlavaForConditionalGeneration(config))
+
+
 GRID_PINPOINTS = [[32, 64], [64, 32], [64, 64]]
 
 
@@ -164,6 +269,54 @@ def build_tiny_llava_next(seed: int = 0) -> Any:
                                   image_token_id=config.image_token_id, image_grid_pinpoints=GRID_PINPOINTS,
                                   vision_feature_layer=-2, vision_feature_select_strategy="default")
     return far_from_ties(LlavaNextForConditionalGeneration(next_config))
+
+
+ONEVISION_PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64], [96, 96]]
+
+
+def llava_onevision_processor() -> Any:
+    """The images-only ``LlavaOnevisionProcessor`` with a Pillow image processor over 32 x 32 views,
+    the pinpoints :data:`ONEVISION_PINPOINTS` and ``anyres_max_1``."""
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    from proxy.media.processor_classes import LlavaOnevisionImagesProcessor
+
+    images = LlavaOnevisionImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                                             image_grid_pinpoints=ONEVISION_PINPOINTS)
+    return LlavaOnevisionImagesProcessor(image_processor=images, tokenizer=llava_tokenizer(),
+                                         num_image_tokens=NUM_IMAGE_TOKENS,
+                                         vision_feature_select_strategy="full",
+                                         chat_template=TEMPLATE, image_token=IMAGE_TOKEN,
+                                         vision_aspect_ratio="anyres_max_1")
+
+
+def build_tiny_llava_onevision(seed: int = 0) -> Any:
+    """A tiny random ``LlavaOnevisionForConditionalGeneration``: a Qwen2 decoder, a SigLIP tower (no
+    CLS: the ``full`` strategy, the last layer), weights as :func:`build_tiny_llava`'s."""
+    from transformers import (
+        LlavaOnevisionConfig,
+        LlavaOnevisionForConditionalGeneration,
+        Qwen2Config,
+        SiglipVisionConfig,
+    )
+
+    tok = llava_tokenizer()
+    torch_seed(seed)
+    text = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                       bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), tie_word_embeddings=False)
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8,
+                                vision_use_head=False)
+    config = LlavaOnevisionConfig(vision_config=vision, text_config=text,
+                                  image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+                                  image_grid_pinpoints=ONEVISION_PINPOINTS,
+                                  vision_aspect_ratio="anyres_max_1",
+                                  vision_feature_select_strategy="full", vision_feature_layer=-1)
+    return far_from_ties(LlavaOnevisionForConditionalGeneration(config))
 
 
 def torch_seed(seed: int) -> None:
@@ -200,24 +353,25 @@ def qwen_tokenizer() -> Any:
     return tok
 
 
-def _qwen_processor(class_name: str) -> Any:
+def _qwen_processor(kind: str) -> Any:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from proxy.media.processor import image_only_processor
+    from proxy.media.processor_classes import processor_class
 
     images = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=64 * 64, patch_size=4, merge_size=2,
                                       temporal_patch_size=2)
-    return image_only_processor(class_name, images, qwen_tokenizer(), QWEN_TEMPLATE)
+    return processor_class(kind)(image_processor=images, tokenizer=qwen_tokenizer(),
+                                 chat_template=QWEN_TEMPLATE)
 
 
 def qwen2_vl_processor() -> Any:
     """Qwen2-VL's processor without video over a Pillow image processor (4 x 4 patches, merged 2 x 2)."""
-    return _qwen_processor("Qwen2VLProcessor")
+    return _qwen_processor("qwen2_vl")
 
 
 def qwen2_5_vl_processor() -> Any:
     """Qwen2.5-VL's processor without video, over :func:`qwen2_vl_processor`'s image processor."""
-    return _qwen_processor("Qwen2_5_VLProcessor")
+    return _qwen_processor("qwen2_5_vl")
 
 
 def _qwen_text_config() -> dict[str, Any]:
@@ -267,9 +421,13 @@ def build_tiny_qwen2_5_vl(seed: int = 0) -> Any:
 FAMILIES = {
     "llava": (build_tiny_llava, llava_processor, llava_tokenizer),
     "llava_next": (build_tiny_llava_next, llava_next_processor, llava_tokenizer),
+    "llava_onevision": (build_tiny_llava_onevision, llava_onevision_processor, llava_tokenizer),
     "idefics3": (build_tiny_idefics3, idefics3_processor, idefics3_tokenizer),
     "qwen2_vl": (build_tiny_qwen2_vl, qwen2_vl_processor, qwen_tokenizer),
     "qwen2_5_vl": (build_tiny_qwen2_5_vl, qwen2_5_vl_processor, qwen_tokenizer),
+    "smolvlm": (build_tiny_smolvlm, smolvlm_processor, idefics3_tokenizer),
+    "mistral3": (build_tiny_mistral3, lambda: _pixtral_processor(2), pixtral_tokenizer),
+    "llava_pixtral": (build_tiny_llava_pixtral, lambda: _pixtral_processor(1), pixtral_tokenizer),
 }
 """Family -> (model builder, processor, tokenizer) of the tiny vision-language models."""
 
@@ -285,17 +443,19 @@ def make_tiny_vlm(family: str, folder: Path) -> Path:
 def vlm_answer(folder: Path, question: str, png: bytes, new_tokens: int, *, ignore_eos: bool) -> str:
     """transformers' greedy answer of the vision-language model ``folder`` to one user turn (``question``
     then the image ``png``) through the folder's processor as the server loads it
-    (``proxy.media.processor.load_processor``: Pillow backend, Qwen2-VL's without video):
+    (``VisionProcessor.load``: Pillow backend, without video where the processor has it):
     ``new_tokens`` tokens, or fewer at EOS unless ``ignore_eos``; decoded without special tokens."""
     import io
 
     import torch
     from PIL import Image
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
-    from proxy.media.processor import load_processor
+    from proxy.media.processor import VisionProcessor
 
-    processor = load_processor(folder, AutoConfig.from_pretrained(str(folder)).model_type)
+    vision = VisionProcessor.load(folder)
+    assert vision is not None
+    processor = vision.processor
     model = AutoModelForImageTextToText.from_pretrained(str(folder), attn_implementation="sdpa").eval()
     content = [{"type": "text", "text": question}, {"type": "image"}]
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,

@@ -64,22 +64,24 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
         return _build_process_client(settings)
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.loading import build_core
+    from proxy.media.processor import images_refusal
 
     built = build_core(settings)
     loaded, core = built.loaded, built.core
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization,
-                      execution=core.execution.as_dict())
+                      execution=core.execution.as_dict(),
+                      images_refused=images_refusal(getattr(loaded.model, "config", None)))
     return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), built.tokenizer, model,
                              grammar_compiler=built.grammar_compiler, vision=loaded.vision)
 
 
 def _build_process_client(settings: Settings) -> AsyncEngineClient:
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from proxy.engine.core_proc.grammar import ChildGrammarCompiler
     from proxy.engine.core_proc.proc_client import EngineProcClient
-    from proxy.media.processor import VisionProcessor
+    from proxy.media.processor import VisionProcessor, images_refusal
     from proxy.tokenizer import Tokenizer
 
     core = EngineProcClient(settings)
@@ -87,12 +89,15 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(info.model_path)
         tokenizer = Tokenizer(hf_tokenizer, generation_eos_ids=frozenset(info.eos_token_ids))
-        vision = VisionProcessor.load(info.model_path)  # images are processed here, encoded in the child
+        config = AutoConfig.from_pretrained(info.model_path)
+        # images are processed here, encoded in the child
+        vision = VisionProcessor.load(info.model_path, config)
     except BaseException:
         core.shutdown()
         raise
     model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer),
-                      dtype=info.dtype, quantization=info.quantization, execution=info.execution)
+                      dtype=info.dtype, quantization=info.quantization, execution=info.execution,
+                      images_refused=images_refusal(config))
     # grammars are compiled once, in the child, where the masks are applied (a bad one is still a 400
     # before the request is sent): see proxy.engine.core_proc.grammar
     compiler = ChildGrammarCompiler(core.compile_grammar)

@@ -2,10 +2,8 @@
 image placeholders expanded into the model's placeholder tokens and the images turned into the vision
 encoder's inputs, by transformers' ``AutoProcessor`` with the Pillow image backend (``backend="pil"``:
 torchvision is not installed here, and the two backends resize differently, so a reference must use the
-same one). Qwen2-VL's and Qwen2.5-VL's processors also hold a video processor, which needs torchvision:
-theirs is built from the folder's image processor (Pillow) and tokenizer, without video
-(:func:`image_only_processor`). Which model types are served with their images, and how their encoders
-run: ``proxy.models.vision``.
+same one). Which model types are served with their images, and how their encoders run:
+``proxy.models.vision``.
 
 Torch-free at import (transformers is imported when a processor is loaded): the API process imports it
 before any model is.
@@ -13,7 +11,6 @@ before any model is.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,56 +24,56 @@ SERVED: dict[str, str] = {
     "llava": "LlavaForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
 }
 """Model types served with their images -> the transformers class that runs them."""
 
-IMAGE_ONLY: dict[str, str] = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
-"""Model types whose processor is built without its video part (:func:`image_only_processor`) -> the
-transformers processor class."""
+OWN_CLASS = frozenset({"llava_onevision", "smolvlm", "qwen2_vl", "qwen2_5_vl", "pixtral"})
+"""Processors ``AutoProcessor`` cannot build without torchvision, by :func:`processor_kind`: built as
+their class by ``proxy.media.processor_classes`` (LLaVA-OneVision's, SmolVLM's, Qwen2-VL's and
+Qwen2.5-VL's without their video processor; Pixtral's)."""
+
+NESTED = frozenset({"llava_onevision"})
+"""Types whose processor reads a prompt's images as one nested list (:class:`VisionProcessor`'s
+``nested``)."""
+
+NEEDS_PACKAGE: dict[str, str] = {"smolvlm": "num2words"}
+"""Served types whose processor needs a package beyond transformers (transformers checks for it when
+the processor is built)."""
+
+IMAGES_REFUSED: dict[str, str] = {
+    "gemma3": (
+        "is served as a text model: Gemma 3's image tokens attend to each other bidirectionally within "
+        "an image during prefill (token_type_ids), which the paged causal attention does not compute"
+    ),
+}
+"""Image-text-to-text types served as text models -> why their images are refused (per request)."""
 
 
-def image_only_processor(class_name: str, image_processor: Any, tokenizer: Any,
-                         chat_template: str | None = None) -> Any:
-    """The transformers processor ``class_name`` (one of :data:`IMAGE_ONLY`'s) over ``image_processor``
-    and ``tokenizer`` only, as :func:`_without_video`'s subclass: its video processor would need
-    torchvision (``AutoProcessor`` fails without it)."""
-    return _without_video(class_name)(image_processor=image_processor, tokenizer=tokenizer,
-                                      chat_template=chat_template)
+def images_refusal(config: Any) -> str | None:
+    """Why the images of a model served as a text model are refused, for a request's 400: an
+    image-text-to-text type that transformers' causal-LM classes load (:data:`IMAGES_REFUSED`'s
+    reason, else "its vision tower is not run"); None for a type in :data:`SERVED` and for text
+    models."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    model_type = str(getattr(config, "model_type", ""))
+    if model_type in SERVED or model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return None
+    return IMAGES_REFUSED.get(model_type, "is served as a text model: its vision tower is not run")
 
 
-@functools.cache
-def _without_video(class_name: str) -> type:
-    """A subclass of the transformers processor ``class_name`` whose ``__init__`` names no video
-    processor, so transformers' ``ProcessorMixin`` (which takes a processor's parts from its
-    ``__init__`` signature) holds none and never processes videos; the class's own ``__init__`` (its
-    image token and ids) and everything it does with images are kept."""
-    import transformers
-
-    base = getattr(transformers, class_name)
-
-    def __init__(self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
-                 **kwargs: Any) -> None:
-        # the class's __init__ passes (image_processor, tokenizer, None) on: ProcessorMixin pairs them
-        # with this signature's two parts, so the missing video processor is dropped
-        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-    return type(f"{class_name}WithoutVideo", (base,), {"__init__": __init__, "__module__": __name__})
-
-
-def load_processor(folder: str | Path, model_type: str) -> Any:
-    """The processor of a :data:`SERVED` model's folder, with the Pillow image backend: for an
-    :data:`IMAGE_ONLY` type its image processor (``AutoImageProcessor``) and tokenizer
-    (``AutoTokenizer``) in :func:`image_only_processor`, else ``AutoProcessor``."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-
-    if model_type not in IMAGE_ONLY:
-        return AutoProcessor.from_pretrained(str(folder), backend="pil")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    images = AutoImageProcessor.from_pretrained(str(folder), backend="pil")
-    return image_only_processor(IMAGE_ONLY[model_type], images, tokenizer,
-                                getattr(tokenizer, "chat_template", None))
+def processor_kind(config: Any) -> str:
+    """``pixtral`` for a model with a Pixtral vision tower (Mistral3; LLaVA as Pixtral-12B is
+    published), else its model type."""
+    vision = getattr(config, "vision_config", None)
+    if str(getattr(vision, "model_type", "")) == "pixtral":
+        return "pixtral"
+    return str(getattr(config, "model_type", ""))
 
 
 def is_served_vision(config: Any) -> bool:
@@ -90,26 +87,45 @@ class VisionProcessor:
     Args:
         processor: the transformers processor (``tokenizer``, ``image_processor``, ``image_token``).
         image_token_id: the placeholder token of one image patch (``config.image_token_id``).
+        nested: the prompt's images go to the processor as one list per prompt (``[[a, b]]``), as
+            ``apply_chat_template`` passes a conversation's images; LLaVA-OneVision then takes its
+            multi-image mode (a prompt with several images: each one base view and a newline, no
+            anyres grid), a flat list being read as one image per prompt. False: a flat list.
     """
 
-    def __init__(self, processor: Any, image_token_id: int) -> None:
+    def __init__(self, processor: Any, image_token_id: int, nested: bool = False) -> None:
         self.processor = processor
         self.image_token_id = image_token_id
+        self.nested = nested
 
     @classmethod
     def load(cls, folder: str | Path, config: Any = None) -> VisionProcessor | None:
-        """The processor of a :data:`SERVED` model's folder (:func:`load_processor`); None for any other
-        model (``config``: its ``AutoConfig``, read from ``folder`` when None)."""
-        from transformers import AutoConfig
+        """``AutoProcessor.from_pretrained(folder, backend="pil")`` of a :data:`SERVED` model's folder
+        (a processor of :data:`OWN_CLASS`: its class, ``proxy.media.processor_classes``); None for
+        any other model (``config``: its ``AutoConfig``, read from ``folder`` when None)."""
+        from transformers import AutoConfig, AutoProcessor
 
         config = config if config is not None else AutoConfig.from_pretrained(str(folder))
         if not is_served_vision(config):
             return None
-        return cls(load_processor(folder, str(config.model_type)), int(config.image_token_id))
+        if processor_kind(config) in OWN_CLASS:
+            from .processor_classes import load_processor
+
+            processor = load_processor(str(folder), processor_kind(config))
+        else:
+            processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
+        return cls(processor, int(config.image_token_id), nested=str(config.model_type) in NESTED)
 
     def num_tokens(self, images: Sequence[LoadedImage]) -> list[int]:
         """Placeholder tokens of each image (the processor's ``_get_num_multimodal_tokens``, the
-        count vLLM's transformers backend reads too)."""
+        count vLLM's transformers backend reads too; for several images :attr:`nested` into
+        LLaVA-OneVision's multi-image mode, which that count does not know, its
+        ``replace_image_token``'s: ``num_image_tokens`` + 1 newline, less the CLS feature under the
+        ``default`` strategy)."""
+        if self.nested and len(images) > 1:
+            per_image = int(self.processor.num_image_tokens) + 1
+            per_image -= self.processor.vision_feature_select_strategy == "default"
+            return [per_image] * len(images)
         sizes = [[im.size[1], im.size[0]] for im in images]
         return [int(n) for n in self.processor._get_num_multimodal_tokens(image_sizes=sizes).num_image_tokens]
 
@@ -124,8 +140,9 @@ class VisionProcessor:
         """
         param = images[0].param
         try:
-            enc = self.processor(text=[text], images=[im.image for im in images], return_tensors="pt",
-                                 add_special_tokens=False)
+            pictures = [im.image for im in images]
+            enc = self.processor(text=[text], images=[pictures] if self.nested else pictures,
+                                 return_tensors="pt", add_special_tokens=False)
             ids = [int(t) for t in enc.pop("input_ids")[0].tolist()]
             enc.pop("attention_mask", None)
             enc.pop("mm_token_type_ids", None)  # Qwen2-VL's: the placeholder positions say it (PromptImages)

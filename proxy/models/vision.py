@@ -18,23 +18,36 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   an image resized to a multiple of the patch size times the merge size becomes ``t * h * w / merge**2``
   placeholders, and the decoder takes 3-D rotary positions (M-RoPE, :data:`MROPE`): the prompt's from
   the model's own ``get_rope_index`` (:func:`mrope_positions`), every later token's its position plus
-  the prompt's rope delta (``proxy.engine.execution.mrope``). Their processors are built without video
-  (``proxy.media.processor.image_only_processor``).
+  the prompt's rope delta (``proxy.engine.execution.mrope``);
+- LLaVA-OneVision (``LlavaOnevisionForConditionalGeneration``): one image, LLaVA-Next's packing with
+  ``anyres_max_N`` (features of more than N base views' worth shrunk by bilinear interpolation,
+  ``pack_image_features``); several in a prompt, a base view and a newline each (its multi-image
+  mode, ``VisionProcessor.nested``);
+- SmolVLM (``SmolVLMForConditionalGeneration``): Idefics3's tiles and markers;
+- Mistral3 (``Mistral3ForConditionalGeneration``, Mistral Small 3.x) and LLaVA with a Pixtral vision
+  tower (Pixtral-12B): transformers' Pixtral tower (2-D RoPE over each image's own patch grid; the
+  encoder takes ``pixel_values`` and ``image_sizes``), Mistral3's patch merger; each image is one
+  ``[IMG]`` placeholder per (merged) patch, rows ended by ``[IMG_BREAK]`` and the image by
+  ``[IMG_END]``, which are text tokens (``PixtralProcessor.replace_image_token``).
 
-Other image-text-to-text model types that transformers' causal-LM classes do not load are refused at
-load by name (:func:`refusal`): Qwen3-VL (:data:`REASONS`), SmolVLM and LLaVA-OneVision (processors
-with a video part that needs torchvision or ``num2words``), Mistral3, ... Those its causal-LM classes
-load (Gemma 3, whose image tokens attend bidirectionally; Llama 4, ...) are served as text models and
-refuse images per request.
+LLaVA-OneVision's, SmolVLM's, Qwen2-VL's and Qwen2.5-VL's processors are loaded without their video
+part and Pixtral's without torchvision (``proxy.media.processor_classes``; videos are not accepted);
+SmolVLM's needs ``num2words``.
+
+Refused at load by name (:func:`refusal`): Qwen3-VL (:data:`REASONS`) and the other image-text-to-text
+model types that transformers' causal-LM classes do not load. Those its causal-LM classes load are
+served as text models and refuse images per request with :func:`images_refusal`'s reason (Gemma 3:
+image tokens attend bidirectionally within an image, which the paged causal attention does not compute).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
 
-from proxy.media.processor import SERVED, VisionProcessor, is_served_vision
+from proxy.media.processor import NEEDS_PACKAGE, SERVED, VisionProcessor, images_refusal, is_served_vision
 from proxy.media.prompt import PromptImages
 
 MROPE: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl"})
@@ -48,14 +61,19 @@ REASONS: dict[str, str] = {"qwen3_vl": _DEEPSTACK, "qwen3_vl_moe": _DEEPSTACK}
 
 def refusal(config: Any) -> str | None:
     """Why a vision-language config cannot be served (to be refused at load), or None: a type in
-    :data:`SERVED`, a text model, or an image-text-to-text type transformers' causal-LM classes load
-    (served as a text model; its images are refused per request). :data:`REASONS` names its own."""
+    :data:`SERVED` (unless a package its processor needs, ``NEEDS_PACKAGE``, is missing), a text
+    model, or an image-text-to-text type transformers' causal-LM classes load (served as a text
+    model; its images are refused per request, :func:`images_refusal`). :data:`REASONS` names its own."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     )
 
     model_type = str(getattr(config, "model_type", ""))
+    package = NEEDS_PACKAGE.get(model_type)
+    if package is not None and importlib.util.find_spec(package) is None:
+        return (f"is served with its images, but its processor needs the package '{package}', which is not "
+                f"installed (pip install {package}; streamproxy's own install has it)")
     if (model_type in SERVED or model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
             or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         return None
@@ -121,5 +139,5 @@ def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> 
     return positions[:, 0].to("cpu", torch.long).contiguous(), int(deltas.reshape(-1)[0])
 
 
-__all__ = ["MROPE", "SERVED", "VisionProcessor", "decoder_attention", "encode_images", "is_served_vision",
-           "load_model_class", "mrope_positions", "refusal", "uses_mrope"]
+__all__ = ["MROPE", "SERVED", "VisionProcessor", "decoder_attention", "encode_images", "images_refusal",
+           "is_served_vision", "load_model_class", "mrope_positions", "refusal", "uses_mrope"]

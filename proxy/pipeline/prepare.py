@@ -152,15 +152,17 @@ async def _with_grammar(chat: ChatCompletionRequest, client: EngineClient, param
 
 
 def check_images(chat: ChatCompletionRequest, client: EngineClient, features: ModelFeatures) -> None:
-    """Refuse the request's images when the served model reads text only.
+    """Refuse the request's images when the served model reads text only (a vision-language model
+    served as a text model says why: ``ModelInfo.images_refused``).
 
     Raises:
         InvalidRequestError: naming the first image part (``messages[0].content[1]``).
     """
     if chat.images and not features.accepts_images:
         param = chat.images[0].param
+        why = client.model.images_refused or "reads text only (it is not a vision-language model)"
         raise InvalidRequestError(f"'{param}' is an image, but the model '{client.model.served_model_name}' "
-                                  "reads text only (it is not a vision-language model).", param=param)
+                                  f"{why}.", param=param)
 
 
 @dataclass(frozen=True)

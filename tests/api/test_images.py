@@ -85,3 +85,37 @@ def test_images_are_a_400_naming_the_part(path: str, body: dict[str, Any], param
         assert response.json()["type"] == "error" and "param" not in err
     else:
         assert err["param"] == param
+
+
+def test_a_vision_model_served_as_text_says_why_it_refuses_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 3 loads as a text model; its images are a 400 naming the part and the reason."""
+    from dataclasses import replace
+
+    from transformers import Gemma3Config, LlamaConfig
+
+    from proxy.media.processor import images_refusal
+
+    from . import conftest
+
+    why = images_refusal(Gemma3Config())
+    assert why == ("is served as a text model: Gemma 3's image tokens attend to each other bidirectionally "
+                   "within an image during prefill (token_type_ids), which the paged causal attention does "
+                   "not compute")
+    assert images_refusal(LlamaConfig()) is None
+    plain = conftest.fake_client
+
+    def gemma_client(*args: Any, **kwargs: Any) -> Any:
+        client = plain(*args, **kwargs)
+        client.model = replace(client.model, images_refused=why)
+        return client
+
+    monkeypatch.setattr(conftest, "fake_client", gemma_client)
+
+    async def main() -> Any:
+        async with serve() as s:
+            return await s.client.post("/v1/chat/completions", json=_chat([LOOK, CHAT_IMAGE]))
+
+    response = run(main())
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == (
+        f"'messages[1].content[1]' is an image, but the model '{MODEL}' {why}.")

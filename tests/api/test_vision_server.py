@@ -29,17 +29,21 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def reference(folder: Path, content: list[dict[str, Any]], images: list[Any]) -> tuple[str, int]:
-    """``(generate()'s text, prompt length)`` of one user turn with the folder's own processor (Pillow
-    backend; Qwen2-VL's without video, as the server builds it)."""
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    """``(generate()'s text, prompt length)`` of one user turn with the folder's own processor
+    (``AutoProcessor``'s, or the same class built without torchvision where it needs it:
+    ``proxy.media.processor_classes``)."""
+    from transformers import AutoModelForImageTextToText
 
-    from proxy.media.processor import load_processor
+    from proxy.media.processor import VisionProcessor
 
-    processor = load_processor(folder, AutoConfig.from_pretrained(str(folder)).model_type)
+    vision = VisionProcessor.load(folder)
+    assert vision is not None
+    processor = vision.processor
     model = AutoModelForImageTextToText.from_pretrained(str(folder), attn_implementation="sdpa").eval()
     text = processor.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                    add_generation_prompt=True)
-    enc = processor(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
+    nested = [images] if vision.nested and images else images  # as apply_chat_template nests them
+    enc = processor(text=[text], images=nested or None, return_tensors="pt", add_special_tokens=False)
     with torch.inference_mode():
         out = model.generate(**enc, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                              pad_token_id=0)
@@ -162,7 +166,8 @@ def test_bad_images_are_a_400_naming_the_part_and_the_server_keeps_serving(model
     assert good.status_code == 200
 
 
-@pytest.mark.parametrize("family", ["idefics3", "llava_next", "qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["idefics3", "llava_next", "llava_onevision", "smolvlm", "mistral3",
+                                    "qwen2_vl", "qwen2_5_vl"])
 def test_other_families_equal_generate(family: str, tmp_path: Path) -> None:
     folder = make_tiny_vlm(family, tmp_path / family)
     want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])

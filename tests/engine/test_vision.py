@@ -1,9 +1,10 @@
-"""Tiny random vision-language models (LLaVA, LLaVA-Next, Idefics3, Qwen2-VL, Qwen2.5-VL) through the
-engine: greedy ids equal transformers' ``generate()`` with the same processor for one and two images,
-alone and batched with a text-only request, with prefill chunks that cut images, after a preemption and
-from the prefix cache; the prefix cache reuses an image's blocks for the same image only; Qwen2-VL's
-M-RoPE positions are ``get_rope_index``'s in every chunk and continue from its delta, also through the
-graph and compiled decode paths; unserved vision-language types are refused at load by name."""
+"""Tiny random vision-language models (LLaVA, LLaVA-Next, LLaVA-OneVision, Idefics3, SmolVLM, Mistral3,
+Pixtral-LLaVA, Qwen2-VL, Qwen2.5-VL) through the engine: greedy ids equal transformers' ``generate()``
+with the same processor for one and two images, alone and batched with a text-only request, with
+prefill chunks that cut images, after a preemption and from the prefix cache; the prefix cache reuses
+an image's blocks for the same image only; Qwen2-VL's M-RoPE positions are ``get_rope_index``'s in
+every chunk and continue from its delta, also through the graph and compiled decode paths; unserved
+vision-language types are refused at load by name."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from proxy.engine.execution.architectures import check_supported
 from proxy.engine.execution.image_embeds import ImageEncoder
 from proxy.engine.selfcheck import SelfCheckError, run_self_check
 from proxy.media.decode import LoadedImage, decode_image
-from proxy.media.processor import VisionProcessor
+from proxy.media.processor import NESTED, VisionProcessor
 from proxy.media.prompt import PromptImages
 from proxy.models.loaded import ModelLoadError
 from proxy.models.vision import decoder_attention, refusal
@@ -31,7 +32,7 @@ from proxy.settings import Settings
 from .engine_helpers import assert_blocks_conserved, assert_greedy_matches
 
 NEW_TOKENS = 12
-SERVED_NAMES = "idefics3, llava, llava_next, qwen2_5_vl, qwen2_vl"
+SERVED_NAMES = "idefics3, llava, llava_next, llava_onevision, mistral3, qwen2_5_vl, qwen2_vl, smolvlm"
 PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
@@ -50,7 +51,8 @@ class Family:
 
     @property
     def vision(self) -> VisionProcessor:
-        return VisionProcessor(self.processor, self.image_token_id)
+        return VisionProcessor(self.processor, self.image_token_id,
+                               nested=self.model.config.model_type in NESTED)
 
     def text_of(self, *parts: str | None) -> str:
         """The chat template's prompt of one user turn (``None``: an image part)."""
@@ -62,8 +64,9 @@ class Family:
     def reference(self, text: str, images: list[LoadedImage]) -> tuple[list[int], list[float]]:
         """``generate(do_sample=False)`` of one prompt with the processor's inputs, and its top-2 gaps."""
         if images:
-            enc = self.processor(text=[text], images=[im.image for im in images], return_tensors="pt",
-                                 add_special_tokens=False)
+            pictures = [im.image for im in images]  # one prompt's, as apply_chat_template nests them
+            enc = self.processor(text=[text], images=[pictures] if self.vision.nested else pictures,
+                                 return_tensors="pt", add_special_tokens=False)
         else:
             enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
         with torch.inference_mode():
@@ -211,7 +214,7 @@ def test_prompt_images_positions_and_block_keys(llava: Family) -> None:
     assert tuple(images.encoder_inputs["pixel_values"].shape) == (2, 3, 32, 32)
 
 
-@pytest.mark.parametrize("name", ["SmolVLMConfig", "LlavaOnevisionConfig", "Mistral3Config"])
+@pytest.mark.parametrize("name", ["PaliGemmaConfig", "Idefics2Config", "AyaVisionConfig"])
 def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
     import transformers
 
@@ -238,11 +241,124 @@ def test_qwen3_vl_is_refused_naming_deepstack(name: str) -> None:
     assert str(err.value) == want
 
 
+@pytest.mark.parametrize(("name", "merge", "rows"), [("mistral3", 2, [3, 3]), ("llava_pixtral", 1, [5] * 4)])
+def test_pixtral_placeholders_break_rows_and_end_each_image(name: str, merge: int, rows: list[int]) -> None:
+    """A 40 x 30 image through ``PixtralProcessor``: ``[IMG]`` per (merged) 8 x 8 patch of the image
+    resized up to whole patches (48 x 32 with merging, 40 x 32 without), ``[IMG_BREAK]`` after each
+    row, ``[IMG_END]`` instead of the last; only the ``[IMG]`` tokens take embedding rows."""
+    import sys
+
+    from proxy.media.processor_classes import TORCHVISION_MODULE
+
+    build, processor, tokenizer = FAMILIES[name]
+    pixtral = Family(build(), processor(), tokenizer())
+    assert TORCHVISION_MODULE not in sys.modules  # the stand-in is gone after the import
+    ids, images = pixtral.vision.prompt(pixtral.text_of("a", None), [image(0)])
+    tokens = pixtral.tokenizer.convert_ids_to_tokens(ids)
+    first, last = images.spans()[0]
+    want = []
+    for i, width in enumerate(rows):
+        want += ["[IMG]"] * width + ["[IMG_END]" if i == len(rows) - 1 else "[IMG_BREAK]"]
+    assert tokens[first: last + 2] == want and images.counts == (sum(rows),)
+    assert set(images.encoder_inputs) == {"pixel_values", "image_sizes"}
+    assert tuple(images.encoder_inputs["image_sizes"][0].tolist()) == (32, 8 * merge * rows[0])
+
+
+def test_smolvlm_without_num2words_is_refused_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from transformers import SmolVLMConfig
+
+    find_spec = importlib.util.find_spec
+    check_supported(SmolVLMConfig())  # installed: served
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "num2words"
+                        else find_spec(name, *a))
+    with pytest.raises(ModelLoadError, match=r"^model type 'smolvlm' is served with its images, but its "
+                       r"processor needs the package 'num2words', which is not installed \(pip install "
+                       r"num2words; streamproxy's own install has it\); serve it with"):
+        check_supported(SmolVLMConfig())
+
+
 def test_served_families_pass_and_causal_vision_models_load_as_text(family: Family) -> None:
     from transformers import Gemma3Config
 
     check_supported(family.model.config)
     assert refusal(family.model.config) is None and refusal(Gemma3Config()) is None  # Gemma 3: text
+
+
+@pytest.mark.parametrize("chunk", [64, 9], ids=["whole prompt", "chunks of 9 cutting the image"])
+def test_onevision_shrinks_a_large_image_as_generate_does(chunk: int) -> None:
+    """``anyres_max_1``: a 70 x 50 image takes the 96 x 96 pinpoint (3 x 3 views, 12 x 12 patches,
+    8 x 12 once unpadded: 96 features + 8 newlines past the 16 of the base view); more than one
+    view's worth, they are interpolated to 3 x 4 (+ 3 newlines): 31 placeholders, not 120."""
+    build, processor, tokenizer = FAMILIES["llava_onevision"]
+    onevision = Family(build(), processor(), tokenizer())
+    text = onevision.text_of("What is", None, "?")
+    big = [image(5, (70, 50))]
+    prompt = onevision.prompt_of(text, big)
+    assert prompt[1] is not None and prompt[1].counts == (31,)
+    ref_ids, gaps = onevision.reference(text, big)
+    out = run(onevision.engine(chunk), [prompt, onevision.prompt_of(text, [image(6)])])
+    assert_greedy_matches(out["0"][0], ref_ids, gaps, "a shrunk image batched")
+
+
+def test_onevision_takes_its_multi_image_mode_for_several_images() -> None:
+    """Two images in one prompt (nested as ``apply_chat_template`` passes them): each its base view
+    and a newline, 16 + 1 placeholders, no grid (``test_greedy_equals_generate_alone_and_batched``'s
+    "two images" case checks the ids)."""
+    build, processor, tokenizer = FAMILIES["llava_onevision"]
+    onevision = Family(build(), processor(), tokenizer())
+    text = onevision.text_of("Compare", None, "with", None)
+    _, images = onevision.prompt_of(text, [image(1), image(2, (70, 50))])
+    assert images is not None and images.counts == (NUM_IMAGE_TOKENS + 1, NUM_IMAGE_TOKENS + 1)
+    assert images.encoder_inputs["batch_num_images"].tolist() == [2]
+    _, alone = onevision.prompt_of(text.replace("with<image>", "with"), [image(1)])
+    assert alone is not None and alone.counts == (31,)  # one image: the anyres grid
+
+
+def build_tiny_gemma3() -> Any:
+    """A tiny random ``Gemma3ForConditionalGeneration`` (its SigLIP tower included) whose decoder has a
+    sliding-window layer (window 4) and a full one, over the LLaVA tests' tokenizer."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+    from vision_fixtures import far_from_ties, llava_tokenizer, torch_seed
+
+    tok = llava_tokenizer()
+    torch_seed(0)
+    text = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                            layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512,
+                            eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=32, patch_size=8)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    return far_from_ties(Gemma3ForConditionalGeneration(config))
+
+
+@pytest.mark.parametrize("chunk", [64, 5], ids=["whole prompts", "chunks of 5"])
+def test_gemma3_runs_as_a_text_model_with_its_sliding_window_layers(chunk: int) -> None:
+    """Gemma 3's multimodal class is loaded as a text model (transformers' causal-LM mapping): text
+    prompts longer than its sliding window equal ``generate()``, alone and batched; its images are
+    refused per request with the reason (``tests/api/test_images.py``)."""
+    from vision_fixtures import llava_tokenizer
+
+    from proxy.media.processor import images_refusal
+
+    gemma = Family(build_tiny_gemma3(), None, llava_tokenizer())
+    check_supported(gemma.model.config)
+    assert refusal(gemma.model.config) is None and images_refusal(gemma.model.config) is not None
+    texts = [gemma.text_of("Hello world! alpha beta"), gemma.text_of("Describe a picture of red and blue.")]
+    prompts = [gemma.prompt_of(t, []) for t in texts]
+    assert min(len(ids) for ids, _ in prompts) > 4 * 2  # past the window
+    batched = run(gemma.engine(chunk), prompts)
+    for i, text in enumerate(texts):
+        ref_ids, gaps = gemma.reference(text, [])
+        assert_greedy_matches(run(gemma.engine(chunk), [prompts[i]])["0"][0], ref_ids, gaps, f"{i} alone")
+        assert_greedy_matches(batched[str(i)][0], ref_ids, gaps, f"{i} batched")
 
 
 def paged(model: Any) -> Any:

@@ -73,16 +73,17 @@ def test_two_models_alternate_under_models_max_1(two_models: tuple[Path, Path]) 
 
 
 def test_a_model_that_cannot_be_served_exits_with_one_line(tmp_path: Path) -> None:
-    from transformers import Mistral3Config
+    from transformers import PaliGemmaConfig
 
-    folder = tmp_path / "mistral3"
-    Mistral3Config().save_pretrained(folder)
+    folder = tmp_path / "paligemma"
+    PaliGemmaConfig().save_pretrained(folder)
     make_hf_tokenizer().save_pretrained(folder)
     done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--model", str(folder), "--port", "0",
                            "--device", "cpu"], check=False, cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-    reason = ("ModelLoadError: model type 'mistral3' is a vision-language model that streamproxy does not "
-              "serve yet (served with images: idefics3, llava, llava_next, qwen2_5_vl, qwen2_vl)")
+    reason = ("ModelLoadError: model type 'paligemma' is a vision-language model that streamproxy does not "
+              "serve yet (served with images: idefics3, llava, llava_next, llava_onevision, mistral3, "
+              "qwen2_5_vl, qwen2_vl, smolvlm)")
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1].startswith(f"streamproxy: the model cannot be served: {reason}")
     assert "Traceback" not in done.stderr and str(folder) not in done.stderr

@@ -35,6 +35,9 @@ class ModelInfo:
             e.g. ``"gguf: Q4_1 -> int4 g32 x210, ..."`` or ``"none"``); None: not reported.
         execution: the engine's execution plan (``proxy.engine.execution.plan.ExecutionPlan.as_dict``); None:
             not reported.
+        images_refused: why a vision-language model served as a text model refuses images
+            (``proxy.media.processor.images_refusal``, e.g. Gemma 3's bidirectional image attention);
+            None: a text model, or one served with its images.
     """
 
     served_model_name: str
@@ -44,6 +47,7 @@ class ModelInfo:
     dtype: str | None = None
     quantization: str | None = None
     execution: dict[str, Any] | None = None
+    images_refused: str | None = None
 
 
 @runtime_checkable
