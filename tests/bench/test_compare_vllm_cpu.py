@@ -94,3 +94,61 @@ def test_group_peak_rss_adds_the_group_members(tmp_path: Path) -> None:
     (tmp_path / "self").mkdir()
     assert compare.group_peak_rss_mib(100, tmp_path) == 3.0
     assert compare.group_peak_rss_mib(300, tmp_path) is None
+
+
+# the KV geometry of two sized models' configs (bench/sized_models.py): GQA and MHA
+QWEN_05B = {"num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896,
+            "torch_dtype": "bfloat16", "max_position_embeddings": 32768, "eos_token_id": 151645}
+SMOLLM2_17B = {"num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32,
+               "hidden_size": 2048, "torch_dtype": "bfloat16", "max_position_embeddings": 8192,
+               "eos_token_id": 2}
+
+
+def test_kv_bytes_per_token_from_the_config() -> None:
+    assert compare.kv_bytes_per_token(QWEN_05B, "bfloat16") == 2 * 24 * 2 * 64 * 2 == 12288
+    assert compare.kv_bytes_per_token(SMOLLM2_17B, "bfloat16") == 196608
+    assert compare.kv_bytes_per_token(SMOLLM2_17B, "float32") == 2 * 196608
+    assert compare.kv_bytes_per_token({**QWEN_05B, "torch_dtype": "float32"}, "auto") == 2 * 12288
+    assert compare.kv_bytes_per_token({**QWEN_05B, "head_dim": 128}, "bfloat16") == 2 * 12288
+    assert compare.kv_bytes_per_token({"text_config": QWEN_05B}, "bfloat16") is None
+
+
+def _folder(tmp_path: Path, config: dict[str, object]) -> Path:
+    import json
+
+    folder = tmp_path / "m" / "hf"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, object], *argv: str):
+    monkeypatch.setattr(compare, "vllm_cpu_venv", lambda scratch: Path("/venv/bin/python"))
+    args = compare.build_parser().parse_args(
+        ["--threads", "2", "--model", str(_folder(tmp_path, config)), "--concurrency", "1,16",
+         "--input-len", "32", "--output-len", "128", *argv])
+    peer = compare.make_peer("vllm", args, tmp_path, 8000)
+    return peer.cmd[peer.cmd.index("--max-model-len") + 1], peer.env["VLLM_CPU_KVCACHE_SPACE"]
+
+
+def test_vllm_kv_space_and_context_are_sized_from_the_model(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # 16 streams of 32 + 128 + 256 tokens, 512 in whole blocks: 8192 tokens x 192 KiB = 1.5 GiB
+    assert _vllm(tmp_path / "a", monkeypatch, SMOLLM2_17B) == ("2048", "2")
+    # 7900 + 256 (8192 in blocks) beside 8 streams of 32 + 2048 + 256 (2432): 27648 tokens, 5.06 GiB
+    assert _vllm(tmp_path / "b", monkeypatch, SMOLLM2_17B, "--long-prompts", "1024,7900") == ("8156", "6")
+    # 32000 + 256 beside the streams: 51840 tokens x 12 KiB = 0.59 GiB
+    assert _vllm(tmp_path / "c", monkeypatch, QWEN_05B, "--long-prompts", "1024,8192,32000") == ("32256", "1")
+    assert _vllm(tmp_path / "d", monkeypatch, QWEN_05B, "--vllm-kv-gib", "8") == ("2048", "8")  # as asked
+    assert _vllm(tmp_path / "e", monkeypatch, {"eos_token_id": 2}) == ("2048", "4")  # vLLM's default
+
+
+def test_vllm_context_holds_a_long_prompt_phase_stream(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 1024-token prompts only, the phase's streams (32 in, 2048 out) are the longest requests:
+    in a 2048-token context vLLM would cut their max_tokens (``vllm_max_model_len``)."""
+    streams = _vllm(tmp_path / "a", monkeypatch, SMOLLM2_17B, "--long-prompts", "1024")
+    assert streams[0] == str(32 + 2048 + 256)
+    # capped at the model's context, which vLLM refuses to start past
+    small = {**SMOLLM2_17B, "max_position_embeddings": 2048}
+    assert _vllm(tmp_path / "b", monkeypatch, small, "--long-prompts", "1024")[0] == "2048"
