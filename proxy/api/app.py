@@ -122,8 +122,9 @@ def default_engine_factory(settings: Settings) -> EngineClient:
 
 
 def on_demand_engine_factory(settings: Settings) -> EngineClient:
-    """A several-model server's engine factory: :func:`default_engine_factory`'s, the load at
-    ``proxy.engine.factory.ON_DEMAND_LOAD_NICE`` (it yields the cores to the models serving)."""
+    """A several-model server's engine factory while another model serves: :func:`default_engine_factory`'s,
+    the load at ``proxy.engine.factory.ON_DEMAND_LOAD_NICE`` (it yields the cores to the models
+    serving; ``proxy.api.multi.build_registry``)."""
     from proxy.engine.factory import ON_DEMAND_LOAD_NICE, build_engine_client
 
     return build_engine_client(settings, ON_DEMAND_LOAD_NICE)
@@ -177,8 +178,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
     state = ServerState(settings, FaultInjector() if enable_test_faults else None)
     entries = build_catalog(settings)
     if entries:
-        state.registry = multi.build_registry(settings, entries, state,
-                                              engine_factory or on_demand_engine_factory, embed_factory)
+        state.registry = multi.build_registry(settings, entries, state, factory, embed_factory,
+                                              None if engine_factory else on_demand_engine_factory)
         state.server_metrics = multi.server_metrics(state)
 
     async def load() -> None:

@@ -66,14 +66,21 @@ async def _off_loop(fn: Callable[[Settings], Any], settings: Settings) -> Any:
 
 
 def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: ServerState,
-                   factory: EngineFactory, embed_factory: EmbeddingFactory) -> ModelRegistry:
-    """The registry of ``entries`` (``proxy.catalog.build_catalog``) with ``settings``' bounds."""
+                   factory: EngineFactory, embed_factory: EmbeddingFactory,
+                   yielding_factory: EngineFactory | None = None) -> ModelRegistry:
+    """The registry of ``entries`` (``proxy.catalog.build_catalog``) with ``settings``' bounds. A model
+    loads with ``yielding_factory`` (a load at a lower priority: ``proxy.api.app.on_demand_engine_factory``)
+    when another model is loaded (it serves, and the load must not stall it), else with ``factory``
+    (nothing of this server to yield to: a load at the server's priority is not slowed by the
+    machine's other work)."""
+    registry: ModelRegistry | None = None
 
     async def load(slot: ModelSlot) -> Loaded:
         s = slot.settings
         if slot.entry.kind == "embedding":  # served by /v1/embeddings only, loaded now
             return None, await _off_loop(lambda s: embed_factory(s, ModelInfo("", 0)), s)
-        client = await _off_loop(factory, s)
+        serving = registry is not None and any(o is not slot and o.status == "loaded" for o in registry.slots)
+        client = await _off_loop(yielding_factory if serving and yielding_factory else factory, s)
         client.start()
         if state.fault_injector is not None:
             client.fault_injector = state.fault_injector
@@ -100,9 +107,10 @@ def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: S
             return exc.message
         return f"{type(exc).__name__}: {load_failure_reason(exc, slot.id, slot.entry.path)}"
 
-    return ModelRegistry(entries, lambda e: entry_settings(settings, e), load, unload, reason_of,
-                         models_max=settings.models_max, ttl_s=settings.model_ttl_s,
-                         budget_bytes=memory_budget(settings), size_of=estimate_bytes)
+    registry = ModelRegistry(entries, lambda e: entry_settings(settings, e), load, unload, reason_of,
+                             models_max=settings.models_max, ttl_s=settings.model_ttl_s,
+                             budget_bytes=memory_budget(settings), size_of=estimate_bytes)
+    return registry
 
 
 def server_metrics(state: ServerState) -> ServerMetrics:

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from proxy.models.embedding import EmbeddingModel
 
 ON_DEMAND_LOAD_NICE = 19
-"""The nice value a several-model server's loads run at (``build_engine_client``'s ``load_nice``): a
-model loaded on demand beside engines that serve yields the cores to them (the lowest priority, as
-the grammar compiles run at); a server's one model loads at the server's own priority."""
+"""The nice value a several-model server's load runs at while another model serves
+(``build_engine_client``'s ``load_nice``, ``proxy.api.multi.build_registry``): it yields the cores to
+the engines serving (the lowest priority, as the grammar compiles run at). A load with nothing of the
+server to yield to (the first, or the one model) runs at the server's own priority."""
 
 
 def use_engine_process(settings: Settings) -> bool:

@@ -14,8 +14,10 @@ from typing import Any
 
 import httpx
 
+from proxy.api import multi
 from proxy.api.app import create_app
-from proxy.api.state import loading_retry_after_s
+from proxy.api.state import ServerState, loading_retry_after_s
+from proxy.catalog import build_catalog
 from proxy.settings import Settings
 
 from .test_models_registry import Farm, chat, multi_server, states, wait_for
@@ -146,3 +148,36 @@ def test_a_lone_models_load_failure_shows_its_path_to_the_user_and_hides_it_over
                                "Hugging Face folder or a .gguf file")
     assert str(tmp_path) not in json.dumps(health)
 
+
+
+async def _loads_with(tmp: Path, farm: Farm) -> list[tuple[str, str]]:
+    used: list[tuple[str, str]] = []
+    for name in ("a", "b"):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text("{}")
+    settings = Settings(model=str(tmp / "a"), extra_models=(str(tmp / "b"),), models_memory_bytes=0)
+
+    def plain(s: Settings) -> Any:
+        used.append((s.served_model_name or "", "plain"))
+        return farm.factory(s)
+
+    def yielding(s: Settings) -> Any:
+        used.append((s.served_model_name or "", "yielding"))
+        return farm.factory(s)
+
+    registry = multi.build_registry(settings, build_catalog(settings), ServerState(settings), plain,
+                                    lambda s, m: None, yielding)
+    for name in ("a", "b"):
+        await registry.ensure_loaded(registry.find(name))
+    await registry.unload(registry.find("a"), "test")
+    await registry.unload(registry.find("b"), "test")
+    await registry.ensure_loaded(registry.find("b"))
+    await registry.close()
+    return used
+
+
+def test_a_load_yields_the_cores_only_while_another_model_serves(tmp_path: Path) -> None:
+    """The first load (nothing to yield to) runs at the server's priority; a load beside a loaded model
+    with the yielding factory (``on_demand_engine_factory``: nice 19)."""
+    used = asyncio.run(_loads_with(tmp_path, Farm()))
+    assert used == [("a", "plain"), ("b", "yielding"), ("b", "plain")]
