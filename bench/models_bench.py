@@ -14,7 +14,9 @@ process included), read after each step.
 
 Printed per mode, one JSON line: the load and unload seconds, ``tpot_ms`` (median gap before the
 load), ``max_gap_during_ms``, ``p99_gap_during_ms``, ``max_gap_ratio`` (max during / median before:
-the issue's target is at most 2) and the RSS in MB; then the process / thread ratio of the max gap.
+the issue's target is at most 2), ``median_gap_ratio`` (median during / median before), the nice
+value B loaded at (``load_nice``, from the engine process's ready line; None in thread mode) and
+the RSS in MB; then the process / thread ratio of the max gap.
 
 Usage: ``python bench/models_bench.py [--model F] [--modes process,thread] [--json out.json]``.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import statistics
 import sys
 import threading
@@ -60,9 +63,16 @@ def _stream(base: str, arrivals: list[float], stop: threading.Event, max_tokens:
                 return
 
 
+def _load_nice(log: Path) -> int | None:
+    """The nice value B's engine process loaded at, from its ready line (None: not logged there)."""
+    found = re.findall(r"loaded at nice (-?\d+)", log.read_text(errors="replace"))
+    return int(found[-1]) if found else None
+
+
 def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    # no memory budget: on a machine short of memory it would hold B's load until A's stream ended
     server = start_serve(["--model", f"{folder}=A", "--model", f"{folder}=B", "--models-max", "2",
-                          "--no-compile-decode", "--max-model-len", "2048",
+                          "--models-memory-bytes", "0", "--no-compile-decode", "--max-model-len", "2048",
                           "--engine-process" if mode == "process" else "--no-engine-process"],
                          log_dir / f"models-{mode}.log")
     proc, base = server.process, server.base_url
@@ -97,6 +107,9 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         out["max_gap_during_ms"] = round(max(during) * 1000, 1) if during else None
         out["p99_gap_during_ms"] = round(during[int(0.99 * (len(during) - 1))] * 1000, 1) if during else None
         out["max_gap_ratio"] = round(max(during) / tpot, 2) if during else None
+        out["median_gap_during_ms"] = round(statistics.median(during) * 1000, 1) if during else None
+        out["median_gap_ratio"] = round(statistics.median(during) / tpot, 2) if during else None
+        out["load_nice"] = _load_nice(log_dir / f"models-{mode}.log")
         out["rss_two_mb"] = rss_mb(proc.pid)
         for name in ("B", "A"):
             start = time.monotonic()

@@ -104,11 +104,21 @@ class RateLimitError(StreamproxyError):
 
 
 class ServiceUnavailableError(StreamproxyError):
-    """The model is loading, the engine died, or the server shuts down (HTTP 503)."""
+    """The model is loading, the engine died, or the server shuts down (HTTP 503).
+
+    Attributes:
+        retry_after_s: seconds after which a retry may succeed (the response's ``Retry-After``,
+            which the OpenAI and Anthropic SDKs wait before their retries), or None: no header.
+    """
 
     status = 503
     type = "server_error"
     code = "service_unavailable"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 retry_after_s: int | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retry_after_s = retry_after_s
 
 
 class EngineError(StreamproxyError):

@@ -39,15 +39,24 @@ Names (vLLM ``vllm/v1/metrics/loggers.py``):
                                               requests)
     streamproxy:embedding_request_latency_seconds  histogram, arrival -> vectors ready (vLLM's
                                               e2e_request_latency of a pooling request)
+
+A several-model server shows each loaded model's metrics above (``model_name`` tells them apart; an
+unloaded model's go with its engine, and its counters start again from 0 at its next load, a reset
+``rate()`` allows for) and :class:`ServerMetrics`, there also while no model is loaded:
+    streamproxy:model_state                   gauge, labels model_name and state (unloaded, loading, loaded,
+                                              failed): 1 for the state the model is in, 0 for the others
+                                              (a Prometheus state set; llama.cpp's router's model states)
+    streamproxy:responses_store_entries       gauge, as above, the server's one store (no model_name)
+    streamproxy:responses_store_bytes         gauge
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -140,32 +149,17 @@ class Metrics:
         self._embedding_latency = Histogram(PREFIX + "embedding_request_latency_seconds",
                                             "Embeddings request latency (s).", labels,
                                             buckets=TTFT_BUCKETS, registry=reg)
-        reg.register(
-            _CallbackCounter(
-                PREFIX + "num_preemptions",
-                "Requests preempted (KV cache full; recomputed).",
-                model_name,
-                num_preemptions,
-            )
-        )
+        reg.register(_CallbackCounter(PREFIX + "num_preemptions",
+                                      "Requests preempted (KV cache full; recomputed).", model_name,
+                                      num_preemptions))
         reg.register(_CallbackCounter(PREFIX + "engine_restarts", "Engine processes restarted after dying.",
                                       model_name, num_engine_restarts))
-        reg.register(
-            _CallbackCounter(
-                PREFIX + "prefix_cache_queries",
-                "Prompt tokens looked up in the prefix cache.",
-                model_name,
-                prefix_cache_queries,
-            )
-        )
-        reg.register(
-            _CallbackCounter(
-                PREFIX + "prefix_cache_hits",
-                "Prompt tokens found in the prefix cache.",
-                model_name,
-                prefix_cache_hits,
-            )
-        )
+        reg.register(_CallbackCounter(PREFIX + "prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.", model_name,
+                                      prefix_cache_queries))
+        reg.register(_CallbackCounter(PREFIX + "prefix_cache_hits",
+                                      "Prompt tokens found in the prefix cache.", model_name,
+                                      prefix_cache_hits))
 
     def observe_request(self, endpoint: str) -> None:
         """Count one generating request received at ``endpoint`` (its route path)."""
@@ -225,10 +219,48 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def render_many(metrics: Sequence[Metrics]) -> bytes:
+MODEL_STATES = ("unloaded", "loading", "loaded", "failed")
+"""The ``state`` values of ``streamproxy:model_state`` (``proxy.api.registry.ModelSlot.status``)."""
+
+
+class ServerMetrics:
+    """A several-model server's own metrics (module docstring), read at scrape time.
+
+    Args:
+        model_states: returns ``(model id, state)`` of every known model, state one of
+            :data:`MODEL_STATES`.
+        store_entries, store_bytes: the Responses API store's size (entries, bytes).
+    """
+
+    def __init__(self, model_states: Callable[[], Iterable[tuple[str, str]]],
+                 store_entries: Callable[[], float], store_bytes: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_ModelStates(model_states))
+        Gauge(PREFIX + "responses_store_entries", "Stored Responses API responses.",
+              registry=self.registry).set_function(store_entries)
+        Gauge(PREFIX + "responses_store_bytes", "Bytes of JSON the stored responses take.",
+              registry=self.registry).set_function(store_bytes)
+
+
+class _ModelStates(Collector):
+    def __init__(self, states: Callable[[], Iterable[tuple[str, str]]]) -> None:
+        self.states = states
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(PREFIX + "model_state", "Each known model's state (1: the one it is in).",
+                                   labels=["model_name", "state"])
+        for model_id, current in self.states():
+            for state in MODEL_STATES:
+                family.add_metric([model_id, state], float(state == current))
+        yield family
+
+
+def render_many(metrics: Sequence[Metrics], server: ServerMetrics | None = None) -> bytes:
     """One Prometheus text exposition of several models' metrics: each family once, with every
-    model's samples (told apart by their ``model_name`` label), as one vLLM server shows its models."""
-    return generate_latest(_Merged([m.registry for m in metrics]))
+    model's samples (told apart by their ``model_name`` label), as one vLLM server shows its models;
+    then the ``server``'s own families."""
+    registries = [m.registry for m in metrics] + ([server.registry] if server is not None else [])
+    return generate_latest(_Merged(registries))
 
 
 class _Merged:

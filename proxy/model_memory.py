@@ -15,16 +15,21 @@ from proxy.settings import CPU_KV_FALLBACK_BYTES, CPU_KV_MEMORY_FRACTION, Settin
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 """Files counted as a model's weights by :func:`estimate_bytes`."""
+ENGINE_PROCESS_BYTES = 400 << 20
+"""What an engine process costs beside its weights and KV pool (its own interpreter, torch and
+transformers): a model served from an engine process took 720-780 MB of RSS against 310 MB on a
+thread of the server (``docs/bench/2026-12-06-several-models.md``)."""
 
 
 def estimate_bytes(settings: Settings) -> int:
     """Host memory a model's engine is counted at against ``--models-memory-bytes``: the size of its
     weight files (``WEIGHT_SUFFIXES`` directly in its folder, or its ``.gguf`` file) plus its KV cache
-    pool (:func:`kv_pool_bytes`). An estimate: an engine process adds its own interpreter and torch
-    (``docs/bench/2026-12-06-several-models.md``)."""
+    pool (:func:`kv_pool_bytes`), plus :data:`ENGINE_PROCESS_BYTES` when it runs in an engine process
+    (``settings.engine_process`` True: a several-model server's default, ``proxy.catalog.entry_settings``)."""
     path = Path(settings.model or "").expanduser()
     files = [path] if path.is_file() else [p for p in path.glob("*") if p.suffix.lower() in WEIGHT_SUFFIXES]
-    return sum(p.stat().st_size for p in files if p.is_file()) + kv_pool_bytes(settings, path)
+    process = ENGINE_PROCESS_BYTES if settings.engine_process else 0
+    return sum(p.stat().st_size for p in files if p.is_file()) + kv_pool_bytes(settings, path) + process
 
 
 def _kv_shape(path: Path) -> tuple[int, int, int, int]:

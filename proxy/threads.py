@@ -8,11 +8,15 @@ step paid a sleep and wake-up at each of its hundreds of small parallel regions:
 default model took 78-89 ms a step against 35 ms when the loading thread had ended (2 cores, same
 run). The benchmarks run every system this way too: on a busy machine torch ops issued from the main
 thread were measured up to 10x slower than the same ops from a fresh thread.
+
+Priority: :func:`call_at_nice` runs a function on such a thread at a lower CPU priority (a nice
+value of that thread only), for work that must yield the cores to threads that serve.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -20,10 +24,30 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def start_in_own_thread(fn: Callable[..., T], *args: object, name: str | None = None
-                        ) -> concurrent.futures.Future[T]:
+def thread_nice() -> int:
+    """The calling thread's nice value (Linux keeps one per thread: ``getpriority`` of its thread id)."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def lower_thread_priority(nice: int) -> bool:
+    """Set the calling thread's nice value to ``nice`` (-20..19; higher yields more), for this thread
+    only: threads it starts and processes it forks from now on inherit it (the OpenMP team of its
+    torch ops, inductor's compiler processes), the process's other threads keep theirs. A process
+    without ``CAP_SYS_NICE`` may lower its threads' priority but never raise it again (``RLIMIT_NICE``
+    is 0 by default), so only a thread that ends should call this. Returns False where the system
+    refuses or has no per-thread priority (nothing changes)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def start_in_own_thread(fn: Callable[..., T], *args: object, name: str | None = None,
+                        nice: int | None = None) -> concurrent.futures.Future[T]:
     """Start ``fn(*args)`` on a new daemon thread; its result or exception lands in the returned future.
 
+    ``nice``: the thread first lowers its priority to that nice value (:func:`lower_thread_priority`).
     If the future is cancelled before the thread runs, ``fn`` is not called.
     """
     done: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -31,6 +55,8 @@ def start_in_own_thread(fn: Callable[..., T], *args: object, name: str | None = 
     def run() -> None:
         if not done.set_running_or_notify_cancel():  # the waiter cancelled first
             return
+        if nice is not None:
+            lower_thread_priority(nice)
         try:
             done.set_result(fn(*args))
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, re-raised there
@@ -43,3 +69,13 @@ def start_in_own_thread(fn: Callable[..., T], *args: object, name: str | None = 
 def run_in_own_thread(fn: Callable[..., T], *args: object) -> T:
     """``fn(*args)`` on a new thread, waited for; returns its result or re-raises its exception."""
     return start_in_own_thread(fn, *args).result()
+
+
+def call_at_nice(nice: int, fn: Callable[..., T], *args: object, name: str | None = None) -> T:
+    """``fn(*args)`` at nice value ``nice``: on a new thread that lowers its own priority first and
+    ends when ``fn`` returns (the caller's thread keeps its priority, :func:`lower_thread_priority`),
+    waited for; ``nice`` 0 or less: here, at the caller's priority. Returns ``fn``'s result or
+    re-raises its exception."""
+    if nice <= 0:
+        return fn(*args)
+    return start_in_own_thread(fn, *args, name=name, nice=nice).result()

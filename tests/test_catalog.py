@@ -16,7 +16,7 @@ from proxy.catalog import (
     is_multi_model,
 )
 from proxy.cli import build_parser, settings_from
-from proxy.model_memory import estimate_bytes, memory_budget
+from proxy.model_memory import ENGINE_PROCESS_BYTES, estimate_bytes, memory_budget
 from proxy.settings import Settings
 
 
@@ -156,6 +156,8 @@ def test_a_models_estimate_is_its_weight_files_and_its_kv_pool(tmp_path: Path) -
     per_token = 2 * 2 * 2 * 8 * 4  # keys and values x layers x KV heads x head size x 4 bytes
     blocks = Settings(model=str(folder), dtype="float32", num_kv_blocks=64)
     assert estimate_bytes(blocks) == 1000 + per_token * 16 * 64
+    in_a_process = Settings(model=str(folder), dtype="float32", num_kv_blocks=64, engine_process=True)
+    assert estimate_bytes(in_a_process) == 1000 + per_token * 16 * 64 + ENGINE_PROCESS_BYTES
     assert estimate_bytes(fp32) == 1000 + per_token * 32 * 256  # max_num_seqs full contexts
     assert estimate_bytes(Settings(model=str(folder), max_model_len=128)) == 1000 + per_token // 2 * 32 * 128
     capped = Settings(model=str(folder), dtype="float32", kv_cache_bytes=5000)

@@ -121,6 +121,15 @@ def default_engine_factory(settings: Settings) -> EngineClient:
     return build_engine_client(settings)
 
 
+def on_demand_engine_factory(settings: Settings) -> EngineClient:
+    """A several-model server's engine factory while another model serves: :func:`default_engine_factory`'s,
+    the load at ``proxy.engine.factory.ON_DEMAND_LOAD_NICE`` (it yields the cores to the models
+    serving; ``proxy.api.multi.build_registry``)."""
+    from proxy.engine.factory import ON_DEMAND_LOAD_NICE, build_engine_client
+
+    return build_engine_client(settings, ON_DEMAND_LOAD_NICE)
+
+
 async def _ui_page(request: Request) -> Response:
     """``GET /`` (the chat page) and ``GET /ui/{name}`` (its stylesheet and script); see ``proxy.api.ui``."""
     found = ui_asset(request.path_params.get("name", UI_INDEX))
@@ -169,7 +178,9 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
     state = ServerState(settings, FaultInjector() if enable_test_faults else None)
     entries = build_catalog(settings)
     if entries:
-        state.registry = multi.build_registry(settings, entries, state, factory, embed_factory)
+        state.registry = multi.build_registry(settings, entries, state, factory, embed_factory,
+                                              None if engine_factory else on_demand_engine_factory)
+        state.server_metrics = multi.server_metrics(state)
 
     async def load() -> None:
         try:
@@ -183,10 +194,12 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
                 client.shutdown()
                 raise
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {multi.load_failure_reason(exc, 'the model', settings.model)}"
+            # the log and the terminal are the user's own: their path shows there, never over HTTP
+            reason = f"{type(exc).__name__}: {multi.load_failure_reason(exc, '', None, hide_paths=False)}"
+            hidden = f"{type(exc).__name__}: {multi.load_failure_reason(exc, 'the model', settings.model)}"
             log.error("loading the model failed: %s", reason)
             log.debug("load failure", exc_info=True)
-            state.set_failed(f"Loading the model failed: {reason}")
+            state.set_failed(f"Loading the model failed: {hidden}")
             if on_load_failed is not None:
                 on_load_failed(reason)
             return

@@ -27,11 +27,13 @@ from proxy import protocol
 from proxy.catalog import ModelEntry, entry_settings
 from proxy.engine.client import EmbeddingClient, EngineClient, ModelInfo
 from proxy.errors import InvalidRequestError, StreamproxyError
+from proxy.metrics import ServerMetrics
 from proxy.model_memory import estimate_bytes, memory_budget
 from proxy.settings import Settings
 from proxy.threads import start_in_own_thread
 
 from .body import read_json_body
+from .on_demand import until_loaded
 from .registry import Loaded, ModelRegistry, ModelSlot
 from .responses import json_response
 from .state import ServerState
@@ -42,17 +44,20 @@ REASON_MAX_CHARS = 300
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:])(?:~|/)[^\s'\"]*/[^\s'\",;:)]*")
 
 
-def load_failure_reason(exc: BaseException, model_id: str, path: str | None) -> str:
+def load_failure_reason(exc: BaseException, model_id: str, path: str | None, *,
+                        hide_paths: bool = True) -> str:
     """``exc`` as one line for clients and ``/health``: its first line, the model's path replaced by
     its id and any other absolute path by ``<path>`` (transformers' errors name absolute paths),
-    at most ``REASON_MAX_CHARS`` characters."""
+    at most ``REASON_MAX_CHARS`` characters. ``hide_paths`` False: the paths stay (the server's own
+    log and terminal, where the user gave them)."""
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
-    if path:
+    if hide_paths and path:
         for p in sorted({path, str(Path(path).expanduser()), str(Path(path).expanduser().resolve())}, key=len,
                         reverse=True):
             line = line.replace(p, f"<{model_id}>")
-    line = _ABSOLUTE_PATH.sub("<path>", line)
+    if hide_paths:
+        line = _ABSOLUTE_PATH.sub("<path>", line)
     return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 3] + "..."
 
 
@@ -61,14 +66,21 @@ async def _off_loop(fn: Callable[[Settings], Any], settings: Settings) -> Any:
 
 
 def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: ServerState,
-                   factory: EngineFactory, embed_factory: EmbeddingFactory) -> ModelRegistry:
-    """The registry of ``entries`` (``proxy.catalog.build_catalog``) with ``settings``' bounds."""
+                   factory: EngineFactory, embed_factory: EmbeddingFactory,
+                   yielding_factory: EngineFactory | None = None) -> ModelRegistry:
+    """The registry of ``entries`` (``proxy.catalog.build_catalog``) with ``settings``' bounds. A model
+    loads with ``yielding_factory`` (a load at a lower priority: ``proxy.api.app.on_demand_engine_factory``)
+    when another model is loaded (it serves, and the load must not stall it), else with ``factory``
+    (nothing of this server to yield to: a load at the server's priority is not slowed by the
+    machine's other work)."""
+    registry: ModelRegistry | None = None
 
     async def load(slot: ModelSlot) -> Loaded:
         s = slot.settings
         if slot.entry.kind == "embedding":  # served by /v1/embeddings only, loaded now
             return None, await _off_loop(lambda s: embed_factory(s, ModelInfo("", 0)), s)
-        client = await _off_loop(factory, s)
+        serving = registry is not None and any(o is not slot and o.status == "loaded" for o in registry.slots)
+        client = await _off_loop(yielding_factory if serving and yielding_factory else factory, s)
         client.start()
         if state.fault_injector is not None:
             client.fault_injector = state.fault_injector
@@ -95,9 +107,19 @@ def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: S
             return exc.message
         return f"{type(exc).__name__}: {load_failure_reason(exc, slot.id, slot.entry.path)}"
 
-    return ModelRegistry(entries, lambda e: entry_settings(settings, e), load, unload, reason_of,
-                         models_max=settings.models_max, ttl_s=settings.model_ttl_s,
-                         budget_bytes=memory_budget(settings), size_of=estimate_bytes)
+    registry = ModelRegistry(entries, lambda e: entry_settings(settings, e), load, unload, reason_of,
+                             models_max=settings.models_max, ttl_s=settings.model_ttl_s,
+                             budget_bytes=memory_budget(settings), size_of=estimate_bytes)
+    return registry
+
+
+def server_metrics(state: ServerState) -> ServerMetrics:
+    """The several-model server's own ``/metrics`` (``proxy.metrics.ServerMetrics``): every known
+    model's state and the Responses API store's size, shown also while no model is loaded."""
+    registry, store = state.registry, state.responses_store
+    assert registry is not None
+    return ServerMetrics(lambda: [(slot.id, slot.status) for slot in registry.slots],
+                         lambda: len(store), lambda: store.num_bytes)
 
 
 def _registry(request: Request) -> ModelRegistry:
@@ -150,7 +172,7 @@ async def load_model(request: Request) -> Response:
     load is the 503 of its reason."""
     slot = await _named(request)
     request.app.state.server.check_not_draining()
-    await _registry(request).ensure_loaded(slot, retry=True)
+    await until_loaded(request.app.state.server, slot, retry=True)
     return json_response({"success": True, "model": slot.id, "status": _registry(request).status_of(slot)})
 
 

@@ -8,7 +8,9 @@ response has ended (:class:`InFlight`), and loads it when it is not loaded. A st
 for the load gets its headers and a ``: keepalive`` comment at once and one every
 ``--keepalive-interval-s`` until the load is done (the comments a stream sends while it waits in the
 queue), then the endpoint's own events; a load that fails ends it with the endpoint's error event.
-A non-stream request waits for the load and gets the endpoint's answer, or the load's 503.
+A non-stream request waits for the load and gets the endpoint's answer, or the load's 503. A
+request that waits for a load when the shutdown's grace period ends gets the ``server_shutdown``
+error then (``ServerState.grace_over``; it is served if its model is ready before).
 
 A request without ``model`` is served by the one model when there is only one (vLLM and llama.cpp's
 server do the same; OpenAI requires the field): on a one-model server (no registry) the body gets the
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -101,14 +103,48 @@ def error_event(path: str, exc: StreamproxyError) -> bytes:
     return f"data: {json.dumps(exc.to_dict())}\n\ndata: [DONE]\n\n".encode()
 
 
-async def _load_then_stream(request: Request, endpoint: Endpoint, registry: ModelRegistry,
+async def loaded_before_grace_ends(state: ServerState, slot: ModelSlot, retry: bool = False,
+                                   keepalive_s: float | None = None) -> AsyncGenerator[None, None]:
+    """Load ``slot`` (``ModelRegistry.ensure_loaded``), yielding every ``keepalive_s`` seconds while
+    it loads (None: never); ends when it is loaded.
+
+    Raises:
+        ServiceUnavailableError: the load's 503, or ``server_shutdown`` when the shutdown's grace
+            period ends first (``ServerState.grace_over``).
+    """
+    registry = state.registry
+    assert registry is not None
+    load = asyncio.ensure_future(registry.ensure_loaded(slot, retry))
+    over = asyncio.ensure_future(state.grace_over().wait())
+    try:
+        while True:
+            done = (await asyncio.wait({load, over}, timeout=keepalive_s,
+                                       return_when=asyncio.FIRST_COMPLETED))[0]
+            if load in done:
+                load.result()
+                return
+            if over in done:
+                state.check_grace()
+            yield None
+    finally:
+        for waiter in (load, over):
+            if not waiter.done():
+                waiter.cancel()  # this waiter only: the load itself is shielded and goes on
+
+
+async def until_loaded(state: ServerState, slot: ModelSlot, retry: bool = False) -> None:
+    """:func:`loaded_before_grace_ends` without keep-alives (a non-stream request, ``/models/load``)."""
+    async for _ in loaded_before_grace_ends(state, slot, retry):
+        pass
+
+
+async def _load_then_stream(request: Request, endpoint: Endpoint, state: ServerState,
                             slot: ModelSlot, keepalive_s: float | None) -> AsyncIterator[bytes]:
     yield KEEPALIVE
-    load = asyncio.ensure_future(registry.ensure_loaded(slot))
+    waiting = loaded_before_grace_ends(state, slot, keepalive_s=keepalive_s)
     try:
-        while not (await asyncio.wait({load}, timeout=keepalive_s))[0]:
+        async for _ in waiting:
             yield KEEPALIVE
-        load.result()
         response = await endpoint(request)
     except StreamproxyError as exc:
         yield error_event(request.url.path, exc)
@@ -120,8 +156,7 @@ async def _load_then_stream(request: Request, endpoint: Endpoint, registry: Mode
         yield error_event(request.url.path, StreamproxyError("Internal server error."))
         return
     finally:
-        if not load.done():
-            load.cancel()  # this waiter only: the load itself is shielded and goes on
+        await waiting.aclose()
     if not isinstance(response, StreamingResponse):
         yield b"data: " + bytes(response.body) + b"\n\n"
         return
@@ -156,10 +191,11 @@ def on_demand(endpoint: Endpoint, *, streams: bool = False) -> Endpoint:
         request.scope[HELD_KEY].append(slot)
         request.scope[SLOT_KEY] = slot
         if slot.status == "loaded" or not (streams and body.get("stream") is True):
-            await registry.ensure_loaded(slot)
+            if slot.status != "loaded":
+                await until_loaded(state, slot)
             return await endpoint(request)
         keepalive_s = state.settings.keepalive_interval_s or None
-        return StreamingResponse(_load_then_stream(request, endpoint, registry, slot, keepalive_s),
+        return StreamingResponse(_load_then_stream(request, endpoint, state, slot, keepalive_s),
                                  headers=dict(SSE_HEADERS), media_type=SSE_MEDIA_TYPE)
 
     routed.__doc__ = endpoint.__doc__

@@ -198,8 +198,10 @@ class ModelRegistry:
         """
         budget = self.budget_bytes
         if budget and slot.size_bytes > budget:
+            parts = ("weights, KV cache and engine process" if slot.settings.engine_process
+                     else "weights and KV cache")
             raise ServiceUnavailableError(
-                f"The model '{slot.id}' needs about {_size(slot.size_bytes)} (weights and KV cache), more "
+                f"The model '{slot.id}' needs about {_size(slot.size_bytes)} ({parts}), more "
                 f"than the {_size(budget)} the loaded models may take (--models-memory-bytes).",
                 code="model_memory_budget")
         if not self.models_max and not budget:

@@ -67,12 +67,14 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """``GET /metrics``: Prometheus text (``proxy.metrics``, vLLM's metric names); 503 while loading."""
+    """``GET /metrics``: Prometheus text (``proxy.metrics``, vLLM's metric names); 503 while the one
+    model loads; with several models also while none is loaded (their states, ``ServerMetrics``)."""
     state = _state(request)
     from proxy.metrics import CONTENT_TYPE, render_many
 
-    if state.registry is not None:  # every loaded model's, told apart by model_name
-        return Response(render_many([c.metrics for c in state.clients()]), media_type=CONTENT_TYPE)
+    if state.registry is not None:  # every loaded model's, told apart by model_name; the server's own
+        return Response(render_many([c.metrics for c in state.clients()], state.server_metrics),
+                        media_type=CONTENT_TYPE)
     client = state.client
     if client is None:
         raise ServiceUnavailableError("The model is still loading; no metrics yet.")

@@ -3,13 +3,19 @@
 
 Shutdown (``begin_drain``, called when uvicorn starts its graceful shutdown): new requests get
 503, running ones may finish within ``shutdown_grace_s``; then every open response is ended with
-an error (``code: "server_shutdown"``) and its engine requests are aborted.
+an error (``code: "server_shutdown"``) and its engine requests are aborted. On a several-model
+server a request that came before the shutdown and waits for its model's load is one of the running
+ones (uvicorn's graceful shutdown lets the requests it accepted finish): it is served if the model
+is ready within the grace period, else ended with that error when the grace period ends
+(:meth:`ServerState.grace_over`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +32,8 @@ from .responses_api.store import ResponseStore
 if TYPE_CHECKING:
     from starlette.requests import Request
 
+    from proxy.metrics import ServerMetrics
+
     from .registry import ModelRegistry
 
 log = logging.getLogger("proxy.api")
@@ -33,6 +41,19 @@ log = logging.getLogger("proxy.api")
 SHUTDOWN_MESSAGE = "The server is shutting down; the response was cut short. Retry the request."
 SLOT_KEY = "streamproxy.model"
 """The request scope's key of the registry slot that serves it (``proxy.api.on_demand``)."""
+LOADING_RETRY_AFTER_S = (5, 60)
+"""Bounds (seconds) of the ``Retry-After`` of a 503 while the model loads (:func:`loading_retry_after_s`):
+60 is the most every version of the OpenAI and Anthropic SDKs waits for (later ones wait longer)."""
+
+
+def loading_retry_after_s(elapsed_s: float) -> int:
+    """The ``Retry-After`` (whole seconds) of a 503 while a load that has run ``elapsed_s`` seconds goes
+    on: as long again, within :data:`LOADING_RETRY_AFTER_S`. The SDKs retry twice by default, each
+    after the ``Retry-After`` they get, so a client that asks t seconds into a load waits for it until
+    about 4t (a cached start of the default model takes 8-11 s, a first one with its conversion and
+    compile 90 s: ``docs/bench/2026-12-06-several-models.md``)."""
+    low, high = LOADING_RETRY_AFTER_S
+    return int(min(high, max(low, math.ceil(elapsed_s))))
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,10 @@ class ServerState:
         load_error: why loading failed, for ``/health``.
         fault_injector: the test-only fault hook, when enabled.
         embedder: the :class:`~proxy.engine.client.EmbeddingClient` of ``/v1/embeddings`` once loaded.
+        registry: the several-model server's models (``proxy.api.registry``), or None.
+        server_metrics: the several-model server's own metrics (``proxy.metrics.ServerMetrics``).
+        loading_since: ``time.monotonic()`` at the server's start, when the one model began to load
+            (a 503's ``Retry-After`` while it loads: :meth:`still_loading`).
     """
 
     def __init__(self, settings: Settings, fault_injector: FaultInjector | None = None) -> None:
@@ -69,7 +94,10 @@ class ServerState:
         self.fault_injector = fault_injector
         self.embedder: EmbeddingClient | None = None
         self.registry: ModelRegistry | None = None
+        self.server_metrics: ServerMetrics | None = None
         self._grace_timer: asyncio.TimerHandle | None = None
+        self._grace_over: asyncio.Event | None = None
+        self.loading_since = time.monotonic()
 
     def set_ready(self, client: EngineClient) -> None:
         """The model is loaded and its engine started: serve it (its features are read now)."""
@@ -120,10 +148,16 @@ class ServerState:
             raise InvalidRequestError("This server serves several models and this endpoint names none; "
                                       "GET /v1/models lists them.")
         if self.status == "loading":
-            raise ServiceUnavailableError("The model is still loading; retry shortly.")
+            raise self.still_loading("The model is still loading; retry shortly.")
         if self.client is None or self.status != "ready":
             raise ServiceUnavailableError("The model failed to load; see the server log.")
         return self.client
+
+    def still_loading(self, message: str) -> ServiceUnavailableError:
+        """The 503 of a request that came while the model loads, with its ``Retry-After``
+        (:func:`loading_retry_after_s` of the time since :attr:`loading_since`)."""
+        return ServiceUnavailableError(message, retry_after_s=loading_retry_after_s(
+            time.monotonic() - self.loading_since))
 
     def check_not_draining(self) -> None:
         """Raises ServiceUnavailableError (``server_shutdown``) while the server drains."""
@@ -136,18 +170,19 @@ class ServerState:
         several-model server the loaded model its ``model`` named (``proxy.api.on_demand``).
 
         Raises:
-            ServiceUnavailableError: as :meth:`require_ready`; the model was unloaded meanwhile.
+            ServiceUnavailableError: as :meth:`require_ready`; the model was unloaded meanwhile; the
+                shutdown's grace period has ended (``server_shutdown``).
             InvalidRequestError: the model is an embedding model (it generates nothing).
         """
         slot = request.scope.get(SLOT_KEY)
         if self.registry is None or slot is None:
             return ServedModel(self.require_ready(), self.features)
-        self.check_not_draining()
+        self.check_grace()  # admitted before any shutdown (on_demand): served until the grace ends
         if slot.status == "loaded" and slot.client is None:
             raise InvalidRequestError(f"The model '{slot.id}' is an embedding model: use "
                                       "POST /v1/embeddings.", param="model")
-        if slot.client is None:
-            raise ServiceUnavailableError(f"The model '{slot.id}' is not loaded; retry.")
+        if slot.client is None:  # unloaded between its load and now: a retry loads it again
+            raise ServiceUnavailableError(f"The model '{slot.id}' is not loaded; retry.", retry_after_s=1)
         return ServedModel(slot.client, slot.features)
 
     # ---- embeddings (POST /v1/embeddings, proxy.api.embeddings) ----------------------------------
@@ -157,14 +192,14 @@ class ServerState:
         :meth:`require_ready`."""
         slot = request.scope.get(SLOT_KEY) if request is not None else None
         if self.registry is not None and slot is not None:
-            self.check_not_draining()
+            self.check_grace()
             if slot.embedder is None:
-                raise ServiceUnavailableError(f"The model '{slot.id}' is not loaded; retry.")
+                raise ServiceUnavailableError(f"The model '{slot.id}' is not loaded; retry.", retry_after_s=1)
             embedder: EmbeddingClient = slot.embedder
             return embedder
         self.require_ready()
         if self.embedder is None:
-            raise ServiceUnavailableError("The embedding model is still loading; retry shortly.")
+            raise self.still_loading("The embedding model is still loading; retry shortly.")
         return self.embedder
 
     def extra_model_cards(self) -> list[dict[str, Any]]:
@@ -194,10 +229,24 @@ class ServerState:
         log.info("shutting down: no new requests; open responses get %.1f s to finish", grace)
         self._grace_timer = asyncio.get_running_loop().call_later(max(0.0, grace), self.end_streams)
 
+    def grace_over(self) -> asyncio.Event:
+        """Set when the shutdown's grace period has ended (:meth:`end_streams`); call on the loop."""
+        if self._grace_over is None:
+            self._grace_over = asyncio.Event()
+        return self._grace_over
+
+    def check_grace(self) -> None:
+        """Raises ServiceUnavailableError (``server_shutdown``, the cut responses' error) once the
+        shutdown's grace period has ended: a request admitted before the shutdown runs until then."""
+        if self._grace_over is not None and self._grace_over.is_set():
+            raise ServiceUnavailableError(SHUTDOWN_MESSAGE, code="server_shutdown")
+
     def end_streams(self) -> int:
         """End every open response now: SSE error event (``server_shutdown``) + ``[DONE]``, or a
-        503 JSON error for a non-stream request; their engine requests are aborted. Returns how
+        503 JSON error for a non-stream request; their engine requests are aborted, and requests
+        still waiting for a model's load end with that error (:meth:`grace_over`). Returns how
         many engine requests were ended."""
+        self.grace_over().set()
         n = sum(client.abort_all(SHUTDOWN_MESSAGE, "server_shutdown") for client in self.clients())
         if n:
             log.warning("shutdown grace period over: ended %d running request(s)", n)

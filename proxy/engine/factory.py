@@ -15,9 +15,17 @@ from proxy.engine.client import AsyncEngineClient, EmbeddingClient, ModelInfo
 from proxy.errors import ServiceUnavailableError
 from proxy.heap import freeze_heap
 from proxy.settings import Settings
+from proxy.threads import call_at_nice
 
 if TYPE_CHECKING:
+    from proxy.engine.loading import BuiltEngine
     from proxy.models.embedding import EmbeddingModel
+
+ON_DEMAND_LOAD_NICE = 19
+"""The nice value a several-model server's load runs at while another model serves
+(``build_engine_client``'s ``load_nice``, ``proxy.api.multi.build_registry``): it yields the cores to
+the engines serving (the lowest priority, as the grammar compiles run at). A load with nothing of the
+server to yield to (the first, or the one model) runs at the server's own priority."""
 
 
 def use_engine_process(settings: Settings) -> bool:
@@ -36,8 +44,13 @@ def use_engine_process(settings: Settings) -> bool:
     return settings.device == "cuda"
 
 
-def build_engine_client(settings: Settings) -> AsyncEngineClient:
+def build_engine_client(settings: Settings, load_nice: int = 0) -> AsyncEngineClient:
     """Load ``settings.model`` (HF folder, GGUF file or the default model) behind an engine client.
+
+    ``load_nice`` above 0: the model's load (conversion, compile, self-check) runs on a thread of its
+    own at that nice value, which the threads and processes it starts inherit, so that engines
+    already serving keep the cores (:data:`ON_DEMAND_LOAD_NICE`); the engine then serves at the
+    priority of its process (``proxy.threads.call_at_nice``, ``proxy.engine.core_proc.child``).
 
     With :func:`use_engine_process` the engine core is loaded and run in a child process
     (:class:`proxy.engine.core_proc.proc_client.EngineProcClient`, which blocks here until the child
@@ -61,22 +74,26 @@ def build_engine_client(settings: Settings) -> AsyncEngineClient:
 
     keep_triton_out(settings)  # before the loaders import transformers and xgrammar
     if use_engine_process(settings):
-        return _build_process_client(settings)
+        return _build_process_client(settings, load_nice)
     from proxy.engine.async_engine import AsyncEngine
     from proxy.engine.loading import build_core
     from proxy.media.processor import images_refusal
 
-    built = build_core(settings)
+    def build(settings: Settings) -> tuple[BuiltEngine, AsyncEngine]:
+        built = build_core(settings)  # the engine's driver reads the torch thread count of this thread
+        return built, AsyncEngine(built.core, settings.max_waiting)
+
+    built, engine = call_at_nice(load_nice, build, settings, name="streamproxy-load")
     loaded, core = built.loaded, built.core
     model = ModelInfo(loaded.served_model_name, core.max_model_len, vocab_size=len(loaded.hf_tokenizer),
                       dtype=str(loaded.dtype).removeprefix("torch."), quantization=loaded.quantization,
                       execution=core.execution.as_dict(),
                       images_refused=images_refusal(getattr(loaded.model, "config", None)))
-    return AsyncEngineClient(AsyncEngine(core, settings.max_waiting), built.tokenizer, model,
+    return AsyncEngineClient(engine, built.tokenizer, model,
                              grammar_compiler=built.grammar_compiler, vision=loaded.vision)
 
 
-def _build_process_client(settings: Settings) -> AsyncEngineClient:
+def _build_process_client(settings: Settings, load_nice: int) -> AsyncEngineClient:
     from transformers import AutoConfig, AutoTokenizer
 
     from proxy.engine.core_proc.grammar import ChildGrammarCompiler
@@ -84,7 +101,7 @@ def _build_process_client(settings: Settings) -> AsyncEngineClient:
     from proxy.media.processor import VisionProcessor, images_refusal
     from proxy.tokenizer import Tokenizer
 
-    core = EngineProcClient(settings)
+    core = EngineProcClient(settings, load_nice)
     info = core.info
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(info.model_path)

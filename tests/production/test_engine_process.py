@@ -128,6 +128,29 @@ def test_engine_process_reports_the_openmp_wait_policy_of_its_environment(
         client.shutdown()
 
 
+def test_an_on_demand_load_runs_at_nice_19_and_the_serving_thread_keeps_its_priority(model_dir: Path):
+    """A several-model server's load yields the cores (``ON_DEMAND_LOAD_NICE``) on a thread of the child
+    that ends with it; the child's main thread, which steps the engine, keeps the priority it started
+    with (this thread's, which spawned it). ``test_multi_model`` serves from such loads."""
+    from proxy.engine.core_proc.proc_client import EngineProcClient
+    from proxy.engine.factory import ON_DEMAND_LOAD_NICE
+    from proxy.threads import thread_nice
+
+    from .helpers import tiny_settings
+
+    start = thread_nice()
+    if start >= ON_DEMAND_LOAD_NICE:
+        pytest.skip("the tests already run at the lowest priority")
+    settings = tiny_settings(model_dir, engine_process=True, self_check=False)
+    client = EngineProcClient(settings, ON_DEMAND_LOAD_NICE)
+    try:
+        assert (client.info.load_nice, client.info.serve_nice) == (19, start)
+        assert client.pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, client.pid) == start  # the child's main thread
+    finally:
+        client.shutdown()
+
+
 def test_engine_process_flag_and_default():
     from proxy.cli import build_parser, settings_from
     from proxy.engine.factory import use_engine_process

@@ -1,11 +1,13 @@
 """Several real models in one server (issue 48's "done when"): two tiny Llamas with ``--models-max 1``,
 alternated A, B, A, each answering exactly its greedy text as when served alone; a model that cannot
 be served exits the one-model server non-zero with a one-line reason; each published router in front
-of a several-model replica routes A and B to it (the replica picks the engine by ``model``)."""
+of a several-model replica routes A and B to it (the replica picks the engine by ``model``), and in
+front of replicas with different model lists sends requests to a replica that lacks the model."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,10 +44,10 @@ async def _alone(folder: Path, name: str) -> str:
         return text
 
 
-async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any], list[int], list[bool]]:
+async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any], list[int], list[bool], list[Any]]:
     settings = Settings(model=str(a), served_model_name="A", extra_models=(f"{b}=B",), models_max=1, **ENGINE)
     app = create_app(settings)
-    texts, seen, pids, alive = [], [], [], []
+    texts, seen, pids, alive, nices = [], [], [], [], []
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t",
                                                                    timeout=300) as client:
@@ -54,9 +56,11 @@ async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any], list[int],
             texts.append(reply.json()["choices"][0]["message"]["content"])
             models = (await client.get("/v1/models")).json()["data"]
             seen.append({m["id"]: m["status"]["value"] for m in models})
-            pids.append(app.state.server.registry.find(name).client.core.pid)  # its engine process
+            core = app.state.server.registry.find(name).client.core
+            pids.append(core.pid)  # its engine process
+            nices.append((core.info.load_nice, core.info.serve_nice))
             alive.append([Path(f"/proc/{pid}").exists() for pid in pids])
-    return texts, seen, pids, alive
+    return texts, seen, pids, alive, nices
 
 
 @pytest.mark.slow
@@ -64,8 +68,10 @@ def test_two_models_alternate_under_models_max_1(two_models: tuple[Path, Path]) 
     a, b = two_models
     alone_a, alone_b = asyncio.run(_alone(a, "A")), asyncio.run(_alone(b, "B"))
     assert alone_a != alone_b  # two different models, or the test could not tell them apart
-    texts, seen, pids, alive = asyncio.run(_alternate(a, b))  # each engine in its own process (the default)
+    texts, seen, pids, alive, nices = asyncio.run(_alternate(a, b))  # each engine in its own process
     assert texts == [alone_a, alone_b, alone_a]
+    start = os.nice(0)  # each load ran with no other model loaded (--models-max 1): nothing to yield to
+    assert nices == [(start, start)] * 3
     assert len(set(pids)) == 3  # a fresh process each load; an unloaded model's has exited (memory freed)
     assert alive == [[True], [False, True], [False, False, True]]
     assert seen == [{"A": "loaded", "B": "unloaded"}, {"A": "unloaded", "B": "loaded"},
@@ -139,3 +145,30 @@ def test_a_models_file_serves_a_chat_model_and_an_embedding_model(two_models: tu
     assert [len(v) for v in vectors] == [32, 32]
     assert all(cosine(v, r) > 1 - 1e-5 for v, r in zip(vectors, reference, strict=True))
     assert states == {"chat": "loaded", "embed": "loaded"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ROUTERS)
+def test_replicas_serving_different_model_lists_get_requests_for_models_they_lack(
+        kind: str, two_models: tuple[Path, Path], tmp_path: Path) -> None:
+    """Why docs/scaling.md asks for one model list on every replica: neither router routes by model
+    (``sglang-router`` registers a several-model replica as ``unknown``; ``vllm-router`` forwards
+    ``/v1/models`` to one replica), so round-robin sends every other request for a model only the
+    first replica serves to the second, which answers 404 ``model_not_found``."""
+    a, b = two_models
+    first = start_server(tmp_path, ["--model", f"{a}=A", "--model", f"{b}=B", "--no-engine-process",
+                                    *ENGINE_ARGS], name="first", new_session=True)
+    second = start_server(tmp_path, ["--model", f"{b}=B", "--no-engine-process", *ENGINE_ARGS],
+                          name="second", new_session=True)
+    try:
+        with router(tmp_path, kind, [first, second], policy="round_robin") as base:
+            def ask(model: str) -> tuple[int, str]:
+                reply = httpx.post(f"{base}/v1/chat/completions", json={"model": model, **ASK}, timeout=120)
+                return reply.status_code, reply.json().get("error", {}).get("code", "")
+
+            only_first, both = sorted(ask("A") for _ in range(4)), [ask("B") for _ in range(2)]
+    finally:
+        first.stop()
+        second.stop()
+    assert only_first == [(200, ""), (200, ""), (404, "model_not_found"), (404, "model_not_found")]
+    assert both == [(200, ""), (200, "")]

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from proxy.errors import RateLimitError, StreamproxyError
 
-from ..responses import RETRY_AFTER_S, json_response
+from ..responses import json_response, retry_headers
 
 PATH_PREFIX = "/v1/messages"
 OVERLOADED_STATUS = 529
@@ -45,7 +45,6 @@ def anthropic_error(exc: StreamproxyError) -> dict[str, Any]:
 
 
 def anthropic_error_response(exc: StreamproxyError, headers: dict[str, str] | None = None) -> Response:
-    """The JSON error response of ``exc`` on a Messages endpoint (529 adds ``Retry-After``)."""
-    if isinstance(exc, RateLimitError):
-        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
-    return json_response(anthropic_error(exc), anthropic_status(exc), headers)
+    """The JSON error response of ``exc`` on a Messages endpoint (529, and a 503 while a model loads,
+    add ``Retry-After``: ``proxy.api.responses.retry_headers``)."""
+    return json_response(anthropic_error(exc), anthropic_status(exc), retry_headers(exc, headers))

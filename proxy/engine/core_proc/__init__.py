@@ -27,9 +27,11 @@ Modules:
 
 - ``messages``: what crosses the pipe, one dataclass a kind (commands, ``ReadyInfo``, ``StepResult``
   with its ``CoreStats``); the engine thread's commands are the same ones.
+- ``entry``: the engine process's entry point (imports nothing heavy: the load, its imports
+  included, may run at a lower priority than the serving thread); its signal handling.
 - ``child``: the engine process's side (load, report ready, run the ``CoreDriver`` loop of
-  ``proxy.engine.driver`` on the pipe, answer grammar compiles); its OpenMP wait policy and signal
-  handling.
+  ``proxy.engine.driver`` on the pipe, answer grammar compiles); its OpenMP wait policy and load
+  priority.
 - ``lifecycle``: starting the child and waiting for it to be ready, stopping it, killing it at exit.
 - ``grammar``: the API process's half of grammar compiles (``ChildGrammarCompiler``, the pending
   compiles).

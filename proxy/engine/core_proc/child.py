@@ -1,4 +1,5 @@
-"""The engine process's side: load the model, report ready, then serve commands until stop or EOF.
+"""The engine process's side: load the model, report ready, then serve commands until stop or EOF
+(``proxy.engine.core_proc.entry`` runs :func:`load_engine`, then :func:`serve_engine`).
 
 OpenMP wait policy: the child leaves ``OMP_WAIT_POLICY`` to the environment (libgomp's default when
 unset: idle workers spin a while, then sleep). It loads and steps on its main thread, so it holds one
@@ -9,21 +10,25 @@ machine shared with other heavy work (there, spinning workers took the cores fro
 work). On a machine shared with other CPU work, set ``OMP_WAIT_POLICY=PASSIVE``.
 ``ReadyInfo.omp_wait_policy`` reports what the child ran with.
 
-Signals: the API process owns shutdown. SIGINT and SIGTERM sent to the whole process group (Ctrl-C in
-a terminal, ``kill -TERM -PGID``, a supervisor's control group) also reach the child, which ignores
-both: the API process drains, then sends ``Stop`` (SIGKILL after ``STOP_TIMEOUT_S``, see
-``proxy.engine.core_proc.lifecycle``). The child also ends by itself when the API process is gone
+Priority: with ``load_nice`` above 0 (a several-model server's on-demand loads, beside engines that
+serve: ``proxy.engine.factory.ON_DEMAND_LOAD_NICE``) the load (the imports of torch, transformers
+and the engine, conversion, compile, self-check) runs on a thread of its own at that nice value
+(``proxy.threads.call_at_nice``), which its OpenMP team and the compiler processes inductor starts
+inherit, and which ends with the load; the main thread, which then serves, keeps the priority the
+child started with (an unprivileged process cannot raise a lowered priority again, so the main
+thread itself is never lowered). ``ReadyInfo.load_nice`` and ``serve_nice`` report both. Without a
+load priority, the main thread loads too (one OpenMP team in the process, as above).
+
+Signals: see ``proxy.engine.core_proc.entry``. The child ends by itself when the API process is gone
 (its pipe reports EOF).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import signal
 import threading
-import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -43,6 +48,7 @@ from proxy.engine.driver import CoreDriver
 from proxy.engine.request import RequestOutput
 from proxy.errors import InvalidRequestError
 from proxy.settings import Settings
+from proxy.threads import thread_nice
 
 
 def omp_wait_policy() -> str:
@@ -51,16 +57,24 @@ def omp_wait_policy() -> str:
     return os.environ.get("OMP_WAIT_POLICY", "")
 
 
-def child_main(settings: Settings, conn: Connection) -> None:
-    """Entry point of the engine process: load, report ready, then serve commands until stop/EOF."""
-    wait_policy = omp_wait_policy()
-    # Signals to the whole process group (Ctrl-C, kill -TERM -PGID) reach us too: the API process
-    # drains, then stops us with a message; dying here would fail the streams it is draining
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s [engine process]: %(message)s")
-    start = time.monotonic()
+@dataclass
+class LoadedEngine:
+    """What the load hands the thread that serves.
+
+    Attributes:
+        built: the engine as ``proxy.engine.loading.build_core`` assembled it.
+        driver: its loop (built on the loading thread: it reads that thread's torch thread count).
+        load_nice: the nice value the load ran at.
+    """
+
+    built: Any
+    driver: CoreDriver
+    load_nice: int
+
+
+def load_engine(settings: Settings, conn: Connection) -> LoadedEngine | None:
+    """The load, on the calling thread (the engine process's loading thread: module docs): build the
+    engine and its driver, telling the API process each stage; None after reporting ``LoadFailed``."""
     try:
         from proxy.models.device import keep_triton_out
 
@@ -68,15 +82,22 @@ def child_main(settings: Settings, conn: Connection) -> None:
         from proxy.engine.loading import build_core
 
         built = build_core(settings, lambda stage: conn.send(Progress(stage)))
-        loaded, core, compiler = built.loaded, built.core, built.grammar_compiler
+        return LoadedEngine(built, CoreDriver(built.core, None, settings.adaptive_threads), thread_nice())
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises ModelLoadError
         conn.send(LoadFailed(f"{type(exc).__name__}: {exc}"))
-        return
+        return None
+
+
+def serve_engine(engine: LoadedEngine, settings: Settings, conn: Connection, load_s: float) -> None:
+    """Report ready (``load_s``: seconds since the process started), then serve commands on the
+    calling thread (the main thread) until stop or EOF."""
+    built, driver = engine.built, engine.driver
+    loaded, core, compiler = built.loaded, built.core, built.grammar_compiler
     conn.send(ReadyInfo(loaded.model_path, loaded.served_model_name, core.max_model_len,
                         tuple(sorted(loaded.eos_token_ids)), built.num_logits,
-                        str(loaded.dtype).removeprefix("torch."), loaded.quantization,
-                        time.monotonic() - start, wait_policy, CoreStats.of(core, 0),
-                        core.execution.as_dict()))
+                        str(loaded.dtype).removeprefix("torch."), loaded.quantization, load_s,
+                        omp_wait_policy(), CoreStats.of(core, 0), core.execution.as_dict(),
+                        engine.load_nice, thread_nice()))
     send_lock = threading.Lock()  # the compile thread answers while the engine loop sends steps
 
     def send(msg: Any) -> None:
@@ -86,8 +107,9 @@ def child_main(settings: Settings, conn: Connection) -> None:
     def compile_async(command: CompileGrammar) -> None:
         compiler.executor.submit(compile_and_answer, compiler, send, command)
 
+    driver.compile_grammar = compile_async
     try:  # compiles run on the compiler's own (nice 19) threads while the loop steps
-        serve(CoreDriver(core, compile_async, settings.adaptive_threads), conn, send)
+        serve(driver, conn, send)
     except (EOFError, BrokenPipeError):  # the API process is gone
         pass
 

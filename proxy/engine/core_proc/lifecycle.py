@@ -1,7 +1,7 @@
 """Starting the engine process and waiting for it to be ready, stopping it, and killing it at exit.
 
 The child is started with multiprocessing's "spawn" method (fork is unsafe with torch/CUDA threads
-already running). Because the child ignores SIGTERM (see ``proxy.engine.core_proc.child``),
+already running). Because the child ignores SIGTERM (see ``proxy.engine.core_proc.entry``),
 ``multiprocessing``'s exit handler (SIGTERM, then an unbounded ``join``) could wait for it forever;
 an ``atexit`` hook registered after it SIGKILLs any child still alive first.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from proxy.engine.core_proc.child import child_main
+from proxy.engine.core_proc.entry import engine_process_main
 from proxy.engine.core_proc.messages import LoadFailed, Progress, ReadyInfo, Send, Stop
 from proxy.settings import Settings
 
@@ -50,12 +50,15 @@ def untrack(proc: Any) -> None:
     _children.discard(proc)
 
 
-def start_child(settings: Settings, on_started: Callable[[Any], None]) -> tuple[Any, Connection, ReadyInfo]:
+def start_child(settings: Settings, on_started: Callable[[Any], None],
+                load_nice: int = 0) -> tuple[Any, Connection, ReadyInfo]:
     """Start an engine process for ``settings`` and block until it is ready, logging its progress.
 
     Args:
         settings: passed to the child, which loads ``settings.model``.
         on_started: called with the process once it runs, before the wait (shutdown kills it there).
+        load_nice: the nice value the child loads at (0: its start's); it serves at its start's
+            priority, this thread's (``proxy.engine.core_proc.child``).
 
     Returns:
         the process, the parent's end of its pipe, and its ``ReadyInfo``.
@@ -67,7 +70,7 @@ def start_child(settings: Settings, on_started: Callable[[Any], None]) -> tuple[
     from proxy.models import ModelLoadError
 
     parent_conn, child_conn = _MP.Pipe()
-    proc = _MP.Process(target=child_main, args=(settings, child_conn),
+    proc = _MP.Process(target=engine_process_main, args=(settings, child_conn, load_nice),
                        name="streamproxy-engine-core", daemon=True)
     proc.start()
     _track(proc)
@@ -101,7 +104,8 @@ def start_child(settings: Settings, on_started: Callable[[Any], None]) -> tuple[
         untrack(proc)
         parent_conn.close()
         raise
-    logger.info("engine process ready (pid %d) in %.1f s (OpenMP wait policy %s)", proc.pid, info.load_s,
+    logger.info("engine process ready (pid %d) in %.1f s (loaded at nice %d, serving at nice %d; OpenMP "
+                "wait policy %s)", proc.pid, info.load_s, info.load_nice, info.serve_nice,
                 info.omp_wait_policy or "libgomp's default")
     return proc, parent_conn, info
 

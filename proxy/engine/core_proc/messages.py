@@ -98,6 +98,9 @@ class ReadyInfo:
             default; see ``proxy.engine.core_proc.child``).
         stats: the core's counters when it is ready (its KV blocks, all free), so that ``/health``
             reports them before the first step.
+        load_nice: the nice value the load ran at (read on the loading thread; the child serves at
+            its start's priority; see ``proxy.engine.core_proc.child``).
+        serve_nice: the nice value of the thread that serves (the child's main thread).
     """
 
     model_path: str
@@ -111,6 +114,8 @@ class ReadyInfo:
     omp_wait_policy: str
     stats: CoreStats | None = None
     execution: dict[str, Any] | None = None
+    load_nice: int = 0
+    serve_nice: int = 0
 
 
 @dataclass(frozen=True)

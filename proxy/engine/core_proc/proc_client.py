@@ -58,13 +58,16 @@ class EngineProcClient:
 
     Args:
         settings: passed to the child, which loads ``settings.model`` with ``proxy.models.load_model``.
+        load_nice: the nice value the child loads at, and a restarted child reloads at (0: its
+            start's); it serves at its start's priority (``proxy.engine.core_proc.child``).
 
     Raises:
         proxy.models.ModelLoadError: the child failed to load the model or exited while loading.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, load_nice: int = 0) -> None:
         self.settings = settings
+        self.load_nice = load_nice
         self.max_waiting = settings.max_waiting
         self.max_num_seqs = settings.max_num_seqs
         # The test hook runs in the engine's forward pass; a callable does not cross processes, so in
@@ -90,7 +93,7 @@ class EngineProcClient:
 
     def _launch(self) -> ReadyInfo:
         try:
-            proc, conn, info = start_child(self.settings, self._on_launch_started)
+            proc, conn, info = start_child(self.settings, self._on_launch_started, self.load_nice)
         finally:
             self._launching = None
         self._proc, self._conn = proc, conn

@@ -24,6 +24,7 @@ from proxy.engine.structured.masks import has_control_char, token_mask
 from proxy.engine.structured.request_grammar import RequestGrammar
 from proxy.errors import InvalidRequestError
 from proxy.sampling import StructuredOutputParams
+from proxy.threads import lower_thread_priority
 from proxy.tools.regex_features import check_regex
 from proxy.tools.schema import check_json_schema
 
@@ -33,13 +34,9 @@ logger = logging.getLogger(__name__)
 
 
 def _lowest_priority() -> None:
-    """Lower the calling thread's CPU priority to nice 19 (Linux keeps a nice value per thread; a
-    thread may always lower its own). Elsewhere, or where refused, nothing changes."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
-
+    """Lower the calling thread's CPU priority to nice 19 (``proxy.threads.lower_thread_priority``:
+    this thread only). Elsewhere, or where refused, nothing changes."""
+    lower_thread_priority(19)
 
 
 _XGRAMMAR_LOG_PREFIX = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ")
