@@ -180,7 +180,7 @@ static inline SP_AMX __attribute__((always_inline)) void sp_amx_scale_rows(
  * to 16 when M > 16, else M). Per output block: the codes of a chunk of groups are decoded into B
  * tiles, then each 16-row tile of x is multiplied group by group (two sets of tile registers in turn,
  * so that one group's products overlap the next's), each group's C tile stored; then the fp32 pass
- * applies scales and zeros row by row, group after group. */
+ * applies scales and zeros group after group to every row of the tile (sp_amx_scale_rows). */
 static SP_AMX void sp_amx_int4_run(const uint16_t *x, int64_t M, int64_t M_pad, int64_t K, const uint8_t *codes,
                                    const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
                                    uint16_t *y, int num_threads) {
