@@ -141,6 +141,27 @@ static inline SP_AMX void sp_amx_decode_tile(const uint8_t *src, uint16_t *dst, 
         _tile_stored(C, (cdst), 64);                                  \
     } while (0)
 
+/* the fp32 pass of one row tile over a chunk's groups [g0, g1): for each row r < R (a constant once
+ * inlined) and group g in order, acc[r] = fma(P[g][r], scale[g], acc[r]) then acc[r] = fma(S[r, g],
+ * zero[g], acc[r]), P the group's C tile in cbuf (rows rows apart), S the rows' group sums (G a row).
+ * The rows' accumulators stay in registers and each group's scale and zero are widened once for all
+ * rows (the same operations in the same order per row as one row at a time). */
+static inline SP_AMX __attribute__((always_inline)) void sp_amx_scale_rows(
+    const int R, float *acc, const float *cbuf, int rows, const float *sums, int64_t G, const uint16_t *sb,
+    const uint16_t *zb, int64_t g0, int64_t g1) {
+    __m512 v[SP_AMX_MTILE];
+    for (int r = 0; r < R; r++) v[r] = _mm512_load_ps(acc + r * SP_AMX_NBLOCK);
+    for (int64_t g = g0; g < g1; g++) {
+        const __m512 s = sp_bf16x16_to_ps(sb + g * SP_AMX_NBLOCK), z = sp_bf16x16_to_ps(zb + g * SP_AMX_NBLOCK);
+        const float *c = cbuf + (g - g0) * rows * SP_AMX_NBLOCK;
+        for (int r = 0; r < R; r++) {
+            v[r] = _mm512_fmadd_ps(_mm512_load_ps(c + r * SP_AMX_NBLOCK), s, v[r]);
+            v[r] = _mm512_fmadd_ps(_mm512_set1_ps(sums[r * G + g]), z, v[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_store_ps(acc + r * SP_AMX_NBLOCK, v[r]);
+}
+
 /* groups decoded, then multiplied, at a time (bounds the decoded tiles to ~16 KiB, in L1) */
 #define SP_AMX_CHUNK_TILES 16
 /* how far ahead (bytes) the codes are prefetched: a call of few rows spends less time a tile, so it
@@ -159,7 +180,7 @@ static inline SP_AMX void sp_amx_decode_tile(const uint8_t *src, uint16_t *dst, 
  * to 16 when M > 16, else M). Per output block: the codes of a chunk of groups are decoded into B
  * tiles, then each 16-row tile of x is multiplied group by group (two sets of tile registers in turn,
  * so that one group's products overlap the next's), each group's C tile stored; then the fp32 pass
- * applies scales and zeros row by row, group after group. */
+ * applies scales and zeros group after group to every row of the tile (sp_amx_scale_rows). */
 static SP_AMX void sp_amx_int4_run(const uint16_t *x, int64_t M, int64_t M_pad, int64_t K, const uint8_t *codes,
                                    const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
                                    uint16_t *y, int num_threads) {
@@ -219,16 +240,15 @@ static SP_AMX void sp_amx_int4_run(const uint16_t *x, int64_t M, int64_t M_pad, 
                             SP_AMX_GROUP(0, 1, 2, xm + g * group, K * 2, btiles + 512 * (g - g0) * tpg, tpg,
                                          cbuf + (g - g0) * rows * SP_AMX_NBLOCK);
                         const int64_t mend = M - m0 < rows ? M - m0 : rows;
-                        for (int64_t r = 0; r < mend; r++) {
-                            float *a = acc + (m0 + r) * SP_AMX_NBLOCK;
-                            __m512 v = _mm512_load_ps(a);
-                            const float *sr = sums + (m0 + r) * G;
-                            for (int64_t gg = g0; gg < g1; gg++) {
-                                v = _mm512_fmadd_ps(_mm512_load_ps(cbuf + ((gg - g0) * rows + r) * SP_AMX_NBLOCK),
-                                                    sp_bf16x16_to_ps(sb + gg * SP_AMX_NBLOCK), v);
-                                v = _mm512_fmadd_ps(_mm512_set1_ps(sr[gg]), sp_bf16x16_to_ps(zb + gg * SP_AMX_NBLOCK), v);
-                            }
-                            _mm512_store_ps(a, v);
+                        float *am = acc + m0 * SP_AMX_NBLOCK;
+                        const float *sm = sums + m0 * G;
+                        switch (mend) {
+#define SP_AMX_EP(R) case R: sp_amx_scale_rows(R, am, cbuf, rows, sm, G, sb, zb, g0, g1); break
+                        SP_AMX_EP(1); SP_AMX_EP(2); SP_AMX_EP(3); SP_AMX_EP(4); SP_AMX_EP(5); SP_AMX_EP(6);
+                        SP_AMX_EP(7); SP_AMX_EP(8); SP_AMX_EP(9); SP_AMX_EP(10); SP_AMX_EP(11); SP_AMX_EP(12);
+                        SP_AMX_EP(13); SP_AMX_EP(14); SP_AMX_EP(15); SP_AMX_EP(16);
+#undef SP_AMX_EP
+                        default: break;
                         }
                     }
                 }

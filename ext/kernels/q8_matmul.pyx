@@ -10,6 +10,8 @@ cdef extern from "q8_matmul.h" nogil:
     void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
                       const float *scales, const float *zeros, int64_t group, int64_t N, float *y,
                       int num_threads, int isa)
+    void sp_q8_matmul_split(const float *x, int64_t M, int64_t K, const int8_t *codes, const int8_t *sub,
+                            const float *block, int64_t N, float *y, int num_threads, int isa)
     int SP_Q8_AVX2
     int SP_Q8_AVX512
 
@@ -40,3 +42,14 @@ def q8_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scal
     with nogil:
         sp_q8_matmul(<const float *>x, m, k, <const int8_t *>codes, <const float *>scales,
                      <const float *>zeros, group, n, <float *>out, num_threads, isa)
+
+
+def q8_matmul_split(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t sub, uintptr_t block,
+                    int64_t n, uintptr_t out, int num_threads, int isa) -> None:
+    """``out[m, n] = x[m, k] @ (codes[n, k] * block[n, k / 256] * sub[n, k / 16]).T`` (the header's
+    ``sp_q8_matmul_split``): addresses of contiguous fp32 ``x`` / ``block`` / ``out`` and int8 ``codes``
+    / ``sub``; the GIL is released. Unchecked: call it through
+    ``proxy.quant.split_scales.q8_matmul_split``."""
+    with nogil:
+        sp_q8_matmul_split(<const float *>x, m, k, <const int8_t *>codes, <const int8_t *>sub,
+                           <const float *>block, n, <float *>out, num_threads, isa)

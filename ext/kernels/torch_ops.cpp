@@ -1,4 +1,4 @@
-// The CPU kernels of the torch ops streamproxy::amx_int4_mm, streamproxy::q8_matmul and
+// The CPU kernels of the torch ops streamproxy::amx_int4_mm, streamproxy::q8_matmul(_split) and
 // streamproxy::paged_decode_attention in C++, built into proxy.quant._torch_ops against the installed
 // torch and loaded by proxy.quant.kernels, which defines the ops' schemas; proxy/quant/kernels.py says
 // why (a compiled decode step calls them ~150 times a step without taking the GIL). The matmul kernels
@@ -81,6 +81,33 @@ at::Tensor q8_matmul(const at::Tensor& x_in, const at::Tensor& codes, const at::
         sp_q8_matmul(x.const_data_ptr<float>(), m, k, codes.const_data_ptr<int8_t>(), scales.const_data_ptr<float>(),
                      zeros ? zeros->const_data_ptr<float>() : nullptr, k ? k / scales.size(1) : SP_Q8_GROUP, n, out.mutable_data_ptr<float>(), at::get_num_threads(),
                      static_cast<int>(isa));
+    return out;
+}
+
+// q8_matmul with the group-16 scales split (q8_matmul.h's sp_q8_matmul_split): sub int8 [N, K / 16],
+// block fp32 [N, K / 256] (proxy.quant.split_scales).
+at::Tensor q8_matmul_split(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& sub,
+                           const at::Tensor& block, int64_t isa) {
+    TORCH_CHECK(x_in.dim() == 2 && codes.dim() == 2 && sub.dim() == 2 && block.dim() == 2 &&
+                    x_in.scalar_type() == at::kFloat && codes.scalar_type() == at::kChar &&
+                    sub.scalar_type() == at::kChar && block.scalar_type() == at::kFloat,
+                "q8_matmul_split takes fp32 x [M, K], int8 codes [N, K], int8 sub [N, K / 16] and fp32 block "
+                "[N, K / 256]");
+    const int64_t m = x_in.size(0), k = x_in.size(1), n = codes.size(0);
+    TORCH_CHECK(k % SP_Q8_SPLIT == 0 && codes.size(1) == k && sub.size(0) == n && sub.size(1) == k / 16 &&
+                    block.size(0) == n && block.size(1) == k / SP_Q8_SPLIT,
+                "q8_matmul_split: shapes do not fit (x ", x_in.sizes(), ", codes ", codes.sizes(), ", sub ",
+                sub.sizes(), ", block ", block.sizes(), ")");
+    TORCH_CHECK(codes.is_contiguous() && sub.is_contiguous() && block.is_contiguous(),
+                "q8_matmul_split takes contiguous weights");
+    TORCH_CHECK((isa == SP_Q8_AVX2 || isa == SP_Q8_AVX512) && isa <= sp_q8_best_isa(),
+                "q8_matmul_split: instruction set ", isa, " does not run on this CPU");
+    at::Tensor x = x_in.contiguous();
+    at::Tensor out = at::empty({m, n}, x.options());
+    if (m && n)
+        sp_q8_matmul_split(x.const_data_ptr<float>(), m, k, codes.const_data_ptr<int8_t>(),
+                           sub.const_data_ptr<int8_t>(), block.const_data_ptr<float>(), n,
+                           out.mutable_data_ptr<float>(), at::get_num_threads(), static_cast<int>(isa));
     return out;
 }
 
@@ -486,5 +513,6 @@ at::Tensor paged_decode_attention(const at::Tensor& query_in, const at::Tensor& 
 TORCH_LIBRARY_IMPL(streamproxy, CPU, m) {
     m.impl("amx_int4_mm", &amx_int4_mm);
     m.impl("q8_matmul", &q8_matmul);
+    m.impl("q8_matmul_split", &q8_matmul_split);
     m.impl("paged_decode_attention", &paged_decode_attention);
 }

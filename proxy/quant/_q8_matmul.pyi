@@ -10,3 +10,6 @@ def q8_matmul(
     x: int, m: int, k: int, codes: int, scales: int, group: int, n: int, out: int, num_threads: int,
     isa: int
 ) -> None: ...
+def q8_matmul_split(
+    x: int, m: int, k: int, codes: int, sub: int, block: int, n: int, out: int, num_threads: int, isa: int
+) -> None: ...

@@ -31,6 +31,7 @@ from torch import nn
 
 from proxy.quant.embedding import GROUP_SIZE, group_of
 from proxy.quant.kernels import define_cpu_op
+from proxy.quant.split_scales import q8_matmul_split, split_scales
 
 _q8_matmul: ModuleType | None
 KERNEL_IMPORT_ERROR: str | None = None
@@ -120,9 +121,13 @@ def q8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
         if _q8_matmul is None or not _q8_matmul.available():
             raise RuntimeError(
                 f"the Q8_0 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AVX2/FMA'})")
-    isa = _q8_matmul.ISAS[KERNEL_ISA] if _q8_matmul is not None and KERNEL_ISA is not None else 0
-    out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales, zeros, isa)
+    out: torch.Tensor = torch.ops.streamproxy.q8_matmul(x.contiguous(), codes, scales, zeros, _isa())
     return out
+
+
+def _isa() -> int:
+    """The extension's value of :data:`KERNEL_ISA` (0 where the kernel is not built)."""
+    return _q8_matmul.ISAS[KERNEL_ISA] if _q8_matmul is not None and KERNEL_ISA is not None else 0
 
 
 def _q8_matmul_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
@@ -181,8 +186,9 @@ class Int8Linear(nn.Module):
 
     ``forward(x)``: ``[..., in_features]`` of any float dtype on the CPU -> ``[..., out_features]``
     in ``x``'s dtype (computed in fp32, rounded once). Through the kernel where
-    :func:`kernel_available` and the call has fewer than :data:`GEMM_ROWS` rows, else
-    :func:`q8_matmul_reference`.
+    :func:`kernel_available` and the call has fewer than :data:`GEMM_ROWS` rows (group-16 scales that
+    split exactly, ``Q6_K``'s, through its split entry: :mod:`proxy.quant.split_scales`, the same
+    bits from fewer bytes), else :func:`q8_matmul_reference`.
     """
 
     codes: torch.Tensor
@@ -201,6 +207,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("codes", codes.contiguous(), persistent=False)
         self.register_buffer("scales", scales.contiguous(), persistent=False)
         self.register_buffer("zeros", None if zeros is None else zeros.contiguous(), persistent=False)
+        split = (split_scales(self.scales) if self.group_size == 16 and zeros is None and kernel_available()
+                 and codes.device.type == "cpu" else None)
+        #: the group-16 scales split for the kernel's split entry (fewer bytes a step, same bits), or None
+        self.register_buffer("sub_scales", None if split is None else split[0], persistent=False)
+        self.register_buffer("block_scales", None if split is None else split[1], persistent=False)
         self.bias = None if bias is None else nn.Parameter(
             bias.detach().to(torch.float32), requires_grad=False)
         self._mm = q8_matmul if kernel_available() else q8_matmul_reference
@@ -224,8 +235,12 @@ class Int8Linear(nn.Module):
         if x2.dtype != torch.float32:
             x2 = x2.float()
         buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
-        mm = self._mm if x2.shape[0] < GEMM_ROWS else q8_matmul_reference
-        y = mm(x2, buffers["codes"], buffers["scales"], buffers["zeros"])
+        sub = buffers["sub_scales"]
+        if sub is not None and x2.shape[0] < GEMM_ROWS:
+            y = q8_matmul_split(x2, buffers["codes"], sub, buffers["block_scales"], _isa())
+        else:
+            mm = self._mm if x2.shape[0] < GEMM_ROWS else q8_matmul_reference
+            y = mm(x2, buffers["codes"], buffers["scales"], buffers["zeros"])
         bias = self.bias
         if bias is not None:
             y += bias

@@ -125,6 +125,21 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads(group: int, isa: 
 
 
 @needs_kernel
+@pytest.mark.parametrize("k", [1024, 4096])
+def test_padded_and_blocked_calls_keep_a_rows_bits(k: int, isa: str) -> None:
+    """K = 1024 and 4096: rows 4 KiB apart (read from a padded copy), and at 4096 more than 4 rows
+    take the loop blocked over K (AVX-512); a row's bits are those it has alone."""
+    codes, scales = _weights(40, k, group=16)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(3))
+    alone = torch.cat([q8_matmul(x[i:i + 1], codes, scales) for i in range(19)])
+    for rows in (slice(0, 5), slice(0, 8), slice(2, 18), slice(0, 19)):
+        assert torch.equal(q8_matmul(x[rows], codes, scales), alone[rows])
+    want = x.double() @ (codes.double().view(40, -1, 16) * scales.double()[..., None]).view(40, k).t()
+    bound = 1e-6 * (x.double().abs() @ codes.double().abs().t() * scales.double().abs().max()).max().item()
+    assert (alone.double() - want).abs().max().item() <= bound
+
+
+@needs_kernel
 def test_empty_and_non_contiguous_inputs(isa: str) -> None:
     codes, scales = _weights(16, 64)
     assert q8_matmul(torch.empty(0, 64), codes, scales).shape == (0, 16)
