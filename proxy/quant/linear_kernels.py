@@ -18,8 +18,8 @@ from proxy.quant.dense_prefill import dense_prefill_default, dense_weight_dtype
 
 #: the dense prefill copies are made by default (``Settings.dense_prefill`` None) only up to this
 #: many bytes: issue 46's memory target (peak RSS at most the GGUF's size + the KV pool + 400 MiB)
-#: has no room for more (SmolLM2-1.7B Q4_K_M's would take 2.6 GiB; the default model's take 202.5
-#: MiB and stay). The policy and what it costs: ``docs/serving.md``, "Dense prefill".
+#: has no room for more (a 1.7B Q4_K_M model's would take 2.5 GiB; the default model's, 202.5 MiB,
+#: stay). The policy and what it costs: ``docs/serving.md``, "Dense prefill".
 DEFAULT_COPY_MAX_BYTES = 256 << 20
 #: the types :mod:`proxy.quant.gguf_blocks` packs into int4 planes (those get dense copies; the int8
 #: types take :class:`~proxy.quant.int8_linear.Int8Linear`, which has none, where its kernel runs)
