@@ -188,7 +188,9 @@ def load_both(threads: int):  # type: ignore[no-untyped-def]
     from transformers import AutoModelForCausalLM
 
     loaded = load_engine_model(Settings(num_threads=threads))
-    ref = AutoModelForCausalLM.from_pretrained(loaded.model_path, dtype=loaded.dtype,
+    gguf = Path(loaded.gguf_path) if loaded.gguf_path else None  # a GGUF's folder holds no weights
+    ref = AutoModelForCausalLM.from_pretrained(str(gguf.parent) if gguf else loaded.model_path,
+                                               gguf_file=gguf.name if gguf else None, dtype=loaded.dtype,
                                                attn_implementation="sdpa")
     ref.eval()
     use_skinny_linears(ref)

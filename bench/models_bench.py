@@ -4,7 +4,7 @@ load and unload times, and the resident memory with none, one and two models loa
 Per mode (``--modes``, default ``process,thread``: each engine in its own child process, the default
 with several models, or ``--no-engine-process``: engines on threads of the server process, the peer
 run) one ``python -m proxy serve --model F=A --model F=B`` is started on a free port (the same folder
-``F`` twice under two ids; default: the default model's converted folder, ``--no-compile-decode`` so
+``F`` twice under two ids; default: the default model's GGUF, ``--no-compile-decode`` so
 no start compiles). Then: ``POST /models/load A``; a greedy stream on A (``ignore_eos``) whose chunk
 arrival times are recorded; once ``--warm-chunks`` chunks came, ``POST /models/load B`` runs beside
 it; the stream is closed ``--after-chunks`` chunks after the load returned. Gaps are the differences
@@ -46,10 +46,10 @@ def rss_mb(pid: int) -> float:
 
 
 def default_folder() -> str:
-    from proxy.models import resolve_model_source
-    from proxy.settings import Settings
+    """The default model's GGUF (its cached folder holds no weights, issue 46)."""
+    from proxy.models import default_gguf_path
 
-    return str(resolve_model_source(Settings())[0])
+    return str(default_gguf_path())
 
 
 def _stream(base: str, arrivals: list[float], stop: threading.Event, max_tokens: int) -> None:
@@ -124,7 +124,8 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=None, help="HF folder served as A and B (default: the default)")
+    parser.add_argument("--model", default=None,
+                        help="HF folder or GGUF served as A and B (default: the default)")
     parser.add_argument("--modes", default="process,thread")
     parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument("--warm-chunks", type=int, default=30)

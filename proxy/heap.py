@@ -1,6 +1,6 @@
-"""The process's memory: how much the machine has left (:func:`mem_available_bytes`), and the Python
-heap after start-up: what is alive once the model is loaded stays out of the cyclic
-garbage collector's passes.
+"""The process's memory: how much the machine has left (:func:`mem_available_bytes`), its own peak
+resident set (:func:`peak_rss_bytes`), and the Python heap after start-up: what is alive once the
+model is loaded stays out of the cyclic garbage collector's passes.
 
 Why: a loaded server holds ~400 000 long-lived Python objects (torch, transformers, the model's
 modules, the compiled step); a full collection (generation 2), which CPython starts now and then
@@ -36,3 +36,11 @@ def mem_available_bytes(meminfo: Path = MEMINFO) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set so far, in bytes (``getrusage``'s ``ru_maxrss``: KiB on Linux,
+    the kernel's ``VmHWM``); what a load's high-water mark is reported as (issue 46)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

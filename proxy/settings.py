@@ -71,9 +71,9 @@ class Settings:
             in calls of fixed 64-row multiples; output tokens keep the packed kernel
             (``proxy.quant.dense_prefill``). The copies are held in bf16 (one more copy of those
             weights in memory) and computed in bf16 on CPUs with BF16 instructions, in fp32 on CPUs
-            without; their speed and memory: ``docs/serving.md``, "Dense prefill". None: on for
-            CPUs with ``amx_bf16`` and for CPUs without BF16 instructions; no effect without packed
-            linears.
+            without; their speed and memory: ``docs/serving.md``, "Dense prefill". None: on for CPUs
+            with ``amx_bf16`` or without BF16 instructions, if the copies take <= 256 MiB
+            (``proxy.quant.linear_kernels.DEFAULT_COPY_MAX_BYTES``); no effect without packed linears.
         enable_prefix_caching: reuse the KV blocks of earlier requests' identical prompt prefixes
             (``--no-enable-prefix-caching`` turns it off).
         block_size: tokens per KV cache block.

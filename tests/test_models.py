@@ -200,15 +200,16 @@ def test_default_model_served_at_its_gguf_precision() -> None:
 def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 14 (peak RSS): auto builds the skeleton on ``meta`` and packs each linear straight from
     the GGUF's blocks, so no packed linear ever had a dense weight; what is served equals the
-    dense-then-pack path (from_pretrained + apply_quantization) tensor for tensor, packed buffers,
-    embedding, norms and RoPE buffers included."""
+    dense-then-pack path (transformers' ``from_pretrained(gguf_file=...)`` + apply_quantization)
+    tensor for tensor, packed buffers, embedding, norms and RoPE buffers included; the weights are
+    read from the GGUF, the folder holds none (issue 46)."""
     from transformers import AutoModelForCausalLM
 
     from proxy.quant import gguf_blocks, is_fast
     from proxy.quant.fuse import fuse_sibling_linears
 
     settings = Settings()
-    folder, _, gguf = models.resolve_model_source(settings)
+    _, _, gguf = models.resolve_model_source(settings)
     device, dtype = models.resolve_device_dtype(settings)
     if not is_fast(device):
         pytest.skip("auto serves dense on a CPU without AVX2")
@@ -229,8 +230,8 @@ def test_default_model_packed_without_a_dense_copy(monkeypatch: pytest.MonkeyPat
     assert loaded.quantization == DEFAULT_GGUF_SERVED
     assert gguf is not None
 
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
+    reference = AutoModelForCausalLM.from_pretrained(  # transformers' own load of the GGUF
+        str(gguf.parent), gguf_file=gguf.name, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
     )
     reference.eval()
     assert models.apply_quantization(reference, settings, gguf, device) == loaded.quantization
@@ -260,6 +261,7 @@ def test_gguf_conversion_is_cached_and_fast_to_reload(tmp_path: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["model_type"] == "llama"
     assert (folder / "tokenizer.json").is_file() and (folder / "generation_config.json").is_file()
+    assert not [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]  # issue 46
     assert [p.name for p in tmp_path.iterdir()] == ["SmolLM2-135M-Instruct"]  # no temp leftovers
     start = time.monotonic()
     loaded = load_engine_model(settings)

@@ -372,21 +372,25 @@ TEMPLATE_RAISING = (
 """Gemma/Mistral-style: no system role, strict user/assistant alternation (as the C37 note asks)."""
 
 def start_raising_server(tmp: Path) -> Server:
-    """A second server on a copy of the default model's converted folder whose template raises.
+    """A second server on the default model's GGUF (linked under another name) whose cached config and
+    tokenizer (a copy of the default model's, issue 46: no weights there) carry a template that raises.
 
-    Call after the default server has started (its start converts the default model once)."""
-    from proxy.models import DEFAULT_MODEL_NAME, cache_root
+    Call after the default server has started (its start writes the default model's folder once)."""
+    from proxy.models import DEFAULT_MODEL_NAME, cache_root, default_gguf_path
     from proxy.settings import Settings
 
-    src = cache_root(Settings()) / DEFAULT_MODEL_NAME  # converted by the default server's start
-    folder = tmp / "SmolLM2-raising-template"
-    folder.mkdir()
+    src = cache_root(Settings()) / DEFAULT_MODEL_NAME  # written by the default server's start
+    folder = tmp / "cache" / "SmolLM2-raising-template"
+    folder.mkdir(parents=True)
     for f in src.iterdir():
         if f.name == "chat_template.jinja":
             (folder / f.name).write_text(TEMPLATE_RAISING)
-        else:
+        elif f.suffix != ".safetensors":  # an older version's converted weights are not read
             os.symlink(f, folder / f.name)
-    srv = start_serve(["--model", str(folder), "--num-threads", "1", "--max-num-seqs", "4",
+    gguf = tmp / "SmolLM2-raising-template.gguf"
+    os.symlink(default_gguf_path(), gguf)
+    srv = start_serve(["--model", str(gguf), "--cache-dir", str(tmp / "cache"), "--enforce-eager",
+                       "--num-threads", "1", "--max-num-seqs", "4",
                        "--kv-cache-bytes", str(32 << 20), "--no-engine-process"], tmp / "server.log",
                       timeout_s=300)
     atexit.register(srv.stop, 15.0)

@@ -27,9 +27,11 @@ Automatic prefix caching (vLLM v1's design, ``vllm/v1/core/kv_cache_utils.py`` a
   share their prompt's blocks, a chat turn reuses the previous turn's).
 - A block whose count drops to zero returns to the free queue *keeping its contents and hash*; it is
   reused (and its hash evicted) only when no block without contents is left, least recently freed
-  first. The free queue is ordered: blocks without a hash at the front (taken first), cached blocks
-  behind them in LRU order; a request's blocks are queued tail first, so a prompt's last blocks are
-  evicted before its first ones (a prefix is only useful from its start).
+  first. The free queue: freed blocks without a hash first, most recently freed first (the CPU
+  pool's pages become resident once written: reusing them keeps the RSS from growing), then blocks
+  never written, then cached blocks in LRU order (holding a prefix is what their pages are for); a
+  request's blocks are queued tail first, so a prompt's last blocks are evicted before its first
+  ones (a prefix is only useful from its start).
 - A block is registered in the cache when the scheduler has scheduled all of its tokens
   (``cache_full_blocks``). If the step then fails, ``uncache_uncommitted`` drops the blocks
   registered since the last ``commit``: a block that may be half-written is never served.
@@ -286,7 +288,10 @@ class BlockManager:
         request.num_cached_blocks = 0
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (blocks in use stay allocated)."""
+        """Forget every cached hash (blocks in use stay allocated); the free blocks that held a
+        cached prefix, written and now without contents, move to the front of the free queue."""
+        for block_id in reversed([b for b in self._free if self._block_hash[b] is not None]):
+            self._free.move_to_end(block_id, last=False)  # in their queue order
         for block_id, block_hash in enumerate(self._block_hash):
             if block_hash is not None:
                 self._block_hash[block_id] = None

@@ -159,9 +159,10 @@ def build_embedding_client(settings: Settings, chat: ModelInfo) -> EmbeddingClie
     def load() -> EmbeddingModel:
         dense = replace(settings, quantization="none")
         device, dtype = resolve_device_dtype(dense)
-        folder = resolve_model_source(replace(dense, model=settings.embedding_model) if own else dense)[0]
+        source = replace(dense, model=settings.embedding_model) if own else dense
+        folder, _, gguf = resolve_model_source(source)
         return load_embedding_model(folder, device, dtype, default_pooling=settings.embedding_pooling,
-                                    max_len=None if own else chat.max_model_len)
+                                    max_len=None if own else chat.max_model_len, gguf=gguf)
 
     threads = settings.embedding_num_threads
     if threads is None and settings.device != "cuda":

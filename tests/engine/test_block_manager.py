@@ -144,3 +144,37 @@ def test_output_blocks_hash_apart_with_their_prompt_length() -> None:
     assert ha[1] == hash_block(ha[0], [5, 6, 7, 8], output_marker(6))
     plain = Request("a", a.prompt_token_ids, P, all_token_ids=a.all_token_ids)
     assert BlockManager(16, 4).block_hashes(plain)[1] == hp[1]  # without the rule: one key
+
+
+def test_freed_blocks_are_reused_before_never_written_ones_most_recent_first() -> None:
+    """The CPU pool's pages become resident once written: a freed block without contents is taken
+    again (the most recently freed first) before any block never written, with or without prefix
+    caching, so a server's resident KV pages stay at what its busiest moment needed."""
+    for caching in (False, True):
+        bm = BlockManager(16, 2, enable_prefix_caching=caching)
+        a, b = req("a", [1]), req("b", [2])  # one partial block each: never hashed
+        assert bm.allocate_slots(a, 5) and bm.allocate_slots(b, 3)
+        assert a.block_ids == [0, 1, 2] and b.block_ids == [3, 4]
+        bm.free(a)
+        bm.free(b)  # freed last: reused first
+        c = req("c", [3])
+        assert bm.allocate_slots(c, 12)
+        assert c.block_ids == [3, 4, 0, 1, 2, 5], caching  # b's, a's, then the first never written
+
+
+def test_cached_blocks_wait_behind_never_written_ones_until_the_cache_is_reset() -> None:
+    """A freed block holding a cached prefix stays behind the never-written blocks (its prefix may
+    be hit again); once the prefix cache is reset it holds nothing, and it is reused first."""
+    bm = BlockManager(6, 2)
+    a = req("a", [1, 2, 3, 4])
+    admit(bm, a)
+    assert a.block_ids == [0, 1] and bm.num_cached_blocks == 2
+    bm.free(a)
+    b = req("b", [9])
+    assert bm.allocate_slots(b, 3)
+    assert b.block_ids == [2, 3] and bm.num_cached_blocks == 2  # never-written blocks first
+    bm.free(b)
+    bm.reset_prefix_cache()
+    c = req("c", [9])
+    assert bm.allocate_slots(c, 8)
+    assert c.block_ids == [1, 0, 2, 3] and bm.num_cached_blocks == 0  # a's written pages, then b's

@@ -61,11 +61,22 @@ def _blocks(qtype: T, shape: tuple[int, int], seed: int) -> np.ndarray:
     return r.reshape(shape[0], -1)
 
 
-def write_gguf(path: Path, layout: list[tuple[str, str, T, int]]) -> nn.Module:
-    """``layout``: (HF module, GGUF tensor, type, RoPE heads or 0). Returns the dense model holding the
-    GGUF's dequantized values (q/k rows back in HF order), as transformers would load it."""
+def write_gguf(path: Path, layout: list[tuple[str, str, T, int]], norm_noise: float = 0.0) -> nn.Module:
+    """``layout``: (HF module, GGUF tensor, type, RoPE heads or 0). The norms are written as F32
+    (``norm_noise``: their weights 1 + that much noise), with the config's metadata, so that the file
+    holds every weight a load from the file alone needs. Returns the dense model holding the GGUF's
+    dequantized values (q/k rows back in HF order), as transformers would load it."""
     model = _tiny_llama()
     writer = gguf.GGUFWriter(str(path), "llama")
+    config = model.config
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
     for i, (hf_name, name, qtype, heads) in enumerate(layout):
         module = model.get_submodule(hf_name)
         shape = tuple(module.weight.shape)
@@ -74,6 +85,13 @@ def write_gguf(path: Path, layout: list[tuple[str, str, T, int]]) -> nn.Module:
         stored = dequantize(raw, qtype).reshape(shape)
         with torch.no_grad():
             module.weight.copy_(torch.from_numpy(_hf_order(stored, heads) if heads else stored))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    g = torch.Generator().manual_seed(3)
+    for hf_name, module in model.named_modules():
+        if "norm" in type(module).__name__.lower():
+            with torch.no_grad():
+                module.weight.add_(torch.randn(module.weight.shape, generator=g) * norm_noise)
+            writer.add_tensor(f"{names.get_name(hf_name)}.weight", module.weight.detach().numpy().copy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,6 +1,7 @@
 """``streamproxy serve --model X.gguf`` on a tiny llama GGUF of Q4_K / Q6_K / Q5_K / Q5_1 / IQ4 / Q5_0
-tensors: the load log says each type is served at its own precision, and greedy completions through the real
-server (uvicorn on 127.0.0.1) equal transformers' ``generate()`` on the GGUF's dequantized weights."""
+tensors: the load log says each type is served at its own precision, greedy completions through the real
+server (uvicorn on 127.0.0.1) equal transformers' ``generate()`` on the GGUF's dequantized weights, and
+the weights are read from the file alone (the cache holds the config and tokenizer only, issue 46)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ VOCAB = ["<unk>", "<s>", "</s>", *(f"w{i}" for i in range(3, 112))]
 
 
 def _converted_folder(folder: Path, model: torch.nn.Module) -> None:
-    """What ``proxy.models.source.convert_gguf`` would cache for the GGUF (transformers' dequantized
-    weights and the tokenizer), written directly: the tiny GGUF has no tokenizer of its own."""
+    """What ``proxy.models.source.convert_gguf`` caches for the GGUF (its config, generation config
+    and tokenizer; no weights), written directly: the tiny GGUF has no tokenizer of its own."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -29,16 +30,18 @@ def _converted_folder(folder: Path, model: torch.nn.Module) -> None:
     tk = Tokenizer(WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
     tk.pre_tokenizer = WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=EOS)
-    model.save_pretrained(folder)
+    model.config.save_pretrained(folder)
+    GenerationConfig(bos_token_id=1, eos_token_id=EOS).save_pretrained(folder)
     tok.save_pretrained(folder)
 
 
 @pytest.mark.skipif(not kernel_available(), reason="Q6_K / Q5_K / Q5_1 run on the int8 kernel only")
 def test_served_greedy_text_equals_generate_on_the_files_values(tmp_path: Path) -> None:
     path = tmp_path / "tiny-kquant.gguf"
-    dense = write_gguf(path, LOSSLESS)
-    _converted_folder(tmp_path / "cache" / "tiny-kquant", dense)
+    dense = write_gguf(path, LOSSLESS, norm_noise=0.1)
+    folder = tmp_path / "cache" / "tiny-kquant"
+    _converted_folder(folder, dense)
+    before = sorted(p.name for p in folder.iterdir())
     server = start_server(tmp_path, ["--model", str(path), "--cache-dir", str(tmp_path / "cache"),
                                      "--num-threads", "1", "--max-model-len", "128", "--enforce-eager",
                                      "--kv-cache-bytes", str(16 << 20)])
@@ -65,5 +68,7 @@ def test_served_greedy_text_equals_generate_on_the_files_values(tmp_path: Path) 
                 assert got == [t for t in ref_ids if t != EOS], (got, ref_ids)
             distinct.add(tuple(ref_ids))
         assert len(distinct) > 1
+        assert sorted(p.name for p in folder.iterdir()) == before  # no weights written beside them
+        assert not [p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin")]
     finally:
         server.stop()

@@ -148,7 +148,21 @@ def choose_execution(settings: Settings, device: torch.device, *, switches: Exec
     else:
         step = "eager" if why_not_compiled_by(settings) is not None else "compiled"
     amx = switches.amx_int4 and device.type == "cpu" and probe.amx_int4 is None
-    linears = LinearKernels.choose(settings.dense_prefill, device, amx)
+    linears = LinearKernels.choose(settings.dense_prefill, device, amx, _copy_bytes(settings, device))
     prefill = None if linears.dense_prefill is None else PrefillPlan.of(linears.dense_prefill)
     return ExecutionChoice(device=str(device), step=step, linears=linears, prefill=prefill,
                            switches=switches, probe=probe)
+
+
+def _copy_bytes(settings: Settings, device: torch.device) -> int | None:
+    """What the dense prefill copies of the served GGUF would take when the default decides them
+    (:func:`proxy.quant.linear_kernels.gguf_copy_bytes`); None: set explicitly, not the CPU, or not
+    a GGUF."""
+    if settings.dense_prefill is not None or device.type != "cpu":
+        return None
+    from proxy.models.source import gguf_of
+    from proxy.quant.int8_linear import kernel_available
+    from proxy.quant.linear_kernels import gguf_copy_bytes
+
+    path = gguf_of(settings)
+    return None if path is None else gguf_copy_bytes(path, settings.quantization, kernel_available())

@@ -147,8 +147,8 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
     prefill = runner.prefill_plan
     prompt_linears = f"dense {prefill.dtype} copies" if prefill is not None else "as decode"
     if prefill is None and any(k.startswith(("int4", "int8")) for k in linears):
-        off["dense prompt copies"] = ("--no-dense-prefill" if settings.dense_prefill is False
-                                      else "off by default on this device")
+        why = choice.linears.why_no_dense_prefill or "off by default on this device"
+        off["dense prompt copies"] = "--no-dense-prefill" if settings.dense_prefill is False else why
     if probe.op_kernels is not None:
         off["c++ op kernels"] = probe.op_kernels
     return ExecutionPlan(

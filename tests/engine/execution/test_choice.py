@@ -129,3 +129,35 @@ def test_another_choice_never_shares_a_compiled_step_or_a_self_check() -> None:
     assert runtime_inputs(on.key())["execution"]["amx_int4"] is True
     assert compiled_step.artifact_key(model, on.key()) != compiled_step.artifact_key(model, off.key())
     assert compiled_step.artifact_key(model, on.key()) == compiled_step.artifact_key(model, dict(on.key()))
+
+
+def test_the_default_makes_no_dense_copies_beyond_the_memory_target(tmp_path: Path, monkeypatch) -> None:
+    """Issue 46: ``dense_prefill`` None makes the copies only while they take at most
+    ``DEFAULT_COPY_MAX_BYTES`` (estimated from the GGUF's tensor index), and says why it made none;
+    ``--dense-prefill`` still makes them."""
+    from quant.test_gguf_kquant_model import MIXED, write_gguf
+
+    from proxy.quant import kernels, linear_kernels
+    from proxy.quant.linear_kernels import gguf_copy_bytes
+
+    path = tmp_path / "mixed.gguf"
+    write_gguf(path, MIXED)
+    # Q4_K linears (int4 planes): q [256, 256], k [128, 256], o, gate / up [512, 256] and layer 1's o
+    assert gguf_copy_bytes(path, "auto", int8_kernel=True) == 2 * 491520
+    # every linear but the lm_head: without the int8 kernel, or quantized from the dense weights
+    every = 2 * 1179648
+    assert gguf_copy_bytes(path, "auto", int8_kernel=False) == gguf_copy_bytes(path, "int4", True) == every
+    assert gguf_copy_bytes(path, "none", True) is None
+    assert gguf_copy_bytes(tmp_path / "missing.gguf", "auto", True) is None
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    settings = Settings(model=str(path))
+    on = choose_execution(settings, CPU, probe=AMX_MACHINE).linears
+    assert on.dense_prefill == torch.bfloat16 and on.why_no_dense_prefill == ""
+    monkeypatch.setattr(linear_kernels, "DEFAULT_COPY_MAX_BYTES", 2 * 491520 - 1)
+    off = choose_execution(settings, CPU, probe=AMX_MACHINE)
+    assert off.prefill is None and off.linears.dense_prefill is None
+    why = off.linears.why_no_dense_prefill
+    assert why.startswith("off by default: the copies would take ") and " MiB, over 0 MiB (" in why, why
+    forced = choose_execution(dataclasses.replace(settings, dense_prefill=True), CPU, probe=AMX_MACHINE)
+    assert forced.linears.dense_prefill == torch.bfloat16
+    assert LinearKernels.choose(None, CPU, False, copy_bytes=None).dense_prefill == torch.bfloat16
