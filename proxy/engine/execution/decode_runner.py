@@ -83,7 +83,8 @@ class CudaGraphDecode:
         """:class:`DecodeRunner.execute` (never None: a shape without a graph runs eager)."""
         inputs = runner.build_inputs(rows)
         meta = inputs.meta
-        if meta.num_decodes == len(rows.requests) and meta.row_plan is None:
+        # a one-token prompt chunk at an image placeholder runs eager (the graphs take token ids)
+        if meta.num_decodes == len(rows.requests) and meta.row_plan is None and inputs.image_slots is None:
             logits = self.graphs.run(inputs.input_ids, inputs.position_ids, meta)
             if logits is not None:  # sampling rows selected outside the graph (a copy)
                 return logits.index_select(0, inputs.logits_index.to(runner.device)).float()
