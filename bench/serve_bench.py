@@ -23,6 +23,11 @@ Datasets:
   ``logit_bias``).
 - ``conversational``: the short chat requests of ``bench/prompts/conversational.jsonl`` (natural
   output lengths, capped by ``--max-tokens``; a fixed set, the same at every load point).
+- ``--image-size N`` (random and conversational): each request's last user message carries one
+  generated ``N`` x ``N`` PNG as a data URL after its text (:func:`bench_image_url`: a fixed picture,
+  the same bytes for every server; ``--image-unique`` stamps the request's number into it, so that no
+  encoder or prefix cache can answer one request's image from another's). ``prompt_len`` counts the
+  text only.
 - ``multiturn``: chat conversations that grow turn by turn, as chat apps resend them: a shared
   system prompt of ``--multiturn-system-len`` words (``--multiturn-unique-system``: one of its own
   per conversation, so that every turn 1 computes it), then ``--multiturn-turns`` user messages of
@@ -60,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import math
@@ -109,7 +115,7 @@ class SampleRequest:
     request asks the server to generate exactly ``max_tokens`` (random dataset with an EOS strategy).
     """
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int
     prompt_len: int | None = None
     fixed_output: bool = False
@@ -323,19 +329,23 @@ def load_tokenizer(path: str | None) -> Any:
 
 
 def random_requests(
-    num: int, input_len: int, output_len: int, seed: int, tokenizer: Any = None, fixed_output: bool = True
+    num: int, input_len: int, output_len: int, seed: int, tokenizer: Any = None, fixed_output: bool = True,
+    no_added_tokens: bool = False,
 ) -> list[SampleRequest]:
     """``num`` single-message chat requests of about ``input_len`` prompt tokens each.
 
     With a tokenizer: random non-special vocabulary ids, decoded, re-encoded and cut to exactly
-    ``input_len`` tokens (vLLM's random dataset does the same). Without: ``input_len`` random common
-    English words. A per-request prefix (its index) keeps prompts distinct so no prefix cache hides
-    the prefill.
+    ``input_len`` tokens (vLLM's random dataset does the same); ``no_added_tokens``: none of the
+    tokenizer's added tokens either (a vision model's image tokens, which a processor would take for
+    images). Without: ``input_len`` random common English words. A per-request prefix (its index)
+    keeps prompts distinct so no prefix cache hides the prefill.
     """
     rng = random.Random(seed)
     reqs: list[SampleRequest] = []
     if tokenizer is not None:
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        if no_added_tokens:
+            special |= set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
         vocab = [i for i in range(len(tokenizer)) if i not in special]
     for i in range(num):
         if tokenizer is not None:
@@ -436,6 +446,52 @@ class ClientConfig:
     temperature: float = 0.0
     extra_body: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 600.0
+
+
+def bench_image_url(size: int, variant: int | None = None) -> str:
+    """A generated ``size`` x ``size`` RGB PNG as a ``data:image/png;base64,`` URL: a red / green
+    gradient over a blue checkerboard of 32-pixel squares (detail for the encoder, the same bytes on
+    every call); ``variant`` (not None) stamps its low 32 bits along the top edge as 8 x 8 black or
+    white squares, so each variant is another image."""
+    import base64
+    import io
+
+    img = _bench_image(size).copy()
+    if variant is not None:
+        for bit in range(min(32, size // 8)):
+            shade = 255 if (variant >> bit) & 1 else 0
+            img.paste((shade, shade, shade), (8 * bit, 0, 8 * bit + 8, 8))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@functools.lru_cache(maxsize=2)
+def _bench_image(size: int) -> Any:
+    from PIL import Image
+
+    top = max(size - 1, 1)
+    pixels = [(x * 255 // top, y * 255 // top, 255 * ((x // 32 + y // 32) % 2))
+              for y in range(size) for x in range(size)]
+    img = Image.new("RGB", (size, size))
+    img.putdata(pixels)
+    return img
+
+
+def with_image(message: dict[str, Any], url: str) -> dict[str, Any]:
+    """``message`` with an ``image_url`` part of ``url`` after its text (OpenAI's content parts)."""
+    parts = [{"type": "text", "text": message["content"]}, {"type": "image_url", "image_url": {"url": url}}]
+    return {**message, "content": parts}
+
+
+def add_images(reqs: list[SampleRequest], size: int, unique: bool, seed: int) -> list[SampleRequest]:
+    """``reqs`` with one :func:`bench_image_url` of ``size`` in each one's last message (``unique``:
+    the variant ``seed * 100_003 + index``, else the fixed picture); 0: ``reqs`` unchanged."""
+    if size:
+        for i, r in enumerate(reqs):
+            url = bench_image_url(size, seed * 100_003 + i if unique else None)
+            r.messages = [*r.messages[:-1], with_image(r.messages[-1], url)]
+    return reqs
 
 
 def build_payload(cfg: ClientConfig, req: SampleRequest) -> dict[str, Any]:
@@ -985,6 +1041,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a system prompt of its own per conversation (default: one shared by all), so "
                         "turn 1 computes it on any server and turns 2+ show what caching saves")
     p.add_argument("--multiturn-user-len", type=int, default=40, help="words per user message")
+    p.add_argument("--image-size", type=int, default=0,
+                   help="each request carries one generated N x N PNG (random and conversational datasets; "
+                        "0: none)")
+    p.add_argument("--image-unique", action="store_true",
+                   help="with --image-size: a different image per request (its number stamped in)")
     p.add_argument("--reuse-prompts", action="store_true",
                    help="send the same prompts at every load point and in the warm-up (default: fresh ones)")
     p.add_argument(
@@ -1132,6 +1193,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 "model_id": model,
                 "tokenizer_id": args.tokenizer,
                 "dataset_name": args.dataset,
+                "image_size": args.image_size or None,
+                "image_unique": args.image_unique if args.image_size else None,
                 "random_input_len": args.random_input_len if args.dataset == "random" else None,
                 "random_output_len": args.random_output_len if args.dataset == "random" else None,
                 "eos_strategy": args.eos_strategy,
@@ -1159,16 +1222,20 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _dataset(args: argparse.Namespace, n: int, seed: int, tokenizer: Any) -> list[SampleRequest]:
+    image_size = getattr(args, "image_size", 0)
     if args.dataset == "random":
-        return random_requests(
+        reqs = random_requests(
             n,
             args.random_input_len,
             args.random_output_len,
             seed,
             tokenizer,
             fixed_output=args.eos_strategy != "none",
+            no_added_tokens=image_size > 0,
         )
-    return conversational_requests(n, args.max_tokens, tokenizer)
+    else:
+        reqs = conversational_requests(n, args.max_tokens, tokenizer)
+    return add_images(reqs, image_size, getattr(args, "image_unique", False), seed)
 
 
 def _tokens_source(results: Sequence[RequestResult], has_tokenizer: bool) -> str:
@@ -1187,7 +1254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         a = pp.parse_args(argv[1:])
         plot_runs([load_summary(Path(s)) for s in a.summaries], Path(a.out))
         return 0
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.image_size and (args.dataset == "multiturn" or not args.endpoint.endswith("/chat/completions")):
+        parser.error("--image-size needs chat requests of the random or conversational dataset")
     summary = asyncio.run(run_benchmark(args))
     long_ok = all(not p["errors"] for p in summary.get("long_prompts", []))
     return 0 if all(r["completed"] > 0 for r in summary["runs"]) and long_ok else 1

@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from proxy.engine.request import Request
 
@@ -258,9 +259,11 @@ class BlockManager:
         """The step's forward pass succeeded: its newly registered blocks are now valid for good."""
         self._uncommitted.clear()
 
-    def uncache_uncommitted(self) -> None:
-        """The step failed: unregister the blocks registered since the last ``commit``."""
-        for block_id in self._uncommitted:
+    def uncache_uncommitted(self, block_ids: Iterable[int] | None = None) -> None:
+        """The step failed: unregister the blocks registered since the last ``commit`` (only those
+        among ``block_ids`` when given: one request of the step failed)."""
+        chosen = set(self._uncommitted if block_ids is None else block_ids)
+        for block_id in [b for b in self._uncommitted if b in chosen]:
             block_hash = self._block_hash[block_id]
             if block_hash is not None:
                 self._block_hash[block_id] = None
@@ -268,7 +271,7 @@ class BlockManager:
                     del self._cached[block_hash]
                 if self._ref_counts[block_id] == 0:
                     self._free.move_to_end(block_id, last=False)
-        self._uncommitted.clear()
+        self._uncommitted = [b for b in self._uncommitted if b not in chosen]
 
     def free(self, request: Request) -> None:
         """Drop the request's references and clear its block table.

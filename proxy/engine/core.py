@@ -17,7 +17,7 @@ from proxy.engine.execution.choice import ExecutionChoice
 from proxy.engine.execution.model_runner import ModelRunner
 from proxy.engine.execution.plan import describe_execution
 from proxy.engine.execution.sampler import Sampler
-from proxy.engine.request import Request, RequestOutput
+from proxy.engine.request import IMAGE_ENCODING_FAILED, Request, RequestOutput
 from proxy.engine.scheduler import Scheduler, SchedulerConfig
 from proxy.errors import InvalidRequestError
 from proxy.media.prompt import PromptImages
@@ -87,6 +87,8 @@ class EngineCore:
             settings, max_model_len, prefill_token_multiple=prefill.call_rows if prefill is not None else 1,
             outputs_on_decode_path=on_decode_path)
         self.scheduler = Scheduler(self.block_manager, config, self.eos_token_ids)
+        if self.runner.images is not None:  # the vision encoder's work counts in the step budget
+            self.scheduler.encoder_cost = self.runner.images.pending_cost
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         #: which kernels serve the steps, and why the others do not (logged once served)
         self.execution = describe_execution(settings, model, self.runner)
@@ -185,27 +187,33 @@ class EngineCore:
         Returns:
             one ``RequestOutput`` per request that got a new token or finished. If the forward pass
             or sampling raises, every request of the step is finished with ``finish_reason="error"``
-            and the message, its blocks are freed, and the engine stays usable.
+            and the message, its blocks are freed, and the engine stays usable. If the vision
+            encoder raises on a request's images, only that request (and the step's requests with
+            the same images or reading the blocks it writes) finishes so, with ``error_code``
+            ``IMAGE_ENCODING_FAILED`` (``proxy.engine.execution.image_embeds``).
         """
         scheduler = self.scheduler
         sched = scheduler.schedule()
         if sched.is_empty:
             return self._retire(scheduler.update(sched, []))
         self.num_steps += 1
+        images = self.runner.images
         try:
             if self.fault_injector is not None:
                 self.fault_injector()
             start = time.perf_counter()
+            failed = images.encode_step(sched, self.settings.block_size) if images is not None else {}
             logits = self.runner.execute(sched)
             sampling = [sched.requests[i] for i in sched.sample_indices]
             tokens, logprobs = self.sampler.sample(logits, sampling)  # a list: the device is done
-            scheduler.step_cost.observe(sched.num_decodes, sum(sched.num_new_tokens) - sched.num_decodes,
-                                        time.perf_counter() - start)
+            prefill = sum(sched.num_new_tokens) - sched.num_decodes + sched.num_encoder_tokens
+            scheduler.step_cost.observe(sched.num_decodes, prefill, time.perf_counter() - start)
         except Exception as exc:
             logger.exception("engine step failed; failing its %d requests", len(sched.requests))
             message = f"engine step failed: {type(exc).__name__}: {exc}"
             return self._retire(scheduler.fail_step(sched, message))
-        return self._retire(scheduler.update(sched, tokens, logprobs))
+        outputs = scheduler.fail_images(failed, IMAGE_ENCODING_FAILED) if failed else []
+        return self._retire(outputs + scheduler.update(sched, tokens, logprobs))
 
     def _retire(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         """Drop the sampler's state of every finished request among ``outputs`` (the one place it is

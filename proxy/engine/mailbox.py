@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy.errors import EngineError, ServiceUnavailableError, StreamproxyError
+from proxy.engine.request import IMAGE_ENCODING_FAILED
+from proxy.errors import EngineError, InvalidRequestError, ServiceUnavailableError, StreamproxyError
 from proxy.protocol import LogprobEntry
 
 
@@ -109,11 +110,15 @@ class Mailbox:
         """End the whole response with an error (first error wins).
 
         ``code`` ``"server_shutdown"`` (the shutdown grace period ran out) becomes a
-        :class:`ServiceUnavailableError`, anything else an :class:`EngineError` (a failed step).
+        :class:`ServiceUnavailableError`, ``IMAGE_ENCODING_FAILED`` (the vision encoder could not
+        encode the request's images) an :class:`InvalidRequestError` (400), anything else an
+        :class:`EngineError` (a failed step).
         """
         if self.error is None:
             if code == "server_shutdown":
                 self.error = ServiceUnavailableError(message, code=code)
+            elif code == IMAGE_ENCODING_FAILED:
+                self.error = InvalidRequestError(message, code=code)
             else:
                 self.error = EngineError(message, code=code)
         self._event.set()

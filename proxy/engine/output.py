@@ -221,4 +221,5 @@ class OutputProcessor:
         elif reason == "abort":
             mailbox.fail(output.error or "The request was aborted by the engine.")
         else:
-            mailbox.fail(output.error or "The engine failed while generating this response.")
+            mailbox.fail(output.error or "The engine failed while generating this response.",
+                         output.error_code or "engine_error")

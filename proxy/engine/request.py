@@ -18,6 +18,10 @@ from proxy.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
+IMAGE_ENCODING_FAILED = "image_encoding_failed"
+"""``RequestOutput.error_code`` of a request whose images the vision encoder could not encode (the
+API answers it as a 400, ``invalid_request_error``; ``proxy.engine.mailbox``)."""
+
 
 class RequestStatus(enum.Enum):
     """Where a request is in its life."""
@@ -57,6 +61,8 @@ class RequestOutput:
             "abort", "error", or None while running.
         num_prompt_tokens, num_output_tokens: counts so far (usage).
         error: human-readable message when ``finish_reason == "error"``.
+        error_code: the OpenAI error ``code`` of that error when it is not the engine's
+            (:data:`IMAGE_ENCODING_FAILED`), else None.
         arrival_time, first_scheduled_time, first_token_time: ``time.monotonic()`` seconds; the
             last two are None until they happen.
         stop_reason: (extension, vLLM's name) the EOS / ``stop_token_ids`` token that ended the
@@ -79,6 +85,7 @@ class RequestOutput:
     first_token_time: float | None = None
     stop_reason: int | None = None
     num_cached_tokens: int = 0
+    error_code: str | None = None
 
     @classmethod
     def failed(cls, request_id: str, error: str, num_prompt_tokens: int = 0) -> RequestOutput:
@@ -99,7 +106,7 @@ class Request:
         output_token_ids: generated tokens so far.
         num_computed_tokens: leading tokens of ``all_token_ids`` whose K/V are in the cache.
         block_ids: the block table: KV block ``i`` holds positions ``[i*B, (i+1)*B)``.
-        status, finish_reason, error: life-cycle state.
+        status, finish_reason, error, error_code: life-cycle state (``RequestOutput``'s).
         num_preemptions: times the request was preempted (recompute) so far.
         stop_reason: the token id that finished it with "stop", else None.
         block_hashes: chained prefix-cache hashes of its full blocks (``BlockManager.block_hashes``).
@@ -128,6 +135,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_code: str | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     num_preemptions: int = 0
@@ -202,4 +210,5 @@ class Request:
             first_token_time=self.first_token_time,
             stop_reason=self.stop_reason,
             num_cached_tokens=max(self.num_cached_tokens, 0),
+            error_code=self.error_code,
         )

@@ -71,6 +71,11 @@ class PromptImages:
                                                                             strict=True)
                         if first < end and last >= start)
 
+    def first_at_or_after(self, start: int) -> int | None:
+        """The prompt position of the first placeholder token at or after ``start``, or None."""
+        k = bisect_left(self.token_positions, start)
+        return self.token_positions[k] if k < len(self.token_positions) else None
+
     def rows_in(self, start: int, count: int) -> tuple[list[int], list[int]]:
         """The placeholder tokens among prompt positions ``[start, start + count)``:
         ``(offsets from start, embedding rows)``, both ascending (the rows index the concatenated

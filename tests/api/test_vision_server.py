@@ -6,6 +6,7 @@ server keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -214,3 +215,45 @@ def test_n_choices_follow_up_turns_and_previous_response_id(model_dir: Path) -> 
     first, second = out["first"].json()["usage"], out["second"].json()["usage"]
     assert second["input_tokens"] > first["input_tokens"] + first["output_tokens"]  # the image came along
     assert second["input_tokens_details"]["cached_tokens"] > NUM_IMAGE_TOKENS  # its blocks reused
+
+
+def test_an_image_the_encoder_fails_on_is_a_400_and_other_streams_go_on(model_dir: Path) -> None:
+    """An exception in the vision encoder (injected: it raises on every two-image prompt) ends that
+    request alone, as a 400, while a one-image stream beside it runs to its ``generate()`` text."""
+    want, _ = reference(model_dir, [{"type": "text", "text": "What is"}, {"type": "image"}], [BLUE])
+    want_both, _ = reference(model_dir, IMAGE_PARTS, [RED, BLUE])
+    parts = chat_body()["messages"][0]["content"]
+    one_image = {**chat_body(), "messages": [{"role": "user", "content": [parts[0], parts[3]]}]}
+
+    async def main() -> dict[str, Any]:
+        async with real_app(settings(model_dir, False)) as (client, state):
+            encoder = state.client.core.core.runner.images
+            real = encoder.encode
+
+            def encode(request: Any) -> torch.Tensor:
+                if request.images.num_images == 2:
+                    raise RuntimeError("injected encoder fault")
+                return real(request)
+
+            encoder.encode = encode
+            streamed, failed, failed_stream = await asyncio.gather(
+                client.post("/v1/chat/completions", json={**one_image, "stream": True}),
+                client.post("/v1/chat/completions", json=chat_body()),
+                client.post("/v1/chat/completions", json=chat_body(stream=True)))
+            encoder.encode = real
+            return {"streamed": streamed, "failed": failed, "failed_stream": failed_stream,
+                    "after": await client.post("/v1/chat/completions", json=chat_body())}
+
+    out = asyncio.run(main())
+    for name in ("failed", "failed_stream"):
+        assert out[name].status_code == 400, out[name].text
+        assert out[name].json()["error"] == {
+            "message": "The model's vision encoder could not encode the 2 image(s) of this request: "
+                       "RuntimeError: injected encoder fault",
+            "type": "invalid_request_error", "param": None, "code": "image_encoding_failed"}
+    lines = [ln for ln in out["streamed"].text.split("\n") if ln.startswith("data: {")]
+    text = "".join(json.loads(ln[6:])["choices"][0]["delta"].get("content") or "" for ln in lines
+                   if json.loads(ln[6:])["choices"])
+    assert out["streamed"].status_code == 200 and text == want
+    after = out["after"]  # the server keeps serving, and no block computed without the images is reused
+    assert after.status_code == 200 and after.json()["choices"][0]["message"]["content"] == want_both

@@ -160,7 +160,8 @@ def _make_app(received: list[dict[str, Any]]) -> Any:
     async def chat(request: Any) -> Any:
         body = await request.json()
         received.append(body)
-        if body["messages"][0]["content"].startswith("FAIL"):
+        content = body["messages"][0]["content"]
+        if isinstance(content, str) and content.startswith("FAIL"):
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         n = int(body["max_tokens"])
         usage = (body.get("stream_options") or {}).get("include_usage", False)
@@ -634,3 +635,73 @@ def test_wait_until_idle_reads_llama_server_slots_then_prometheus_gauges() -> No
     assert asyncio.run(run("prom")) == (3, True)
     assert busy_reads["metrics"] == 0 and "/slots" in seen  # /slots 404 there: the gauge answered
     assert asyncio.run(run("none")) == (None, True)  # a server that says neither: no wait
+
+
+# --------------------------------------------------------------------------------------------------
+# one image per request (--image-size)
+
+
+def _png(url: str) -> Any:
+    import base64
+    import io
+
+    from PIL import Image
+
+    head, _, data = url.partition(",")
+    assert head == "data:image/png;base64"
+    return Image.open(io.BytesIO(base64.b64decode(data)))
+
+
+def test_bench_image_is_a_fixed_png_and_variants_differ() -> None:
+    url = sb.bench_image_url(512)
+    assert sb.bench_image_url(512) == url  # the same bytes for every request and every server
+    img = _png(url)
+    assert (img.format, img.mode, img.size) == ("PNG", "RGB", (512, 512))
+    # red: x, green: y (0..255 over the width), blue: a checkerboard of 32-pixel squares
+    assert [img.getpixel(p) for p in ((0, 0), (511, 0), (32, 0), (0, 511), (40, 40))] == [
+        (0, 0, 0), (255, 0, 255), (15, 0, 255), (0, 255, 255), (19, 19, 0)]
+    five = _png(sb.bench_image_url(512, variant=5))  # bits 0 and 2: white, black, white squares
+    assert [five.getpixel((x, 3)) for x in (0, 8, 16, 24)] == [(255,) * 3, (0,) * 3, (255,) * 3, (0,) * 3]
+    assert five.getpixel((40, 40)) == (19, 19, 0) and sb.bench_image_url(512, variant=6) != url
+
+
+def test_image_requests_against_fake_server(fake_server, tmp_path: Path) -> None:
+    base_url, received = fake_server
+    for unique, distinct in ((False, 1), (True, 6)):
+        received.clear()
+        extra = ["--image-size", "64", "--max-concurrency", "1,2", "--num-prompts", "2", "--no-plot"]
+        summary = asyncio.run(sb.run_benchmark(_args(base_url, tmp_path, *extra,
+                                                     *(["--image-unique"] if unique else []))))
+        assert len(received) == 6  # 2 x (1 warm-up + 2 measured)
+        urls = []
+        for body in received:
+            (message,) = body["messages"]
+            text, image = message["content"]
+            assert text["type"] == "text" and text["text"] and image["type"] == "image_url"
+            urls.append(image["image_url"]["url"])
+        assert len(set(urls)) == distinct and _png(urls[0]).size == (64, 64)
+        assert [(r["image_size"], r["image_unique"], r["completed"]) for r in summary["runs"]] == [
+            (64, unique, 2), (64, unique, 2)]
+    with pytest.raises(SystemExit):
+        sb.main(["--base-url", base_url, "--image-size", "64", "--dataset", "multiturn"])
+
+
+def test_compare_sends_the_image_option_and_finds_the_mmproj(tmp_path: Path) -> None:
+    cmp = _load_compare()
+    peer = cmp.Peer("llama-server", ["llama-server"], "vlm", {}, ["--eos-strategy", "ignore_eos"])
+    gguf = tmp_path / "vlm-BF16.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "hf").mkdir()
+    config = {"eos_token_id": 2, "max_position_embeddings": 8192}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    args = cmp.build_parser().parse_args(["--model", str(gguf), "--image-size", "512", "--image-unique"])
+    cmd = cmp.serve_bench_cmd(peer, args, None, tmp_path / "out", "http://127.0.0.1:1", "vlm")
+    parsed = sb.build_parser().parse_args(cmd[2:])
+    assert (parsed.image_size, parsed.image_unique) == (512, True)
+    model = cmp.bench_model(args)
+    with pytest.raises(cmp.PeerUnavailable, match="found 0 mmproj"):
+        cmp.mmproj_file(args, model)
+    (tmp_path / "mmproj-vlm-F16.gguf").write_bytes(b"GGUF")
+    assert cmp.mmproj_file(args, model) == tmp_path / "mmproj-vlm-F16.gguf"
+    with pytest.raises(cmp.PeerUnavailable, match="chat handler"):
+        cmp.make_peer("llama-cpp-python", args, tmp_path, 1)

@@ -8,7 +8,7 @@ from api.fakes import make_tokenizer
 
 from proxy.engine.mailbox import Mailbox
 from proxy.engine.output import OutputProcessor
-from proxy.engine.request import RequestOutput, TokenLogprob
+from proxy.engine.request import IMAGE_ENCODING_FAILED, RequestOutput, TokenLogprob
 from proxy.sampling import SamplingParams
 
 
@@ -214,3 +214,16 @@ def test_every_request_handed_to_the_engine_is_counted_once_however_it_ends():
     assert samples[("streamproxy:generation_tokens_total", None)] == 2
     proc.abort("r-0")  # idempotent: a closed response is not counted twice
     assert scrape()[("streamproxy:request_success_total", "abort")] == 2
+
+
+def test_an_image_the_encoder_failed_on_is_a_400():
+    async def main():
+        _, proc, box, _ = setup()
+        failed = out("r-0", [], True, "error", error="the encoder failed")
+        failed.error_code = IMAGE_ENCODING_FAILED
+        proc.process(failed)
+        return box
+
+    error = asyncio.run(main()).error
+    assert error is not None and (error.status, error.type, error.code, error.message) == (
+        400, "invalid_request_error", IMAGE_ENCODING_FAILED, "the encoder failed")

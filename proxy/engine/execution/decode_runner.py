@@ -88,7 +88,10 @@ class CudaGraphDecode:
         inputs = runner.build_inputs(rows)
         meta = inputs.meta
         positions = inputs.model_position_ids
-        if meta.num_decodes == len(rows.requests) and meta.row_plan is None and positions.dim() == 2:
+        # a one-token prompt chunk at an image placeholder runs eager (the graphs take token ids), and
+        # so does a row with M-RoPE's three position rows
+        if (meta.num_decodes == len(rows.requests) and meta.row_plan is None and positions.dim() == 2
+                and inputs.image_slots is None):
             logits = self.graphs.run(inputs.input_ids, positions, meta)
             if logits is not None:  # sampling rows selected outside the graph (a copy)
                 return logits.index_select(0, inputs.logits_index.to(runner.device)).float()

@@ -14,7 +14,8 @@ docstring; the measurements behind the defaults and what was tried are in ``docs
   tokens together keep the step within that many decode-only steps by a fit to measured step times
   (:class:`StepCostModel`; lifted while long gaps are rare, ``max_long_gap_fraction``). The bound
   trades time to first token for steady inter-token gaps. A step without decodes takes prompts up
-  to the whole budget.
+  to the whole budget. The vision encoder's work on a prompt's images counts as prefill cost of the
+  step that encodes them (``images``; vLLM's encoder budget).
 - A burst of arrivals (with the measured bound on, more waiting requests could start than there are
   decodes) is admitted as a step without decodes: its prompts take the whole token budget, neither
   the measured bound nor the token knobs apply.
@@ -33,11 +34,13 @@ docstring; the measurements behind the defaults and what was tried are in ``docs
   ``min_tokens`` are out; with "length" at ``max_tokens`` or when prompt + output reach
   ``max_model_len`` (or the whole KV pool). Stop strings are the API layer's job (it aborts).
 
-Modules: ``config`` (:class:`SchedulerConfig`: the knobs), ``scheduler`` (:class:`Scheduler`: the
-queues, ``schedule`` and ``update``), ``budget`` (:class:`StepBudget`: a step's token budget and the
-prefill bound, from a :class:`StepState` of the queues), ``step_cost`` (:class:`StepCostModel`: the
-measured bound), ``finish`` (:func:`check_stop`: the finish rule of a sampled token), ``output``
-(:class:`SchedulerOutput`: one step's work for the model runner). Import the names from this package.
+Modules: ``config`` (:class:`SchedulerConfig`: the knobs), ``queues`` (the waiting queue, the running
+batch, and aborts, failures and preemption), ``scheduler`` (:class:`Scheduler`: ``schedule`` and
+``update``), ``images`` (the vision encoder's cost in a step's budget), ``budget``
+(:class:`StepBudget`: a step's token budget and the prefill bound, from a :class:`StepState` of the
+queues), ``step_cost`` (:class:`StepCostModel`: the measured bound), ``finish`` (:func:`check_stop`:
+the finish rule of a sampled token), ``output`` (:class:`SchedulerOutput`: one step's work for the
+model runner). Import the names from this package.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ class StepBudget:
             longest (chunks x longest chunk); None: no cap.
         num_decodes: one-token entries taken so far.
         num_prefills: prefill chunks taken so far.
-        num_prefill_tokens: tokens of those chunks.
+        num_prefill_tokens: tokens of those chunks, with their images' encoder cost.
         longest_prefill_chunk: the longest of them (tokens; kept when a chunk is given back, so the
             cap stays on the safe side).
     """
@@ -83,19 +83,33 @@ class StepBudget:
         return cls(tokens, config.long_prefill_token_threshold, config.max_num_partial_prefills,
                    step_cost.prefill_token_limit, max_padded_prefill_rows=rows)
 
-    def prefill_chunk(self, remaining: int, num_waiting: int = 0) -> int:
+    def prefill_chunk(self, remaining: int, num_waiting: int = 0, images_at: int | None = None,
+                      encoder_cost: int = 0) -> int:
         """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none),
-        with ``num_waiting`` requests in the waiting queue now (the one asking included)."""
+        with ``num_waiting`` requests in the waiting queue now (the one asking included).
+
+        ``images_at``: tokens of the prefill before a placeholder of images not encoded yet (None:
+        none), whose encoding runs in the step that computes that placeholder and costs
+        ``encoder_cost`` prefill tokens more (``proxy.engine.scheduler.images``). In a step with
+        decodes that cost counts against the same bounds as its tokens: the chunk takes the images
+        where the bounds leave room for them and a token past them, else stops before them; a chunk
+        that starts at them takes them alone (the first prefill of the step, one token): an image
+        is encoded whole, as a chunk of one dense call's rows is computed whole.
+        """
         num_new = min(remaining, self.num_tokens_left)
         if self.num_decodes:
             if self.num_prefills >= self.max_num_partial_prefills:
                 return 0
-            if self.long_prefill_token_threshold > 0:
-                num_new = min(num_new, self.long_prefill_token_threshold)
-            limit = None if self.prefill_token_limit is None else self.prefill_token_limit(
-                self.num_decodes, num_waiting)
-            if limit is not None:
-                num_new = max(0, min(num_new, limit - self.num_prefill_tokens))
+            allowed = self._time_allowance(num_waiting)
+            if allowed is not None:
+                if images_at is not None and num_new > images_at:
+                    if allowed - encoder_cost > images_at:
+                        allowed -= encoder_cost
+                    elif images_at > 0:
+                        allowed = min(allowed, images_at)
+                    else:
+                        allowed = max(1, allowed - encoder_cost) if self.num_prefills == 0 else 0
+                num_new = max(0, min(num_new, allowed))
         rows = self.max_padded_prefill_rows
         if rows is not None and num_new > 0:
             chunks = self.num_prefills + 1
@@ -104,9 +118,21 @@ class StepBudget:
             num_new = min(num_new, rows // chunks)
         return num_new
 
-    def take(self, num_new: int, is_decode: bool) -> None:
-        """Count an entry of ``num_new`` tokens joining the step (a decode or a prefill chunk)."""
+    def _time_allowance(self, num_waiting: int) -> int | None:
+        """In a step with decodes, the most prefill cost one more chunk may add: its
+        ``long_prefill_token_threshold`` and what the measured limit leaves (None: neither bounds it)."""
+        caps = [self.long_prefill_token_threshold] if self.long_prefill_token_threshold > 0 else []
+        limit = None if self.prefill_token_limit is None else self.prefill_token_limit(
+            self.num_decodes, num_waiting)
+        if limit is not None:
+            caps.append(limit - self.num_prefill_tokens)
+        return min(caps) if caps else None
+
+    def take(self, num_new: int, is_decode: bool, encoder_cost: int = 0) -> None:
+        """Count an entry of ``num_new`` tokens joining the step (a decode or a prefill chunk), whose
+        images' encoding costs ``encoder_cost`` prefill tokens (:meth:`prefill_chunk`)."""
         self.num_tokens_left -= num_new
+        self.num_prefill_tokens += encoder_cost
         if is_decode:
             self.num_decodes += 1
         else:
@@ -114,9 +140,10 @@ class StepBudget:
             self.num_prefill_tokens += num_new
             self.longest_prefill_chunk = max(self.longest_prefill_chunk, num_new)
 
-    def give_back(self, num_new: int, is_decode: bool) -> None:
+    def give_back(self, num_new: int, is_decode: bool, encoder_cost: int = 0) -> None:
         """Undo :meth:`take` for an entry that leaves the step (its request was preempted)."""
         self.num_tokens_left += num_new
+        self.num_prefill_tokens -= encoder_cost
         if is_decode:
             self.num_decodes -= 1
         else:

@@ -37,7 +37,8 @@ class SchedulerConfig:
         max_model_len: longest prompt + output in tokens; a request reaching it finishes "length"
             (the server's ``--max-model-len``, lowered to the KV pool's size).
         long_prefill_token_threshold: in a step with decodes, the largest prefill chunk one request
-            may add, outside a burst (tokens); 0: only max_num_batched_tokens bounds it.
+            may add, outside a burst (tokens, the vision encoder's work on its images counted in
+            them); 0: only max_num_batched_tokens bounds it.
         max_num_partial_prefills: in a step with decodes, the most requests whose prefill chunks may
             join it, outside a burst (>= 1; a bare config: :data:`NO_CAP`).
         max_prefill_step_ratio: in a step with decodes, prefill tokens join only as many as the

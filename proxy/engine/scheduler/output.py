@@ -19,12 +19,15 @@ class SchedulerOutput:
         sample_indices: indices into ``requests`` of those whose last scheduled token is the last
             token of their sequence, so the step samples a new token for them.
         num_decodes: the first ``num_decodes`` requests are decodes (one token each).
+        num_encoder_tokens: the prefill-token cost of the images this step encodes
+            (``proxy.engine.scheduler.images``; 0: none).
     """
 
     requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     sample_indices: list[int] = field(default_factory=list)
     num_decodes: int = 0
+    num_encoder_tokens: int = 0
 
     @classmethod
     def from_scheduled(cls, scheduled: Mapping[Request, int]) -> SchedulerOutput:

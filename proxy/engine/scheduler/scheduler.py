@@ -7,20 +7,22 @@ The policy is the package docstring's (``proxy.engine.scheduler``), its knobs
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
 from proxy.engine.block_manager import BlockManager
-from proxy.engine.request import FinishReason, Request, RequestOutput, RequestStatus, TokenLogprob
+from proxy.engine.request import Request, RequestOutput, RequestStatus, TokenLogprob
 from proxy.engine.scheduler.budget import StepBudget, StepState
 from proxy.engine.scheduler.config import SchedulerConfig
 from proxy.engine.scheduler.finish import check_stop
+from proxy.engine.scheduler.images import EncoderCost, images_ahead, no_encoder
 from proxy.engine.scheduler.output import SchedulerOutput
+from proxy.engine.scheduler.queues import RequestQueues
 from proxy.engine.scheduler.step_cost import StepCostModel
 
 
-class Scheduler:
-    """FCFS continuous batching over a ``BlockManager``.
+class Scheduler(RequestQueues):
+    """FCFS continuous batching over a ``BlockManager`` (the queues and how requests end:
+    :class:`~proxy.engine.scheduler.queues.RequestQueues`).
 
     Args:
         block_manager: the KV block pool.
@@ -30,98 +32,18 @@ class Scheduler:
     Attributes:
         step_cost: the measured bound's step-time model (``StepCostModel.from_config``; the engine
             feeds it ``observe``).
+        encoder_cost: the prefill-token cost of encoding a request's images now
+            (``proxy.engine.scheduler.images``; the engine sets its image encoder's).
     """
 
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig,
                  eos_token_ids: Iterable[int]) -> None:
-        self.config = config
-        self.block_manager = block_manager
+        super().__init__(block_manager, config)
         self.step_cost = StepCostModel.from_config(config)
+        self.encoder_cost: EncoderCost = no_encoder
+        self._encoder: dict[Request, int] = {}  # this step's requests whose images it encodes: cost
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}
-        self.num_preemptions = 0
-        # Outputs produced outside sampling (a request that cannot fit the KV pool), sent next update.
-        self._pending_outputs: list[RequestOutput] = []
         self._watermark_blocks = config.watermark_blocks(block_manager.num_total_blocks)
-
-    # ---- queue management -------------------------------------------------------------------
-
-    @property
-    def num_running(self) -> int:
-        """Requests in the running batch."""
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests waiting to be (re)scheduled."""
-        return len(self.waiting)
-
-    def has_unfinished(self) -> bool:
-        """True while any request is waiting or running, or outputs are pending."""
-        return bool(self.waiting or self.running or self._pending_outputs)
-
-    def add_request(self, request: Request) -> None:
-        """Queue a new request (FCFS).
-
-        Raises:
-            ValueError: duplicate request id.
-        """
-        if request.request_id in self.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        request.status = RequestStatus.WAITING
-        self.requests[request.request_id] = request
-        self.waiting.append(request)
-
-    def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Finish a live request with ``finish_reason="abort"`` and free its blocks.
-
-        Returns:
-            its final output, or None when the id is unknown or already finished (idempotent).
-        """
-        request = self.requests.get(request_id)
-        if request is None:
-            return None
-        self._remove(request)
-        return self._finish(request, "abort").make_output([], None)
-
-    def fail_requests(self, requests: Sequence[Request], message: str) -> list[RequestOutput]:
-        """Finish live requests with ``finish_reason="error"`` and ``message``; free their blocks."""
-        outputs = []
-        for request in requests:
-            if request.is_finished or request.request_id not in self.requests:
-                continue
-            self._remove(request)
-            self._finish(request, "error", message)
-            outputs.append(request.make_output([], None))
-        return outputs
-
-    def fail_all(self, message: str) -> list[RequestOutput]:
-        """Fail every live request (engine shutdown or death)."""
-        return self.fail_requests(list(self.requests.values()), message)
-
-    def _remove(self, request: Request) -> None:
-        if request.status is RequestStatus.RUNNING:
-            self.running.remove(request)
-        elif request.status is RequestStatus.WAITING:
-            self.waiting.remove(request)
-
-    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> Request:
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.error = error
-        self.block_manager.free(request)
-        self.requests.pop(request.request_id, None)
-        return request
-
-    def _preempt(self, request: Request) -> None:
-        self.block_manager.free(request)
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.WAITING
-        request.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(request)
 
     # ---- one step: running decodes, running prefills, then waiting requests (vLLM's order) --------
 
@@ -135,6 +57,7 @@ class Scheduler:
             num_decodes=sum(1 for r in self.running if r.is_decoding), num_waiting=len(self.waiting),
             num_free_seqs=self.config.max_num_seqs - len(self.running)))
         scheduled: dict[Request, int] = {}
+        self._encoder = {}
         num_preemptions = self.num_preemptions
         self._schedule_running_decodes(scheduled, budget)
         self._schedule_running_prefills(scheduled, budget)
@@ -145,6 +68,7 @@ class Scheduler:
         if self.num_preemptions == num_preemptions:  # no request is admitted in a step that preempted
             self._admit_waiting(scheduled, budget)
         out = SchedulerOutput.from_scheduled(scheduled)
+        out.num_encoder_tokens = sum(self._encoder.values())
         now = time.monotonic()
         for request in out.requests:
             if request.first_scheduled_time is None:
@@ -170,12 +94,20 @@ class Scheduler:
         for request in self._running_in_order(budget):
             if not request.is_decoding:
                 limit = self.chunk_limit(request, request.num_computed_tokens, scheduled)
-                num_new = budget.prefill_chunk(limit, len(self.waiting))
+                num_new, encoder = self._prefill_chunk(request, request.num_computed_tokens, limit, budget)
                 if num_new:
-                    self._schedule_running(request, num_new, scheduled, budget)
+                    self._schedule_running(request, num_new, scheduled, budget, encoder)
+
+    def _prefill_chunk(self, request: Request, num_computed: int, remaining: int,
+                       budget: StepBudget) -> tuple[int, int]:
+        """``(tokens, encoder cost)`` of the prefill chunk of ``request`` from ``num_computed`` this
+        step may take (``StepBudget.prefill_chunk``, ``proxy.engine.scheduler.images``)."""
+        at, cost = images_ahead(request, num_computed, self.encoder_cost)
+        num_new = budget.prefill_chunk(remaining, len(self.waiting), at, cost)
+        return num_new, cost if at is not None and num_new > at else 0
 
     def _schedule_running(self, request: Request, num_new: int, scheduled: dict[Request, int],
-                          budget: StepBudget) -> None:
+                          budget: StepBudget, encoder: int = 0) -> None:
         """Allocate ``num_new`` slots for a running request, preempting the most recently admitted
         running requests (it included, last) until they fit; alone and still out of blocks, the
         request finishes with "length" (the pool cannot hold it)."""
@@ -187,12 +119,14 @@ class Scheduler:
                 return
             victim = self.running.pop()
             if victim in scheduled:
-                budget.give_back(scheduled.pop(victim), victim.is_decoding)
+                budget.give_back(scheduled.pop(victim), victim.is_decoding, self._encoder.pop(victim, 0))
             self._preempt(victim)
             if victim is request:
                 return
         scheduled[request] = num_new
-        budget.take(num_new, request.is_decoding)
+        budget.take(num_new, request.is_decoding, encoder)
+        if encoder:
+            self._encoder[request] = encoder
 
     def chunk_limit(self, request: Request, num_computed: int, scheduled: dict[Request, int]) -> int:
         """The most tokens ``request`` may compute this step, ``num_computed`` of its tokens having
@@ -218,8 +152,10 @@ class Scheduler:
             remaining = self.chunk_limit(request, request.num_computed_tokens + num_cached, scheduled)
             if remaining == 0:
                 break
+            start = request.num_computed_tokens + num_cached
             # only the last token left (a full cache hit): as cheap as a decode
-            num_new = 1 if remaining == 1 else budget.prefill_chunk(remaining, len(self.waiting))
+            num_new, encoder = (1, 0) if remaining == 1 else self._prefill_chunk(request, start, remaining,
+                                                                                 budget)
             if num_new == 0:
                 break
             needed = bm.num_blocks_for(request.num_computed_tokens + num_cached + num_new)
@@ -230,7 +166,9 @@ class Scheduler:
                 break
             self._start(request, num_cached, num_new)
             scheduled[request] = num_new
-            budget.take(num_new, num_new == 1)
+            budget.take(num_new, num_new == 1 and not encoder, encoder)
+            if encoder:
+                self._encoder[request] = encoder
 
     def _start(self, request: Request, num_cached: int, num_new: int) -> None:
         """Move the head of the waiting queue into the running batch (its slots allocated)."""
@@ -286,15 +224,3 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished]
         self.block_manager.commit()
         return outputs
-
-    def fail_step(self, scheduler_output: SchedulerOutput, message: str) -> list[RequestOutput]:
-        """The step's forward pass or sampling raised: fail its requests (``finish_reason="error"``).
-
-        The blocks this step registered in the prefix cache may be half-written: they are
-        unregistered before anything else can look them up. Outputs pending from ``schedule`` are
-        returned first.
-        """
-        self.block_manager.uncache_uncommitted()
-        outputs = self._pending_outputs
-        self._pending_outputs = []
-        return outputs + self.fail_requests(scheduler_output.requests, message)
