@@ -27,11 +27,9 @@ Automatic prefix caching (vLLM v1's design, ``vllm/v1/core/kv_cache_utils.py`` a
   share their prompt's blocks, a chat turn reuses the previous turn's).
 - A block whose count drops to zero returns to the free queue *keeping its contents and hash*; it is
   reused (and its hash evicted) only when no block without contents is left, least recently freed
-  first. The free queue: freed blocks without a hash first, most recently freed first (the CPU
-  pool's pages become resident once written: reusing them keeps the RSS from growing), then blocks
-  never written, then cached blocks in LRU order (holding a prefix is what their pages are for); a
-  request's blocks are queued tail first, so a prompt's last blocks are evicted before its first
-  ones (a prefix is only useful from its start).
+  first. The free queue: freed blocks without a hash, most recent first (a CPU pool's written pages
+  are resident: reusing them keeps the RSS flat), then never-written blocks, then cached ones in LRU
+  order; a request's blocks are queued tail first (a prefix is only useful from its start).
 - A block is registered in the cache when the scheduler has scheduled all of its tokens
   (``cache_full_blocks``). If the step then fails, ``uncache_uncommitted`` drops the blocks
   registered since the last ``commit``: a block that may be half-written is never served.
