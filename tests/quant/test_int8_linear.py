@@ -17,17 +17,6 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["avx2", "avx512"])
-def isa(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """Each of the kernel's instruction sets this CPU runs, the process's own restored after."""
-    if request.param not in int8_linear.supported_isas():
-        pytest.skip(f"this CPU does not run the kernel's {request.param} path")
-    before = int8_linear.KERNEL_ISA
-    int8_linear.set_kernel_isa(request.param)
-    yield request.param
-    int8_linear.KERNEL_ISA = before
-
-
 def _weights(n: int, k: int, seed: int = 0, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Random codes and scales: group 32 as ``Q8_0`` (fp16 ``d``), 16 as ``Q6_K`` (6-bit codes,
     ``d * scale`` with an int8 scale)."""

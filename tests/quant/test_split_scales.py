@@ -15,17 +15,6 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["avx2", "avx512"])
-def isa(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """Each of the kernel's instruction sets this CPU runs, the process's own restored after."""
-    if request.param not in int8_linear.supported_isas():
-        pytest.skip(f"this CPU does not run the kernel's {request.param} path")
-    before = int8_linear.KERNEL_ISA
-    int8_linear.set_kernel_isa(request.param)
-    yield request.param
-    int8_linear.KERNEL_ISA = before
-
-
 def _q6_k(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(codes, scales, d, sc)`` as a ``Q6_K`` tensor holds them: 6-bit codes, an fp16 ``d`` per 256
     weights and an int8 ``sc`` per 16, ``scales = d * sc`` (exact in fp32)."""
