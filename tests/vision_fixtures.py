@@ -44,15 +44,21 @@ TEMPLATE = (
 """ChatML whose list contents render text parts and an ``<image>`` per image part (as LLaVA's do)."""
 
 
-@functools.lru_cache(maxsize=1)
-def llava_tokenizer() -> Any:
-    """The API tests' byte-level BPE tokenizer with ``<image>`` added and the vision template."""
+def _tokenizer_with(tokens: list[str], template: str) -> Any:
+    """A copy of the API tests' byte-level BPE tokenizer with ``tokens`` added as special tokens and
+    ``template`` as its chat template."""
     from api.fakes import make_hf_tokenizer
 
     tok = copy.deepcopy(make_hf_tokenizer())
-    tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    tok.chat_template = TEMPLATE
+    tok.add_special_tokens({"additional_special_tokens": tokens})
+    tok.chat_template = template
     return tok
+
+
+@functools.lru_cache(maxsize=1)
+def llava_tokenizer() -> Any:
+    """The API tests' byte-level BPE tokenizer with ``<image>`` added and the vision template."""
+    return _tokenizer_with([IMAGE_TOKEN], TEMPLATE)
 
 
 def llava_processor() -> Any:
@@ -102,12 +108,7 @@ IDEFICS3_SEQ_LEN = 4
 @functools.lru_cache(maxsize=1)
 def idefics3_tokenizer() -> Any:
     """The API tests' BPE tokenizer with Idefics3's image tokens added and the vision template."""
-    from api.fakes import make_hf_tokenizer
-
-    tok = copy.deepcopy(make_hf_tokenizer())
-    tok.add_special_tokens({"additional_special_tokens": IDEFICS3_TOKENS})
-    tok.chat_template = TEMPLATE
-    return tok
+    return _tokenizer_with(IDEFICS3_TOKENS, TEMPLATE)
 
 
 def idefics3_processor() -> Any:
@@ -180,12 +181,7 @@ PIXTRAL_TEMPLATE = TEMPLATE.replace(IMAGE_TOKEN, "[IMG]")
 @functools.lru_cache(maxsize=1)
 def pixtral_tokenizer() -> Any:
     """The API tests' BPE tokenizer with Pixtral's image tokens added and :data:`PIXTRAL_TEMPLATE`."""
-    from api.fakes import make_hf_tokenizer
-
-    tok = copy.deepcopy(make_hf_tokenizer())
-    tok.add_special_tokens({"additional_special_tokens": PIXTRAL_TOKENS})
-    tok.chat_template = PIXTRAL_TEMPLATE
-    return tok
+    return _tokenizer_with(PIXTRAL_TOKENS, PIXTRAL_TEMPLATE)
 
 
 def _pixtral_processor(merge: int) -> Any:
@@ -345,12 +341,7 @@ QWEN_TEMPLATE = TEMPLATE.replace("<image>", "<|vision_start|><|image_pad|><|visi
 @functools.lru_cache(maxsize=1)
 def qwen_tokenizer() -> Any:
     """The API tests' BPE tokenizer with Qwen2-VL's vision tokens added and :data:`QWEN_TEMPLATE`."""
-    from api.fakes import make_hf_tokenizer
-
-    tok = copy.deepcopy(make_hf_tokenizer())
-    tok.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
-    tok.chat_template = QWEN_TEMPLATE
-    return tok
+    return _tokenizer_with(QWEN_TOKENS, QWEN_TEMPLATE)
 
 
 def _qwen_processor(kind: str) -> Any:
