@@ -27,10 +27,14 @@ each over the API tests' BPE tokenizer with its image tokens added and a ChatML 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from proxy.ports import LocalServer, start_serve
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 32
@@ -458,3 +462,16 @@ def vlm_answer(folder: Path, question: str, png: bytes, new_tokens: int, *, igno
         out = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **floor)
     answer: str = processor.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     return answer
+
+
+@contextlib.contextmanager
+def served_vlm(folder: Path, name: str, log: Path, *extra: str) -> Iterator[LocalServer]:
+    """A real ``python -m proxy serve`` of the tiny vision-language model ``folder`` as ``name``, as the
+    image end-to-end tests run it (CPU, fp32, one thread, a 256-token context, then ``extra``), its log
+    in ``log``; stopped on exit."""
+    started = start_serve(["--model", str(folder), "--served-model-name", name, "--device", "cpu",
+                           "--dtype", "float32", "--num-threads", "1", "--max-model-len", "256", *extra], log)
+    try:
+        yield started
+    finally:
+        started.stop()

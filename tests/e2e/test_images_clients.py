@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from media.images import data_url, encode, picture
-from vision_fixtures import make_tiny_llava, vlm_answer
+from vision_fixtures import make_tiny_llava, served_vlm, vlm_answer
 
-from proxy.ports import LocalServer, start_serve
+from proxy.ports import LocalServer
 
 NAME = "tiny-llava"
 NEW_TOKENS = 8
@@ -29,13 +29,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     log = tmp_path_factory.mktemp("vlm-log") / "server.log"
-    args = ["--model", str(folder), "--served-model-name", NAME, "--device", "cpu", "--dtype", "float32",
-            "--num-threads", "1", "--max-model-len", "256", "--no-engine-process"]
-    started = start_serve(args, log)
-    try:
+    with served_vlm(folder, NAME, log, "--no-engine-process") as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")

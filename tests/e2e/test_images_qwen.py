@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 from media.images import data_url, encode, picture
-from vision_fixtures import make_tiny_vlm, vlm_answer
+from vision_fixtures import make_tiny_vlm, served_vlm, vlm_answer
 
-from proxy.ports import LocalServer, start_serve
+from proxy.ports import LocalServer
 
 NAME = "tiny-qwen2.5-vl"
 NEW_TOKENS = 8
@@ -29,14 +29,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    log = tmp_path_factory.mktemp("vlm-log") / "server.log"
-    args = ["--model", str(folder), "--served-model-name", NAME, "--device", "cpu", "--dtype", "float32",
-            "--num-threads", "1", "--max-model-len", "256"]
-    started = start_serve(args, log)
-    try:
+    with served_vlm(folder, NAME, tmp_path_factory.mktemp("vlm-log") / "server.log") as started:
         yield started
-    finally:
-        started.stop()
 
 
 def test_openai_sdk_image_on_qwen2_5_vl(server: LocalServer, folder: Path) -> None:

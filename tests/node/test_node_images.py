@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 from e2e.test_images_clients import NAME, PNG, QUESTION
-from vision_fixtures import make_tiny_llava, vlm_answer
-
-from proxy.ports import start_serve
+from vision_fixtures import make_tiny_llava, served_vlm, vlm_answer
 
 HERE = Path(__file__).resolve().parent
 NODE = shutil.which("node")
@@ -37,14 +35,9 @@ def test_ai_sdk_openai_provider_sends_an_image(tmp_path: Path) -> None:
     folder = make_tiny_llava(tmp_path / "tiny-llava")
     png = tmp_path / "picture.png"
     png.write_bytes(PNG)
-    server = start_serve(["--model", str(folder), "--served-model-name", NAME, "--device", "cpu", "--dtype",
-                          "float32", "--num-threads", "1", "--max-model-len", "256", "--no-engine-process"],
-                         tmp_path / "server.log")
-    try:
+    with served_vlm(folder, NAME, tmp_path / "server.log", "--no-engine-process") as server:
         proc = subprocess.run([NODE, str(HERE / "ai_sdk_image_check.mjs"), server.base_url, NAME, str(png)],
                               check=False, capture_output=True, text=True, timeout=120, cwd=HERE)
-    finally:
-        server.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     want = expected(folder)
