@@ -77,15 +77,20 @@ def test_requests_waiting_for_a_load_at_the_end_of_the_grace_period_end_with_ser
         waiter = threading.Thread(target=lambda: plain.append(chat(client, "a")))
         waiter.start()
         lines: list[str] = []
+        kept_alive = threading.Event()
 
         def stream() -> None:
             with client.stream("POST", "/v1/chat/completions", json={
                     "model": "a", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as reply:
-                lines.extend(reply.iter_lines())
+                for line in reply.iter_lines():
+                    lines.append(line)
+                    if line == ": keepalive":
+                        kept_alive.set()
 
+        wait_for(lambda: states(client)["a"] == {"value": "loading"})  # the plain request's load
         streamer = threading.Thread(target=stream)
         streamer.start()
-        wait_for(lambda: states(client)["a"] == {"value": "loading"})
+        assert kept_alive.wait(30)  # both requests wait for the load before the shutdown begins
         _drain(client, 0.3)
         waiter.join(30)
         streamer.join(30)
