@@ -13,6 +13,8 @@ each over the API tests' BPE tokenizer with its image tokens added and a ChatML 
   its second block full): an image is resized to multiples of 8 (a 40 x 30 image: 40 x 32, a grid of
   8 x 10 patches, 20 placeholders between ``<|vision_start|>`` and ``<|vision_end|>``); the processor
   is built without video (``proxy.media.processor_classes``), as the server builds it.
+- Qwen3-VL and Qwen3-VL-MoE: a 3-layer Qwen3-VL decoder (MoE: 4 experts) + a 2-layer vision tower on
+  Qwen2-VL's patches and placeholders, with DeepStack embeddings for the first 2 decoder layers.
 - LLaVA-OneVision: a 2-layer Qwen2 + a 2-layer SigLIP tower on 32 x 32 views in 8 x 8 patches, the
   grid pinpoints :data:`ONEVISION_PINPOINTS` and ``anyres_max_1`` (a 40 x 30 image: 16 base + 15
   packed placeholders; a 70 x 50 one has its packed features shrunk by interpolation); its processor
@@ -413,6 +415,43 @@ def build_tiny_qwen2_5_vl(seed: int = 0) -> Any:
     return far_from_ties(Qwen2_5_VLForConditionalGeneration(config))
 
 
+def qwen3_vl_processor() -> Any:
+    """Qwen3-VL's processor without video, over :func:`qwen2_vl_processor`'s image processor."""
+    return _qwen_processor("qwen3_vl")
+
+
+def _qwen3_vl_config(moe: bool) -> dict[str, Any]:
+    """The tiny Qwen3-VL's config: a 3-layer decoder (``head_dim`` 16, its rotary embedding
+    interleaving ``mrope_section`` [2, 3, 3]; MoE: 4 experts, 2 a token, in every layer) + a 2-layer
+    vision tower on 4 x 4 patches merged 2 x 2, a learned 8 x 8 position grid, DeepStack after both
+    blocks (so the first 2 decoder layers take DeepStack embeddings, the third none)."""
+    text = {**_qwen_text_config(), "num_hidden_layers": 3, "head_dim": 16}
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+    vision = {"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64,
+              "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "num_position_embeddings": 64, "deepstack_visual_indexes": [0, 1]}
+    return {"text_config": text, "vision_config": vision, "tie_word_embeddings": False, **_qwen_token_ids()}
+
+
+def build_tiny_qwen3_vl(seed: int = 0) -> Any:
+    """A tiny random ``Qwen3VLForConditionalGeneration`` (:func:`_qwen3_vl_config`), weights as
+    :func:`build_tiny_llava`'s."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    torch_seed(seed)
+    return far_from_ties(Qwen3VLForConditionalGeneration(Qwen3VLConfig(**_qwen3_vl_config(moe=False))))
+
+
+def build_tiny_qwen3_vl_moe(seed: int = 1) -> Any:
+    """A tiny random ``Qwen3VLMoeForConditionalGeneration`` (:func:`_qwen3_vl_config` with experts;
+    seed 1: seed 0's greedy text is one token repeated whatever the image)."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    torch_seed(seed)
+    return far_from_ties(Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(**_qwen3_vl_config(moe=True))))
+
+
 FAMILIES = {
     "llava": (build_tiny_llava, llava_processor, llava_tokenizer),
     "llava_next": (build_tiny_llava_next, llava_next_processor, llava_tokenizer),
@@ -420,6 +459,8 @@ FAMILIES = {
     "idefics3": (build_tiny_idefics3, idefics3_processor, idefics3_tokenizer),
     "qwen2_vl": (build_tiny_qwen2_vl, qwen2_vl_processor, qwen_tokenizer),
     "qwen2_5_vl": (build_tiny_qwen2_5_vl, qwen2_5_vl_processor, qwen_tokenizer),
+    "qwen3_vl": (build_tiny_qwen3_vl, qwen3_vl_processor, qwen_tokenizer),
+    "qwen3_vl_moe": (build_tiny_qwen3_vl_moe, qwen3_vl_processor, qwen_tokenizer),
     "smolvlm": (build_tiny_smolvlm, smolvlm_processor, idefics3_tokenizer),
     "mistral3": (build_tiny_mistral3, lambda: _pixtral_processor(2), pixtral_tokenizer),
     "llava_pixtral": (build_tiny_llava_pixtral, lambda: _pixtral_processor(1), pixtral_tokenizer),

@@ -29,13 +29,16 @@ SERVED: dict[str, str] = {
     "mistral3": "Mistral3ForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
 """Model types served with their images -> the transformers class that runs them."""
 
-OWN_CLASS = frozenset({"llava_onevision", "smolvlm", "qwen2_vl", "qwen2_5_vl", "pixtral"})
+OWN_CLASS = frozenset({"llava_onevision", "smolvlm", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+                       "pixtral"})
 """Processors ``AutoProcessor`` cannot build without torchvision, by :func:`processor_kind`: built as
-their class by ``proxy.media.processor_classes`` (LLaVA-OneVision's, SmolVLM's, Qwen2-VL's and
-Qwen2.5-VL's without their video processor; Pixtral's)."""
+their class by ``proxy.media.processor_classes`` (LLaVA-OneVision's, SmolVLM's, Qwen2-VL's,
+Qwen2.5-VL's and Qwen3-VL's without their video processor; Pixtral's)."""
 
 NESTED = frozenset({"llava_onevision"})
 """Types whose processor reads a prompt's images as one nested list (:class:`VisionProcessor`'s

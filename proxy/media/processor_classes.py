@@ -1,7 +1,8 @@
 """transformers' processors that ``AutoProcessor`` cannot build here, torchvision being absent (no CPU
 wheel for this torch; never a CUDA one), each built as the same class with the same files.
 
-- Processors that also hold a video processor (LLaVA-OneVision, SmolVLM, Qwen2-VL, Qwen2.5-VL):
+- Processors that also hold a video processor (LLaVA-OneVision, SmolVLM, Qwen2-VL, Qwen2.5-VL,
+  Qwen3-VL):
   transformers' video processors need torchvision; ``AutoProcessor`` fails on them
   (``VIDEO_PROCESSOR_MAPPING`` is a stand-in without torchvision), and so does constructing the
   processor with one (its class check reads that mapping). Each ``*ImagesProcessor`` here is its
@@ -30,6 +31,7 @@ from transformers import (
     ProcessorMixin,
     Qwen2_5_VLProcessor,
     Qwen2VLProcessor,
+    Qwen3VLProcessor,
     SmolVLMProcessor,
 )
 
@@ -93,6 +95,19 @@ class Qwen2_5_VLImagesProcessor(Qwen2_5_VLProcessor):
 
 Qwen2_5_VLImagesProcessor.__name__ = Qwen2_5_VLImagesProcessor.__qualname__ = "Qwen2_5_VLProcessor"
 
+
+class Qwen3VLImagesProcessor(Qwen3VLProcessor):
+    """``Qwen3VLProcessor`` (Qwen3-VL's and Qwen3-VL-MoE's) without its video processor (its arguments,
+    its saved name)."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(  # type: ignore[no-untyped-call]
+            image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+
+Qwen3VLImagesProcessor.__name__ = Qwen3VLImagesProcessor.__qualname__ = "Qwen3VLProcessor"
+
 TORCHVISION_MODULE = "transformers.models.pixtral.image_processing_pixtral"
 PILLOW_MODULE = "transformers.models.pixtral.image_processing_pil_pixtral"
 
@@ -119,11 +134,13 @@ def pixtral_processor_class() -> type[ProcessorMixin]:
 
 def processor_class(kind: str) -> type[ProcessorMixin]:
     """The processor class of a ``kind`` in ``proxy.media.processor.OWN_CLASS``: ``llava_onevision``,
-    ``smolvlm``, ``qwen2_vl``, ``qwen2_5_vl`` (images only) or ``pixtral``."""
+    ``smolvlm``, ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe`` (images only) or
+    ``pixtral``."""
     if kind == "pixtral":
         return pixtral_processor_class()
     return {"llava_onevision": LlavaOnevisionImagesProcessor, "smolvlm": SmolVLMImagesProcessor,
-            "qwen2_vl": Qwen2VLImagesProcessor, "qwen2_5_vl": Qwen2_5_VLImagesProcessor}[kind]
+            "qwen2_vl": Qwen2VLImagesProcessor, "qwen2_5_vl": Qwen2_5_VLImagesProcessor,
+            "qwen3_vl": Qwen3VLImagesProcessor, "qwen3_vl_moe": Qwen3VLImagesProcessor}[kind]
 
 
 def load_processor(folder: str, kind: str) -> Any:

@@ -28,16 +28,23 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   tower (Pixtral-12B): transformers' Pixtral tower (2-D RoPE over each image's own patch grid; the
   encoder takes ``pixel_values`` and ``image_sizes``), Mistral3's patch merger; each image is one
   ``[IMG]`` placeholder per (merged) patch, rows ended by ``[IMG_BREAK]`` and the image by
-  ``[IMG_END]``, which are text tokens (``PixtralProcessor.replace_image_token``).
+  ``[IMG_END]``, which are text tokens (``PixtralProcessor.replace_image_token``);
+- Qwen3-VL (``Qwen3VLForConditionalGeneration``; ``Qwen3VLMoeForConditionalGeneration``, its MoE
+  decoder): Qwen2.5-VL's placeholders and M-RoPE positions (its rotary embedding interleaves the three
+  rows' frequencies, inside the model), and DeepStack (:data:`DEEPSTACK`): the vision tower also gives
+  ``N`` more embeddings per placeholder (one per ``deepstack_visual_indexes`` entry), the ``i``-th added
+  to the placeholder positions' hidden states after decoder layer ``i`` (``Qwen3VLTextModel.forward``,
+  ``_deepstack_process``), done here by per-step forward hooks (``proxy.engine.execution.deepstack``).
 
-LLaVA-OneVision's, SmolVLM's, Qwen2-VL's and Qwen2.5-VL's processors are loaded without their video
-part and Pixtral's without torchvision (``proxy.media.processor_classes``; videos are not accepted);
-SmolVLM's needs ``num2words``.
+LLaVA-OneVision's, SmolVLM's and the Qwen VL processors are loaded without their video part and
+Pixtral's without torchvision (``proxy.media.processor_classes``; videos are not accepted); SmolVLM's
+needs ``num2words``.
 
-Refused at load by name (:func:`refusal`): Qwen3-VL (:data:`REASONS`) and the other image-text-to-text
-model types that transformers' causal-LM classes do not load. Those its causal-LM classes load are
-served as text models and refuse images per request with :func:`images_refusal`'s reason (Gemma 3:
-image tokens attend bidirectionally within an image, which the paged causal attention does not compute).
+Refused at load by name (:func:`refusal`): the other image-text-to-text model types that transformers'
+causal-LM classes do not load (:data:`REASONS` where one has a reason of its own). Those its causal-LM
+classes load are served as text models and refuse images per request with :func:`images_refusal`'s
+reason (Gemma 3: image tokens attend bidirectionally within an image, which the paged causal attention
+does not compute).
 """
 
 from __future__ import annotations
@@ -50,12 +57,13 @@ import torch
 from proxy.media.processor import NEEDS_PACKAGE, SERVED, VisionProcessor, images_refusal, is_served_vision
 from proxy.media.prompt import PromptImages
 
-MROPE: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl"})
+MROPE: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
 """Types in :data:`SERVED` whose decoder takes 3-D M-RoPE positions (temporal, height, width)."""
 
-_DEEPSTACK = ("adds vision features to the hidden states of its first decoder layers (DeepStack), which "
-              "streamproxy's paged decoder does not do yet")
-REASONS: dict[str, str] = {"qwen3_vl": _DEEPSTACK, "qwen3_vl_moe": _DEEPSTACK}
+DEEPSTACK: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
+"""Types in :data:`SERVED` whose vision tower also gives DeepStack embeddings (module docstring)."""
+
+REASONS: dict[str, str] = {}
 """Vision-language types refused for a reason of their own (the reason names what is unsupported)."""
 
 
@@ -100,7 +108,10 @@ def load_model_class(config: Any) -> Any:
 def encode_images(model: Any, images: PromptImages, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The embeddings of a prompt's images, one row per placeholder token in prompt order:
     ``[sum(images.counts), hidden]`` in ``dtype`` on ``device``, from the model's vision encoder and
-    projector (``get_image_features(...).pooler_output``, concatenated as the model's forward does).
+    projector (``get_image_features(...).pooler_output``, concatenated as the model's forward does);
+    for a :data:`DEEPSTACK` model ``[sum(images.counts), 1 + N, hidden]``: the input embedding, then
+    the ``N`` DeepStack embeddings of decoder layers ``0 .. N-1`` (``deepstack_features``, each
+    concatenated as ``Qwen3VLModel.forward`` does).
 
     Raises:
         ValueError: the encoder gave another number of rows than the prompt has placeholders.
@@ -110,12 +121,34 @@ def encode_images(model: Any, images: PromptImages, device: torch.device, dtype:
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
     with torch.inference_mode():
-        out = model.get_image_features(**inputs, return_dict=True).pooler_output
-        rows = torch.cat(list(out), dim=0).to(device, dtype)
+        out = model.get_image_features(**inputs, return_dict=True)
+        rows = torch.cat(list(out.pooler_output), dim=0).to(device, dtype)
+        if str(model.config.model_type) in DEEPSTACK:
+            layers = [torch.cat(list(feature), dim=0).to(device, dtype) for feature in out.deepstack_features]
+            rows = torch.stack([rows, *layers], dim=1)
     if rows.shape[0] != len(images.token_positions):
         raise ValueError(f"the vision encoder gave {rows.shape[0]} rows for {len(images.token_positions)} "
                          "image placeholder tokens")
     return rows
+
+
+def image_row_shape(model: Any) -> tuple[int, ...]:
+    """The shape of one placeholder's row of :func:`encode_images`: ``(hidden,)``, or ``(1 + N, hidden)``
+    for a :data:`DEEPSTACK` model with ``N`` ``vision_config.deepstack_visual_indexes``."""
+    hidden = int(model.get_input_embeddings().weight.shape[1])
+    if str(model.config.model_type) not in DEEPSTACK:
+        return (hidden,)
+    return (1 + len(model.config.vision_config.deepstack_visual_indexes), hidden)
+
+
+def deepstack_layers(model: Any) -> list[torch.nn.Module]:
+    """The decoder layers of a :data:`DEEPSTACK` model that take DeepStack embeddings, first to last
+    (``model.language_model.layers``, as many as ``vision_config.deepstack_visual_indexes``); empty
+    for any other model."""
+    if str(model.config.model_type) not in DEEPSTACK:
+        return []
+    count = len(model.config.vision_config.deepstack_visual_indexes)
+    return list(model.model.language_model.layers[:count])
 
 
 def uses_mrope(config: Any) -> bool:
@@ -125,7 +158,8 @@ def uses_mrope(config: Any) -> bool:
 
 def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> tuple[torch.Tensor, int]:
     """The M-RoPE positions of a prompt with images for a :data:`MROPE` model: ``([3, L] int64 on the
-    CPU, rope delta)``, from the model's own ``get_rope_index`` (``Qwen2VLModel.get_rope_index``: text
+    CPU, rope delta)``, from the model's own ``get_rope_index`` (``Qwen2VLModel.get_rope_index``, the
+    same for images in ``Qwen3VLModel.get_rope_index``, whose difference is videos' timestamps: text
     tokens count on in all three rows; an image's placeholders take (temporal, row, column) from
     its ``image_grid_thw`` over the spatial merge, after which text goes on from the image's largest
     position + 1) with the placeholder tokens as its image tokens (``mm_token_type_ids`` 1, the rest 0,
@@ -139,5 +173,6 @@ def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> 
     return positions[:, 0].to("cpu", torch.long).contiguous(), int(deltas.reshape(-1)[0])
 
 
-__all__ = ["MROPE", "SERVED", "VisionProcessor", "decoder_attention", "encode_images", "images_refusal",
-           "is_served_vision", "load_model_class", "mrope_positions", "refusal", "uses_mrope"]
+__all__ = ["DEEPSTACK", "MROPE", "SERVED", "VisionProcessor", "decoder_attention", "deepstack_layers",
+           "encode_images", "image_row_shape", "images_refusal", "is_served_vision", "load_model_class",
+           "mrope_positions", "refusal", "uses_mrope"]

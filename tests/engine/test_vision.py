@@ -1,13 +1,15 @@
 """Tiny random vision-language models (LLaVA, LLaVA-Next, LLaVA-OneVision, Idefics3, SmolVLM, Mistral3,
-Pixtral-LLaVA, Qwen2-VL, Qwen2.5-VL) through the engine: greedy ids equal transformers' ``generate()``
-with the same processor for one and two images, alone and batched with a text-only request, with
-prefill chunks that cut images, after a preemption and from the prefix cache; the prefix cache reuses
-an image's blocks for the same image only; Qwen2-VL's M-RoPE positions are ``get_rope_index``'s in
-every chunk and continue from its delta, also through the graph and compiled decode paths; unserved
+Pixtral-LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) through the engine: greedy ids equal
+transformers' ``generate()`` with the same processor for one and two images, alone and batched with a
+text-only request, with prefill chunks that cut images, after a preemption and from the prefix cache; the
+prefix cache reuses an image's blocks for the same image only; Qwen2-VL's and Qwen3-VL's M-RoPE positions
+are ``get_rope_index``'s in every chunk and continue from its delta, also through the graph and compiled
+decode paths; Qwen3-VL's DeepStack rows reach its first decoder layers in image steps only; unserved
 vision-language types are refused at load by name."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,8 @@ from proxy.settings import Settings
 from .engine_helpers import assert_blocks_conserved, assert_greedy_matches
 
 NEW_TOKENS = 12
-SERVED_NAMES = "idefics3, llava, llava_next, llava_onevision, mistral3, qwen2_5_vl, qwen2_vl, smolvlm"
+SERVED_NAMES = ("idefics3, llava, llava_next, llava_onevision, mistral3, qwen2_5_vl, qwen2_vl, qwen3_vl, "
+                "qwen3_vl_moe, smolvlm")
 PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
@@ -101,9 +104,16 @@ def llava() -> Family:
     return Family(build(), processor(), tokenizer())
 
 
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
+def mrope(request: pytest.FixtureRequest) -> Family:
+    """An M-RoPE family: Qwen2-VL, and Qwen3-VL (interleaved M-RoPE, DeepStack)."""
+    build, processor, tokenizer = FAMILIES[request.param]
+    return Family(build(), processor(), tokenizer())
+
+
 @pytest.fixture(scope="module")
-def qwen2_vl() -> Family:
-    build, processor, tokenizer = FAMILIES["qwen2_vl"]
+def qwen3_vl() -> Family:
+    build, processor, tokenizer = FAMILIES["qwen3_vl"]
     return Family(build(), processor(), tokenizer())
 
 
@@ -223,20 +233,6 @@ def test_unserved_vision_models_are_refused_at_load_by_name(name: str) -> None:
         check_supported(config)
     want = (f"model type '{config.model_type}' is a vision-language model that streamproxy does not serve "
             f"yet (served with images: {SERVED_NAMES}); serve it with vLLM or llama.cpp, or pick a "
-            "pure-attention model")
-    assert str(err.value) == want
-
-
-@pytest.mark.parametrize("name", ["Qwen3VLConfig", "Qwen3VLMoeConfig"])
-def test_qwen3_vl_is_refused_naming_deepstack(name: str) -> None:
-    import transformers
-
-    config = getattr(transformers, name)()
-    with pytest.raises(ModelLoadError) as err:
-        check_supported(config)
-    want = (f"model type '{config.model_type}' is a vision-language model that adds vision features to the "
-            "hidden states of its first decoder layers (DeepStack), which streamproxy's paged decoder does "
-            f"not do yet (served with images: {SERVED_NAMES}); serve it with vLLM or llama.cpp, or pick a "
             "pure-attention model")
     assert str(err.value) == want
 
@@ -384,27 +380,27 @@ def test_self_check_covers_one_image(family: Family, monkeypatch: pytest.MonkeyP
         run_self_check(paged(family.model), settings, 256, vision=family.vision)
 
 
-def test_mrope_positions_are_get_rope_index_in_chunks_and_continue_from_its_delta(qwen2_vl: Family) -> None:
-    text = qwen2_vl.text_of("Compare", None, "with", None)
+def test_mrope_positions_are_get_rope_index_in_chunks_and_continue_from_its_delta(mrope: Family) -> None:
+    text = mrope.text_of("Compare", None, "with", None)
     pictures = [image(1), image(2, (24, 36))]
-    enc = qwen2_vl.processor(text=[text], images=[im.image for im in pictures], return_tensors="pt",
-                             add_special_tokens=False)
-    want, delta = qwen2_vl.model.model.get_rope_index(enc["input_ids"], enc["mm_token_type_ids"],
-                                                      image_grid_thw=enc["image_grid_thw"])
+    enc = mrope.processor(text=[text], images=[im.image for im in pictures], return_tensors="pt",
+                          add_special_tokens=False)
+    want, delta = mrope.model.model.get_rope_index(enc["input_ids"], enc["mm_token_type_ids"],
+                                                   image_grid_thw=enc["image_grid_thw"])
     num_prompt = enc["input_ids"].shape[1]
     assert int(delta) < 0  # the images' placeholders take fewer positions than tokens: 3-D positions differ
-    core = qwen2_vl.engine(chunk=7)
+    core = mrope.engine(chunk=7)
     seen: list[torch.Tensor] = []
     rotary = core.runner.model.model.language_model.rotary_emb
     rotary.register_forward_hook(lambda _m, args, _out: seen.append(args[1].expand(3, 1, -1)[:, 0]))
-    run(core, [qwen2_vl.prompt_of(text, pictures)])
+    run(core, [mrope.prompt_of(text, pictures)])
     assert len(seen) > num_prompt // 7  # chunks, then one step a token
     got = torch.cat(seen, dim=1)
     later = torch.arange(num_prompt, num_prompt + NEW_TOKENS - 1) + int(delta)
     assert torch.equal(got, torch.cat([want[:, 0], later.expand(3, -1)], dim=1))
 
 
-def test_graph_decodes_take_shifted_positions_and_a_last_prompt_token_runs_eager(qwen2_vl: Family) -> None:
+def test_graph_decodes_take_shifted_positions_and_a_last_prompt_token_runs_eager(mrope: Family) -> None:
     from .execution.test_decode_graphs import ReplayGraph
 
     graphs: list[ReplayGraph] = []
@@ -413,38 +409,69 @@ def test_graph_decodes_take_shifted_positions_and_a_last_prompt_token_runs_eager
         graphs.append(ReplayGraph())
         return graphs[-1]
 
-    texts = [qwen2_vl.text_of("What is" + " it" * k, None, "?") for k in range(4)]
-    text = next(t for t in texts if (len(qwen2_vl.prompt_of(t, [image(0)])[0]) - 1) % 4 == 0)
-    prompt = qwen2_vl.prompt_of(text, [image(0)])
-    core = qwen2_vl.engine()
+    texts = [mrope.text_of("What is" + " it" * k, None, "?") for k in range(4)]
+    text = next(t for t in texts if (len(mrope.prompt_of(t, [image(0)])[0]) - 1) % 4 == 0)
+    prompt = mrope.prompt_of(text, [image(0)])
+    core = mrope.engine()
     core.runner.use_decode_graphs(make_graph)
     first = run(core, [prompt])["0"]
     again = run(core, [prompt])["0"]  # every token but the last from the cache: a one-token prompt row
     assert again[2] == len(prompt[0]) - 1 and sum(g.replays for g in graphs) >= 2 * (NEW_TOKENS - 2)
-    ref_ids, gaps = qwen2_vl.reference(text, [image(0)])
+    ref_ids, gaps = mrope.reference(text, [image(0)])
     assert_greedy_matches(first[0], ref_ids, gaps, "graph decodes")
     assert_greedy_matches(again[0], ref_ids, gaps, "graph decodes after a one-token prompt row")
     plan = core.execution
     assert plan.rope_positions == "m-rope" and ", rotary positions m-rope," in plan.summary()
 
 
-def test_compiled_step_rows_take_shifted_positions_batched_and_after_preemption(qwen2_vl: Family) -> None:
+def test_compiled_step_rows_take_shifted_positions_batched_and_after_preemption(mrope: Family) -> None:
     from proxy.engine.execution.compiled_step import CompiledDecodeStep
     from proxy.engine.execution.decode_runner import CompiledDecode
     from proxy.engine.execution.traced_decode import decode_forward
 
-    text = qwen2_vl.text_of("What is", None, "?")
-    words = qwen2_vl.text_of("Hello world! alpha beta")
-    prompts = [qwen2_vl.prompt_of(text, [image(seed)]) for seed in range(3)] + [qwen2_vl.prompt_of(words, [])]
+    text = mrope.text_of("What is", None, "?")
+    words = mrope.text_of("Hello world! alpha beta")
+    prompts = [mrope.prompt_of(text, [image(seed)]) for seed in range(3)] + [mrope.prompt_of(words, [])]
     longest = max(len(ids) for ids, _ in prompts) + NEW_TOKENS
-    core = qwen2_vl.engine(chunk=16, num_blocks=-(-longest // 4) * 2)  # two of the four fit at a time
+    core = mrope.engine(chunk=16, num_blocks=-(-longest // 4) * 2)  # two of the four fit at a time
     # the function the compiled step traces, run as the compiled graph would be called (inductor aside)
     step = CompiledDecodeStep(decode_forward, core.runner.model, "compiled", 0.0)
     core.runner.decode = CompiledDecode(step)
     out = run(core, prompts)
     assert core.scheduler.num_preemptions >= 1 and step.num_calls >= NEW_TOKENS
     for i, seed in enumerate(range(3)):
-        ref_ids, gaps = qwen2_vl.reference(text, [image(seed)])
+        ref_ids, gaps = mrope.reference(text, [image(seed)])
         assert_greedy_matches(out[str(i)][0], ref_ids, gaps, f"image {seed} through the compiled step")
-    ref_ids, gaps = qwen2_vl.reference(words, [])
+    ref_ids, gaps = mrope.reference(words, [])
     assert_greedy_matches(out["3"][0], ref_ids, gaps, "text only through the compiled step")
+
+
+def test_deepstack_is_added_in_image_steps_only_and_changes_the_text(
+        qwen3_vl: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3-VL's DeepStack rows reach its first 2 decoder layers (of 3) in the steps that hold image
+    positions, one row per position and layer, through hooks gone after each step; without them the
+    text is not ``generate()``'s (the family tests check it is, in chunks that cut images)."""
+    from proxy.engine.execution import model_runner
+
+    text = qwen3_vl.text_of("What is", None, "?")
+    prompt = qwen3_vl.prompt_of(text, [image(0)])
+    assert prompt[1] is not None
+    ref_ids, gaps = qwen3_vl.reference(text, [image(0)])
+    core = qwen3_vl.engine(chunk=7)
+    decoder = core.runner.model.model.language_model.layers
+    assert len(decoder) == 3 and core.runner.deepstack_layers == [decoder[0], decoder[1]]
+    calls: list[tuple[int, tuple[int, ...]]] = []
+    real = model_runner.deepstack_added
+
+    def spy(layers: list[torch.nn.Module], flat_index: torch.Tensor, embeds: torch.Tensor) -> Any:
+        calls.append((flat_index.numel(), tuple(embeds.shape)))
+        return real(layers, flat_index, embeds)
+
+    monkeypatch.setattr(model_runner, "deepstack_added", spy)
+    out = run(core, [prompt])["0"][0]
+    assert_greedy_matches(out, ref_ids, gaps, "one image in chunks of 7")
+    assert len(calls) >= 2 and sum(n for n, _ in calls) == len(prompt[1].token_positions)  # split image
+    assert all(shape == (n, 2, 64) for n, shape in calls)
+    assert not any(layer._forward_hooks for layer in decoder)
+    monkeypatch.setattr(model_runner, "deepstack_added", lambda *_: contextlib.nullcontext())
+    assert run(qwen3_vl.engine(chunk=7), [prompt])["0"][0] != ref_ids

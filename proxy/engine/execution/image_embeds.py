@@ -36,7 +36,7 @@ from proxy.engine.execution.step_inputs import ImageSlots, StepRows
 from proxy.engine.request import Request
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.media.prompt import PromptImages
-from proxy.models.vision import encode_images
+from proxy.models.vision import encode_images, image_row_shape
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ class ImageEncoder:
                 out[request] = failed[images.hashes]
                 poisoned.update(_written_blocks(request, num_new, images.token_positions[0], block_size))
                 if request.image_embeds is None:
-                    hidden = self.model.get_input_embeddings().weight.shape[1]
-                    request.image_embeds = torch.zeros(len(images.token_positions), hidden,
+                    request.image_embeds = torch.zeros(len(images.token_positions),
+                                                       *image_row_shape(self.model),
                                                        device=self.device, dtype=self.dtype)
         grew = bool(poisoned)
         while grew:  # requests attending to those blocks, and to the blocks they write in turn
@@ -133,7 +133,9 @@ class ImageEncoder:
         return out
 
     def encode(self, request: Request) -> torch.Tensor:
-        """The embeddings of ``request``'s images, ``[placeholders, hidden]`` (cached by content hash)."""
+        """The embeddings of ``request``'s images, ``[placeholders, hidden]`` (a DeepStack model's
+        ``[placeholders, 1 + N, hidden]``, ``proxy.models.vision.encode_images``; cached by content
+        hash)."""
         images = request.images
         assert images is not None
         key = images.hashes
@@ -175,7 +177,7 @@ class ImageEncoder:
         """``inputs_embeds [1, T, hidden]`` of a step: the token embeddings of ``input_ids [1, T]``
         with the rows of ``slots`` replaced by its image embeddings."""
         embeds: torch.Tensor = self.model.get_input_embeddings()(input_ids)
-        embeds[0, slots.flat_index.to(embeds.device)] = slots.embeds.to(embeds.dtype)
+        embeds[0, slots.flat_index.to(embeds.device)] = slots.input_embeds.to(embeds.dtype)
         return embeds
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch
 
@@ -51,13 +52,14 @@ from proxy.engine.execution.compiled_step import (
 )
 from proxy.engine.execution.decode_graphs import DecodeGraphRunner
 from proxy.engine.execution.decode_runner import CompiledDecode, CudaGraphDecode, DecodeRunner, EagerDecode
+from proxy.engine.execution.deepstack import deepstack_added
 from proxy.engine.execution.graph_kinds import DecodeGraph
 from proxy.engine.execution.image_embeds import ImageEncoder
 from proxy.engine.execution.mrope import MRope
 from proxy.engine.execution.step_inputs import ImageSlots, StepInputs, StepRows, build_step_inputs
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.models.source import cache_root
-from proxy.models.vision import decoder_attention, is_served_vision, uses_mrope
+from proxy.models.vision import decoder_attention, deepstack_layers, is_served_vision, uses_mrope
 from proxy.quant.dense_prefill import active_row_plan, plan_rows
 from proxy.settings import Settings
 
@@ -113,6 +115,8 @@ class ModelRunner:
         self.images = ImageEncoder(model, self.device, self.dtype) if is_served_vision(model.config) else None
         #: an M-RoPE model's rotary positions (``proxy.engine.execution.mrope``); None: the cache positions
         self.mrope = MRope(model) if uses_mrope(model.config) else None
+        #: the decoder layers that take a DeepStack model's image rows (``proxy.models.vision``); else []
+        self.deepstack_layers = deepstack_layers(model)
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         pool = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
         num_blocks = pool.num_blocks
@@ -205,11 +209,17 @@ class ModelRunner:
     ) -> torch.Tensor:
         """One forward pass -> logits ``[n, V]`` (model dtype) of the ``keep`` rows (0: all), under
         ``torch.inference_mode``; with ``image_slots``, as ``inputs_embeds`` whose image positions take
-        the images' embeddings (``proxy.engine.execution.image_embeds``)."""
-        with torch.inference_mode(), active_metadata(meta), active_row_plan(meta.row_plan):
+        the images' embeddings (``proxy.engine.execution.image_embeds``), and a DeepStack model's first
+        layers add theirs (``proxy.engine.execution.deepstack``)."""
+        with (torch.inference_mode(), active_metadata(meta), active_row_plan(meta.row_plan),
+              ExitStack() as stack):
             tokens: dict[str, torch.Tensor] = {"input_ids": input_ids}
             if image_slots is not None and self.images is not None:
                 tokens = {"inputs_embeds": self.images.embed(input_ids, image_slots)}
+                deepstack = image_slots.deepstack_embeds
+                if deepstack is not None:
+                    stack.enter_context(deepstack_added(self.deepstack_layers, image_slots.flat_index,
+                                                        deepstack))
             out = self.model(
                 **tokens,
                 position_ids=position_ids,

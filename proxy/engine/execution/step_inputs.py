@@ -88,11 +88,23 @@ class ImageSlots:
 
     Attributes:
         flat_index: ``[K]`` int64, indices into the step's ``T`` flat tokens (CPU).
-        embeds: ``[K, hidden]`` in the model's dtype, on its device, in ``flat_index`` order.
+        embeds: ``[K, hidden]`` in the model's dtype, on its device, in ``flat_index`` order; a DeepStack
+            model's ``[K, 1 + N, hidden]`` (``proxy.models.vision.encode_images``).
     """
 
     flat_index: torch.Tensor
     embeds: torch.Tensor
+
+    @property
+    def input_embeds(self) -> torch.Tensor:
+        """``[K, hidden]``: the rows that replace the positions' token embeddings."""
+        return self.embeds if self.embeds.dim() == 2 else self.embeds[:, 0]
+
+    @property
+    def deepstack_embeds(self) -> torch.Tensor | None:
+        """``[K, N, hidden]``: a DeepStack model's rows added after its first ``N`` decoder layers
+        (``proxy.engine.execution.deepstack``); None for any other model."""
+        return None if self.embeds.dim() == 2 else self.embeds[:, 1:]
 
 
 @dataclass
