@@ -28,7 +28,13 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   tower (Pixtral-12B): transformers' Pixtral tower (2-D RoPE over each image's own patch grid; the
   encoder takes ``pixel_values`` and ``image_sizes``), Mistral3's patch merger; each image is one
   ``[IMG]`` placeholder per (merged) patch, rows ended by ``[IMG_BREAK]`` and the image by
-  ``[IMG_END]``, which are text tokens (``PixtralProcessor.replace_image_token``).
+  ``[IMG_END]``, which are text tokens (``PixtralProcessor.replace_image_token``);
+- Gemma 3 (``Gemma3ForConditionalGeneration``): a SigLIP tower whose patches are average-pooled to
+  ``mm_tokens_per_image`` soft tokens between ``<start_of_image>`` and ``<end_of_image>`` (a processor
+  set to pan-and-scan, off in the published configs, gives more views per image than its
+  ``_get_num_multimodal_tokens`` counts: such a prompt is a 400); during prefill an image's
+  tokens attend to each other both ways (:data:`BIDIRECTIONAL_IMAGES`,
+  ``proxy.engine.execution.image_blocks``), its sliding-window layers within their window.
 
 LLaVA-OneVision's, SmolVLM's, Qwen2-VL's and Qwen2.5-VL's processors are loaded without their video
 part and Pixtral's without torchvision (``proxy.media.processor_classes``; videos are not accepted);
@@ -36,8 +42,7 @@ SmolVLM's needs ``num2words``.
 
 Refused at load by name (:func:`refusal`): Qwen3-VL (:data:`REASONS`) and the other image-text-to-text
 model types that transformers' causal-LM classes do not load. Those its causal-LM classes load are
-served as text models and refuse images per request with :func:`images_refusal`'s reason (Gemma 3:
-image tokens attend bidirectionally within an image, which the paged causal attention does not compute).
+served as text models and refuse images per request with :func:`images_refusal`'s reason.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ from proxy.media.prompt import PromptImages
 
 MROPE: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl"})
 """Types in :data:`SERVED` whose decoder takes 3-D M-RoPE positions (temporal, height, width)."""
+
+BIDIRECTIONAL_IMAGES: frozenset[str] = frozenset({"gemma3"})
+"""Types in :data:`SERVED` whose image tokens attend to every token of their image during prefill
+(``proxy.engine.execution.image_blocks``)."""
 
 _DEEPSTACK = ("adds vision features to the hidden states of its first decoder layers (DeepStack), which "
               "streamproxy's paged decoder does not do yet")
@@ -118,6 +127,11 @@ def encode_images(model: Any, images: PromptImages, device: torch.device, dtype:
     return rows
 
 
+def bidirectional_images(config: Any) -> bool:
+    """True for a config of a type in :data:`BIDIRECTIONAL_IMAGES`."""
+    return str(getattr(config, "model_type", "")) in BIDIRECTIONAL_IMAGES
+
+
 def uses_mrope(config: Any) -> bool:
     """True for a config of a type in :data:`MROPE`."""
     return str(getattr(config, "model_type", "")) in MROPE
@@ -139,5 +153,6 @@ def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> 
     return positions[:, 0].to("cpu", torch.long).contiguous(), int(deltas.reshape(-1)[0])
 
 
-__all__ = ["MROPE", "SERVED", "VisionProcessor", "decoder_attention", "encode_images", "images_refusal",
-           "is_served_vision", "load_model_class", "mrope_positions", "refusal", "uses_mrope"]
+__all__ = ["BIDIRECTIONAL_IMAGES", "MROPE", "SERVED", "VisionProcessor", "bidirectional_images",
+           "decoder_attention", "encode_images", "images_refusal", "is_served_vision", "load_model_class",
+           "mrope_positions", "refusal", "uses_mrope"]

@@ -52,12 +52,13 @@ from proxy.engine.execution.compiled_step import (
 from proxy.engine.execution.decode_graphs import DecodeGraphRunner
 from proxy.engine.execution.decode_runner import CompiledDecode, CudaGraphDecode, DecodeRunner, EagerDecode
 from proxy.engine.execution.graph_kinds import DecodeGraph
+from proxy.engine.execution.image_blocks import add_prefill_image_blocks
 from proxy.engine.execution.image_embeds import ImageEncoder
 from proxy.engine.execution.mrope import MRope
 from proxy.engine.execution.step_inputs import ImageSlots, StepInputs, StepRows, build_step_inputs
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.models.source import cache_root
-from proxy.models.vision import decoder_attention, is_served_vision, uses_mrope
+from proxy.models.vision import bidirectional_images, decoder_attention, is_served_vision, uses_mrope
 from proxy.quant.dense_prefill import active_row_plan, plan_rows
 from proxy.settings import Settings
 
@@ -113,6 +114,8 @@ class ModelRunner:
         self.images = ImageEncoder(model, self.device, self.dtype) if is_served_vision(model.config) else None
         #: an M-RoPE model's rotary positions (``proxy.engine.execution.mrope``); None: the cache positions
         self.mrope = MRope(model) if uses_mrope(model.config) else None
+        #: image tokens attend within their image both ways during prefill (``image_blocks``)
+        self.image_blocks = self.images is not None and bidirectional_images(model.config)
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         pool = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
         num_blocks = pool.num_blocks
@@ -179,6 +182,8 @@ class ModelRunner:
             inputs.image_slots = self.images.slots(rows)
         if self.mrope is not None:
             inputs.rope_position_ids = self.mrope.positions(rows, inputs.position_ids[0])
+        if self.image_blocks:
+            add_prefill_image_blocks(inputs.meta, rows)
         prefill = self.prefill_plan
         if prefill is not None and inputs.prompt_tokens is not None:
             inputs.meta.row_plan = plan_rows(inputs.position_ids[0], inputs.prompt_tokens,
@@ -190,6 +195,7 @@ class ModelRunner:
         for name in (
             "slot_mapping", "decode_gather", "decode_context_lens", "decode_mask", "prefill_query_index",
             "prefill_gather", "prefill_positions", "prefill_mask", "prefill_valid", "prefill_token_index",
+            "prefill_query_blocks", "prefill_key_blocks",
         ):
             value = getattr(meta, name)
             if value is not None:
