@@ -30,9 +30,9 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   ``[IMG]`` placeholder per (merged) patch, rows ended by ``[IMG_BREAK]`` and the image by
   ``[IMG_END]``, which are text tokens (``PixtralProcessor.replace_image_token``);
 - Gemma 3 (``Gemma3ForConditionalGeneration``): a SigLIP tower whose patches are average-pooled to
-  ``mm_tokens_per_image`` soft tokens between ``<start_of_image>`` and ``<end_of_image>`` (a processor
-  set to pan-and-scan, off in the published configs, gives more views per image than its
-  ``_get_num_multimodal_tokens`` counts: such a prompt is a 400); during prefill an image's
+  ``mm_tokens_per_image`` soft tokens between ``<start_of_image>`` and ``<end_of_image>`` (no
+  pan-and-scan crops: ``Gemma3Processor`` makes them only when a call asks, ``do_pan_and_scan``,
+  and its ``_get_num_multimodal_tokens`` does not count them); during prefill an image's
   tokens attend to each other both ways (:data:`BIDIRECTIONAL_IMAGES`,
   ``proxy.engine.execution.image_blocks``), its sliding-window layers within their window.
 
