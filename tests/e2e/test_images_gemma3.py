@@ -10,6 +10,7 @@ import io
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from media.images import data_url, encode, picture
@@ -73,3 +74,9 @@ def test_openai_sdk_two_images_on_gemma3(server: LocalServer, folder: Path) -> N
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
                        client.chat.completions.create(**ask, stream=True) if chunk.choices)
     assert streamed == want
+
+
+def test_the_execution_plan_reports_bidirectional_image_blocks(server: LocalServer) -> None:
+    plan = httpx.get(f"{server.base_url}/server_info", timeout=10).json()["execution"]
+    assert plan["image_attention"] == "bidirectional blocks"
+    assert ", image tokens bidirectional blocks," in plan["summary"]

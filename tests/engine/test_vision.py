@@ -381,6 +381,7 @@ def test_graph_decodes_take_shifted_positions_and_a_last_prompt_token_runs_eager
     assert_greedy_matches(again[0], ref_ids, gaps, "graph decodes after a one-token prompt row")
     plan = core.execution
     assert plan.rope_positions == "m-rope" and ", rotary positions m-rope," in plan.summary()
+    assert plan.image_attention == "causal" and "image tokens" not in plan.summary()
 
 
 def test_compiled_step_rows_take_shifted_positions_batched_and_after_preemption(qwen2_vl: Family) -> None:

@@ -61,6 +61,8 @@ def test_gemma3_is_served_with_bidirectional_images(gemma: Family) -> None:
     assert not bidirectional_images(FAMILIES["llava"][0]().config)
     _, images = gemma.prompt_of(gemma.text_of("Compare", None, "with", None), [image(1), image(2)])
     assert images is not None and images.counts == (4, 4) and len(images.blocks) == 2
+    plan = gemma.engine().execution
+    assert plan.image_attention == "bidirectional blocks" and plan.rope_positions == "1-d"
 
 
 @pytest.mark.parametrize("chunk", [64, 7, 2], ids=["whole prompt", "chunks of 7", "chunks of 2"])
