@@ -15,7 +15,10 @@ A block's first rows need its last keys in the same step: the scheduler never en
 inside a block (``Scheduler.whole_image_blocks``). A prefix-cache hit may end inside one: the rows it
 covers were computed whole, in the step that computed their block, and the cache keys a block
 holding image tokens by the images' content hashes (``PromptImages.block_extra``), so they hold the
-same values; the rest of the block runs in one chunk that sees them causally. Decode rows (one token,
+same values; the rest of the block runs in one chunk that sees them causally. (That key names the
+images with a placeholder in the KV block; ``Gemma3Processor`` wraps every image in
+``<start_of_image>`` ... ``<end_of_image>``, so an image block is one image's soft tokens and no
+other image's content reaches its rows.) Decode rows (one token,
 never inside a block but at its last token) need nothing.
 """
 
