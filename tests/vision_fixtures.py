@@ -452,6 +452,66 @@ def build_tiny_qwen3_vl_moe(seed: int = 1) -> Any:
     return far_from_ties(Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(**_qwen3_vl_config(moe=True))))
 
 
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                 "image_token": "<image_soft_token>"}
+GEMMA3_TEMPLATE = TEMPLATE.replace(IMAGE_TOKEN, "<start_of_image>")
+"""The vision template with Gemma 3's image placeholder (its chat template's)."""
+GEMMA3_TOKENS_PER_IMAGE = 4
+"""Soft tokens per image: the 4 x 4 patches of a 32 x 32 image average-pooled 2 x 2."""
+GEMMA3_WINDOW = 3
+"""The sliding window of the tiny Gemma 3's first layer: shorter than an image's soft tokens, so
+its last soft token does not see the first (``AND(window, OR(causal, block))``)."""
+
+
+@functools.lru_cache(maxsize=1)
+def gemma3_tokenizer() -> Any:
+    """The API tests' BPE tokenizer with Gemma 3's image tokens added as named special tokens
+    (``boi_token``, ``eoi_token``, ``image_token``: what ``Gemma3Processor`` reads) and
+    :data:`GEMMA3_TEMPLATE`."""
+    tok = _tokenizer_with(list(GEMMA3_TOKENS.values()), GEMMA3_TEMPLATE)
+    tok._set_model_specific_special_tokens(GEMMA3_TOKENS)
+    return tok
+
+
+def gemma3_processor() -> Any:
+    """``Gemma3Processor`` over :func:`gemma3_tokenizer` and a Pillow image processor resizing to
+    32 x 32, :data:`GEMMA3_TOKENS_PER_IMAGE` soft tokens per image."""
+    from transformers import Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    images = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    return Gemma3Processor(image_processor=images, tokenizer=gemma3_tokenizer(),
+                           chat_template=GEMMA3_TEMPLATE, image_seq_length=GEMMA3_TOKENS_PER_IMAGE)
+
+
+def build_tiny_gemma3(seed: int = 0) -> Any:
+    """A tiny random ``Gemma3ForConditionalGeneration``: a 2-layer decoder (a sliding-window layer of
+    :data:`GEMMA3_WINDOW` tokens, then a full one) + a 1-layer SigLIP tower on 32 x 32 images in 8 x 8
+    patches, pooled to :data:`GEMMA3_TOKENS_PER_IMAGE` soft tokens; weights as
+    :func:`build_tiny_llava`'s."""
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    tok = gemma3_tokenizer()
+    torch_seed(seed)
+    text = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            sliding_window=GEMMA3_WINDOW, layer_types=["sliding_attention", "full_attention"],
+                            max_position_embeddings=512, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                            bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+                          boi_token_index=tok.convert_tokens_to_ids(GEMMA3_TOKENS["boi_token"]),
+                          eoi_token_index=tok.convert_tokens_to_ids(GEMMA3_TOKENS["eoi_token"]),
+                          image_token_index=tok.convert_tokens_to_ids(GEMMA3_TOKENS["image_token"]))
+    return far_from_ties(Gemma3ForConditionalGeneration(config))
+
+
 FAMILIES = {
     "llava": (build_tiny_llava, llava_processor, llava_tokenizer),
     "llava_next": (build_tiny_llava_next, llava_next_processor, llava_tokenizer),
@@ -464,6 +524,7 @@ FAMILIES = {
     "smolvlm": (build_tiny_smolvlm, smolvlm_processor, idefics3_tokenizer),
     "mistral3": (build_tiny_mistral3, lambda: _pixtral_processor(2), pixtral_tokenizer),
     "llava_pixtral": (build_tiny_llava_pixtral, lambda: _pixtral_processor(1), pixtral_tokenizer),
+    "gemma3": (build_tiny_gemma3, gemma3_processor, gemma3_tokenizer),
 }
 """Family -> (model builder, processor, tokenizer) of the tiny vision-language models."""
 

@@ -89,6 +89,8 @@ class EngineCore:
         self.scheduler = Scheduler(self.block_manager, config, self.eos_token_ids)
         if self.runner.images is not None:  # the vision encoder's work counts in the step budget
             self.scheduler.encoder_cost = self.runner.images.pending_cost
+        # an image block's rows attend to each other both ways: computed in one chunk
+        self.scheduler.whole_image_blocks = self.runner.image_blocks
         self.sampler = Sampler(self.runner.device, self.eos_token_ids, settings.seed, grammar_compiler)
         #: which kernels serve the steps, and why the others do not (logged once served)
         self.execution = describe_execution(settings, model, self.runner)

@@ -31,6 +31,7 @@ SERVED: dict[str, str] = {
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+    "gemma3": "Gemma3ForConditionalGeneration",
 }
 """Model types served with their images -> the transformers class that runs them."""
 
@@ -48,12 +49,7 @@ NEEDS_PACKAGE: dict[str, str] = {"smolvlm": "num2words"}
 """Served types whose processor needs a package beyond transformers (transformers checks for it when
 the processor is built)."""
 
-IMAGES_REFUSED: dict[str, str] = {
-    "gemma3": (
-        "is served as a text model: Gemma 3's image tokens attend to each other bidirectionally within "
-        "an image during prefill (token_type_ids), which the paged causal attention does not compute"
-    ),
-}
+IMAGES_REFUSED: dict[str, str] = {}
 """Image-text-to-text types served as text models -> why their images are refused (per request)."""
 
 
@@ -148,7 +144,8 @@ class VisionProcessor:
                                  return_tensors="pt", add_special_tokens=False)
             ids = [int(t) for t in enc.pop("input_ids")[0].tolist()]
             enc.pop("attention_mask", None)
-            enc.pop("mm_token_type_ids", None)  # Qwen2-VL's: the placeholder positions say it (PromptImages)
+            for types in ("mm_token_type_ids", "token_type_ids"):  # Qwen2-VL's, Gemma 3's: the
+                enc.pop(types, None)  # placeholder positions say it (PromptImages)
             return ids, PromptImages.of(ids, self.image_token_id, self.num_tokens(images),
                                         [im.content_hash for im in images], dict(enc))
         except ValueError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -62,6 +63,33 @@ class PromptImages:
             out.append((self.token_positions[k], self.token_positions[k + count - 1]))
             k += count
         return out
+
+    @cached_property
+    def blocks(self) -> tuple[tuple[int, int], ...]:
+        """``(first, last)`` prompt position of each run of consecutive placeholder tokens, in order:
+        the image blocks whose tokens attend to each other both ways during prefill in a model that
+        asks for it (Gemma 3: ``get_block_sequence_ids_for_mask`` groups ``token_type_ids == 1`` into
+        such runs, so two images with no token between them would be one block)."""
+        out: list[tuple[int, int]] = []
+        for p in self.token_positions:
+            if out and out[-1][1] == p - 1:
+                out[-1] = (out[-1][0], p)
+            else:
+                out.append((p, p))
+        return tuple(out)
+
+    def chunk_end_outside_blocks(self, start: int, num_new: int) -> int:
+        """The token count of a prompt chunk from ``start`` (``num_new`` asked, > 0) that ends outside
+        every image block (:attr:`blocks`): ``num_new`` when its end is not inside one; else cut
+        back to the block's first token when the chunk starts before the block, or run on to the
+        block's end when it starts at or inside it (a block is computed whole, in one step)."""
+        end = start + num_new
+        for first, last in self.blocks:
+            if first < end <= last:
+                return first - start if first > start else last + 1 - start
+            if first >= end:
+                break
+        return num_new
 
     def block_extra(self, start: int, end: int) -> bytes:
         """What the prefix-cache hash of the block of positions ``[start, end)`` adds after its token

@@ -35,16 +35,21 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   ``N`` more embeddings per placeholder (one per ``deepstack_visual_indexes`` entry), the ``i``-th added
   to the placeholder positions' hidden states after decoder layer ``i`` (``Qwen3VLTextModel.forward``,
   ``_deepstack_process``), done here by per-step forward hooks (``proxy.engine.execution.deepstack``).
+- Gemma 3 (``Gemma3ForConditionalGeneration``): a SigLIP tower whose patches are average-pooled to
+  ``mm_tokens_per_image`` soft tokens between ``<start_of_image>`` and ``<end_of_image>`` (no
+  pan-and-scan crops: ``Gemma3Processor`` makes them only when a call asks, ``do_pan_and_scan``,
+  and its ``_get_num_multimodal_tokens`` does not count them); during prefill an image's
+  tokens attend to each other both ways (:data:`BIDIRECTIONAL_IMAGES`,
+  ``proxy.engine.execution.image_blocks``), its sliding-window layers within their window.
 
 LLaVA-OneVision's, SmolVLM's and the Qwen VL processors are loaded without their video part and
 Pixtral's without torchvision (``proxy.media.processor_classes``; videos are not accepted); SmolVLM's
 needs ``num2words``.
 
-Refused at load by name (:func:`refusal`): the other image-text-to-text model types that transformers'
+Refused at load by name (:func:`refusal`): the image-text-to-text model types that transformers'
 causal-LM classes do not load (:data:`REASONS` where one has a reason of its own). Those its causal-LM
 classes load are served as text models and refuse images per request with :func:`images_refusal`'s
-reason (Gemma 3: image tokens attend bidirectionally within an image, which the paged causal attention
-does not compute).
+reason.
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ MROPE: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_
 
 DEEPSTACK: frozenset[str] = frozenset({"qwen3_vl", "qwen3_vl_moe"})
 """Types in :data:`SERVED` whose vision tower also gives DeepStack embeddings (module docstring)."""
+
+BIDIRECTIONAL_IMAGES: frozenset[str] = frozenset({"gemma3"})
+"""Types in :data:`SERVED` whose image tokens attend to every token of their image during prefill
+(``proxy.engine.execution.image_blocks``)."""
 
 REASONS: dict[str, str] = {}
 """Vision-language types refused for a reason of their own (the reason names what is unsupported)."""
@@ -151,6 +160,11 @@ def deepstack_layers(model: Any) -> list[torch.nn.Module]:
     return list(model.model.language_model.layers[:count])
 
 
+def bidirectional_images(config: Any) -> bool:
+    """True for a config of a type in :data:`BIDIRECTIONAL_IMAGES`."""
+    return str(getattr(config, "model_type", "")) in BIDIRECTIONAL_IMAGES
+
+
 def uses_mrope(config: Any) -> bool:
     """True for a config of a type in :data:`MROPE`."""
     return str(getattr(config, "model_type", "")) in MROPE
@@ -173,6 +187,6 @@ def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> 
     return positions[:, 0].to("cpu", torch.long).contiguous(), int(deltas.reshape(-1)[0])
 
 
-__all__ = ["DEEPSTACK", "MROPE", "SERVED", "VisionProcessor", "decoder_attention", "deepstack_layers",
-           "encode_images", "image_row_shape", "images_refusal", "is_served_vision", "load_model_class",
-           "mrope_positions", "refusal", "uses_mrope"]
+__all__ = ["BIDIRECTIONAL_IMAGES", "DEEPSTACK", "MROPE", "SERVED", "VisionProcessor", "bidirectional_images",
+           "decoder_attention", "deepstack_layers", "encode_images", "image_row_shape", "images_refusal",
+           "is_served_vision", "load_model_class", "mrope_positions", "refusal", "uses_mrope"]

@@ -88,28 +88,30 @@ def test_images_are_a_400_naming_the_part(path: str, body: dict[str, Any], param
 
 
 def test_a_vision_model_served_as_text_says_why_it_refuses_images(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Gemma 3 loads as a text model; its images are a 400 naming the part and the reason."""
+    """Llama 4 loads as a text model (transformers' causal-LM mapping); its images are a 400 naming the
+    part and the reason; a type with a reason of its own (``IMAGES_REFUSED``) gives that one."""
     from dataclasses import replace
 
-    from transformers import Gemma3Config, LlamaConfig
+    from transformers import Gemma3Config, Llama4Config, LlamaConfig
 
+    from proxy.media import processor
     from proxy.media.processor import images_refusal
 
     from . import conftest
 
-    why = images_refusal(Gemma3Config())
-    assert why == ("is served as a text model: Gemma 3's image tokens attend to each other bidirectionally "
-                   "within an image during prefill (token_type_ids), which the paged causal attention does "
-                   "not compute")
-    assert images_refusal(LlamaConfig()) is None
+    assert images_refusal(Llama4Config()) == "is served as a text model: its vision tower is not run"
+    assert images_refusal(LlamaConfig()) is None and images_refusal(Gemma3Config()) is None  # served
+    monkeypatch.setitem(processor.IMAGES_REFUSED, "llama4", "is served as a text model: a reason of its own")
+    why = images_refusal(Llama4Config())
+    assert why == "is served as a text model: a reason of its own"
     plain = conftest.fake_client
 
-    def gemma_client(*args: Any, **kwargs: Any) -> Any:
+    def text_vlm_client(*args: Any, **kwargs: Any) -> Any:
         client = plain(*args, **kwargs)
         client.model = replace(client.model, images_refused=why)
         return client
 
-    monkeypatch.setattr(conftest, "fake_client", gemma_client)
+    monkeypatch.setattr(conftest, "fake_client", text_vlm_client)
 
     async def main() -> Any:
         async with serve() as s:

@@ -168,7 +168,7 @@ def test_bad_images_are_a_400_naming_the_part_and_the_server_keeps_serving(model
 
 
 @pytest.mark.parametrize("family", ["idefics3", "llava_next", "llava_onevision", "smolvlm", "mistral3",
-                                    "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+                                    "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_other_families_equal_generate(family: str, tmp_path: Path) -> None:
     folder = make_tiny_vlm(family, tmp_path / family)
     want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])

@@ -1,5 +1,5 @@
 """Tiny random vision-language models (LLaVA, LLaVA-Next, LLaVA-OneVision, Idefics3, SmolVLM, Mistral3,
-Pixtral-LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) through the engine: greedy ids equal
+Pixtral-LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Gemma 3) through the engine: greedy ids equal
 transformers' ``generate()`` with the same processor for one and two images, alone and batched with a
 text-only request, with prefill chunks that cut images, after a preemption and from the prefix cache; the
 prefix cache reuses an image's blocks for the same image only; Qwen2-VL's and Qwen3-VL's M-RoPE positions
@@ -34,8 +34,8 @@ from proxy.settings import Settings
 from .engine_helpers import assert_blocks_conserved, assert_greedy_matches
 
 NEW_TOKENS = 12
-SERVED_NAMES = ("idefics3, llava, llava_next, llava_onevision, mistral3, qwen2_5_vl, qwen2_vl, qwen3_vl, "
-                "qwen3_vl_moe, smolvlm")
+SERVED_NAMES = ("gemma3, idefics3, llava, llava_next, llava_onevision, mistral3, qwen2_5_vl, qwen2_vl, "
+                "qwen3_vl, qwen3_vl_moe, smolvlm")
 PARAMS = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
@@ -49,8 +49,8 @@ class Family:
 
     @property
     def image_token_id(self) -> int:
-        token_id: int = self.tokenizer.convert_tokens_to_ids(str(self.processor.image_token))
-        return token_id
+        """The placeholder token of one image row (Gemma 3's soft token, not its ``<start_of_image>``)."""
+        return int(self.model.config.image_token_id)
 
     @property
     def vision(self) -> VisionProcessor:
@@ -276,10 +276,10 @@ def test_smolvlm_without_num2words_is_refused_at_load(monkeypatch: pytest.Monkey
 
 
 def test_served_families_pass_and_causal_vision_models_load_as_text(family: Family) -> None:
-    from transformers import Gemma3Config
+    from transformers import Llama4Config
 
     check_supported(family.model.config)
-    assert refusal(family.model.config) is None and refusal(Gemma3Config()) is None  # Gemma 3: text
+    assert refusal(family.model.config) is None and refusal(Llama4Config()) is None  # Llama 4: text
 
 
 @pytest.mark.parametrize("chunk", [64, 9], ids=["whole prompt", "chunks of 9 cutting the image"])
@@ -310,51 +310,6 @@ def test_onevision_takes_its_multi_image_mode_for_several_images() -> None:
     assert images.encoder_inputs["batch_num_images"].tolist() == [2]
     _, alone = onevision.prompt_of(text.replace("with<image>", "with"), [image(1)])
     assert alone is not None and alone.counts == (31,)  # one image: the anyres grid
-
-
-def build_tiny_gemma3() -> Any:
-    """A tiny random ``Gemma3ForConditionalGeneration`` (its SigLIP tower included) whose decoder has a
-    sliding-window layer (window 4) and a full one, over the LLaVA tests' tokenizer."""
-    from transformers import (
-        Gemma3Config,
-        Gemma3ForConditionalGeneration,
-        Gemma3TextConfig,
-        SiglipVisionConfig,
-    )
-    from vision_fixtures import far_from_ties, llava_tokenizer, torch_seed
-
-    tok = llava_tokenizer()
-    torch_seed(0)
-    text = Gemma3TextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
-                            layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512,
-                            eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                num_attention_heads=2, image_size=32, patch_size=8)
-    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
-    return far_from_ties(Gemma3ForConditionalGeneration(config))
-
-
-@pytest.mark.parametrize("chunk", [64, 5], ids=["whole prompts", "chunks of 5"])
-def test_gemma3_runs_as_a_text_model_with_its_sliding_window_layers(chunk: int) -> None:
-    """Gemma 3's multimodal class is loaded as a text model (transformers' causal-LM mapping): text
-    prompts longer than its sliding window equal ``generate()``, alone and batched; its images are
-    refused per request with the reason (``tests/api/test_images.py``)."""
-    from vision_fixtures import llava_tokenizer
-
-    from proxy.media.processor import images_refusal
-
-    gemma = Family(build_tiny_gemma3(), None, llava_tokenizer())
-    check_supported(gemma.model.config)
-    assert refusal(gemma.model.config) is None and images_refusal(gemma.model.config) is not None
-    texts = [gemma.text_of("Hello world! alpha beta"), gemma.text_of("Describe a picture of red and blue.")]
-    prompts = [gemma.prompt_of(t, []) for t in texts]
-    assert min(len(ids) for ids, _ in prompts) > 4 * 2  # past the window
-    batched = run(gemma.engine(chunk), prompts)
-    for i, text in enumerate(texts):
-        ref_ids, gaps = gemma.reference(text, [])
-        assert_greedy_matches(run(gemma.engine(chunk), [prompts[i]])["0"][0], ref_ids, gaps, f"{i} alone")
-        assert_greedy_matches(batched[str(i)][0], ref_ids, gaps, f"{i} batched")
 
 
 def paged(model: Any) -> Any:
@@ -422,6 +377,7 @@ def test_graph_decodes_take_shifted_positions_and_a_last_prompt_token_runs_eager
     assert_greedy_matches(again[0], ref_ids, gaps, "graph decodes after a one-token prompt row")
     plan = core.execution
     assert plan.rope_positions == "m-rope" and ", rotary positions m-rope," in plan.summary()
+    assert plan.image_attention == "causal" and "image tokens" not in plan.summary()
 
 
 def test_compiled_step_rows_take_shifted_positions_batched_and_after_preemption(mrope: Family) -> None:

@@ -36,7 +36,7 @@ class ModelInfo:
         execution: the engine's execution plan (``proxy.engine.execution.plan.ExecutionPlan.as_dict``); None:
             not reported.
         images_refused: why a vision-language model served as a text model refuses images
-            (``proxy.media.processor.images_refusal``, e.g. Gemma 3's bidirectional image attention);
+            (``proxy.media.processor.images_refusal``, e.g. Llama 4's: its vision tower is not run);
             None: a text model, or one served with its images.
     """
 

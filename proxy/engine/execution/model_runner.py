@@ -54,12 +54,19 @@ from proxy.engine.execution.decode_graphs import DecodeGraphRunner
 from proxy.engine.execution.decode_runner import CompiledDecode, CudaGraphDecode, DecodeRunner, EagerDecode
 from proxy.engine.execution.deepstack import deepstack_added
 from proxy.engine.execution.graph_kinds import DecodeGraph
+from proxy.engine.execution.image_blocks import add_prefill_image_blocks
 from proxy.engine.execution.image_embeds import ImageEncoder
 from proxy.engine.execution.mrope import MRope
 from proxy.engine.execution.step_inputs import ImageSlots, StepInputs, StepRows, build_step_inputs
 from proxy.engine.scheduler import SchedulerOutput
 from proxy.models.source import cache_root
-from proxy.models.vision import decoder_attention, deepstack_layers, is_served_vision, uses_mrope
+from proxy.models.vision import (
+    bidirectional_images,
+    decoder_attention,
+    deepstack_layers,
+    is_served_vision,
+    uses_mrope,
+)
 from proxy.quant.dense_prefill import active_row_plan, plan_rows
 from proxy.settings import Settings
 
@@ -117,6 +124,8 @@ class ModelRunner:
         self.mrope = MRope(model) if uses_mrope(model.config) else None
         #: the decoder layers that take a DeepStack model's image rows (``proxy.models.vision``); else []
         self.deepstack_layers = deepstack_layers(model)
+        #: image tokens attend within their image both ways during prefill (``image_blocks``)
+        self.image_blocks = self.images is not None and bidirectional_images(model.config)
         bytes_per_token = PagedKVCache.bytes_per_token(self.layers, self.dtype)
         pool = choose_num_blocks(settings, bytes_per_token, max_model_len, self.device)
         num_blocks = pool.num_blocks
@@ -183,6 +192,8 @@ class ModelRunner:
             inputs.image_slots = self.images.slots(rows)
         if self.mrope is not None:
             inputs.rope_position_ids = self.mrope.positions(rows, inputs.position_ids[0])
+        if self.image_blocks:
+            add_prefill_image_blocks(inputs.meta, rows)
         prefill = self.prefill_plan
         if prefill is not None and inputs.prompt_tokens is not None:
             inputs.meta.row_plan = plan_rows(inputs.position_ids[0], inputs.prompt_tokens,
@@ -194,6 +205,7 @@ class ModelRunner:
         for name in (
             "slot_mapping", "decode_gather", "decode_context_lens", "decode_mask", "prefill_query_index",
             "prefill_gather", "prefill_positions", "prefill_mask", "prefill_valid", "prefill_token_index",
+            "prefill_query_blocks", "prefill_key_blocks",
         ):
             value = getattr(meta, name)
             if value is not None:

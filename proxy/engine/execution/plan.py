@@ -57,6 +57,8 @@ class ExecutionPlan:
         hot_path: ``"compiled"`` or ``"python"`` (detokenizer, stop strings, SSE framing).
         off: each path not taken -> why.
         rope_positions: ``"1-d"`` or ``"m-rope"``.
+        image_attention: ``"causal"`` or ``"bidirectional blocks"`` (an image's tokens see their
+            whole image during prefill: ``proxy.engine.execution.image_blocks``).
     """
 
     device: str
@@ -70,17 +72,20 @@ class ExecutionPlan:
     hot_path: str
     off: dict[str, str]
     rope_positions: str = "1-d"
+    image_attention: str = "causal"
 
     def summary(self) -> str:
         """The one log line: ``execution: step compiled, decode attention pools_op, linear modules
         (after fusion) int4 amx x120 + int8 q8 avx512 x1, prompt tokens dense bfloat16 copies, op
         kernels c++, detokenizer/SSE hot path compiled (cpu: avx2 avx512f avx512_bf16 amx_bf16,
-        bfloat16)``, with ``, rotary positions m-rope`` after the decode attention for such a model,
-        then ``; not taken: PATH: WHY; ...`` when a path is off."""
+        bfloat16)``, with ``, rotary positions m-rope`` and ``, image tokens bidirectional blocks`` after
+        the decode attention for such models, then ``; not taken: PATH: WHY; ...`` when a path is off."""
         linears = " + ".join(f"{kind} x{n}" for kind, n in self.linears.items()) or "none"
         where = f"cpu: {' '.join(self.cpu_flags) or 'no avx2'}" if self.device == "cpu" else self.device
         off = "; ".join(f"{path}: {why}" for path, why in self.off.items())
         rope = "" if self.rope_positions == "1-d" else f", rotary positions {self.rope_positions}"
+        if self.image_attention != "causal":
+            rope += f", image tokens {self.image_attention}"
         return (f"execution: step {self.step}, decode attention {self.decode_attention}{rope}, linear "
                 f"modules (after fusion) {linears}, prompt tokens {self.prompt_linears}, op kernels "
                 f"{self.op_kernels}, detokenizer/SSE hot path {self.hot_path} ({where}, {self.dtype})"
@@ -157,5 +162,6 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
         decode_attention=decode_attention, linears=dict(sorted(linears.items())),
         prompt_linears=prompt_linears, op_kernels="c++" if probe.op_kernels is None else "python",
         hot_path=probe.hot_path, off=off, rope_positions="1-d" if runner.mrope is None else "m-rope",
+        image_attention="bidirectional blocks" if runner.image_blocks else "causal",
     )
 

@@ -34,6 +34,11 @@ class Scheduler(RequestQueues):
             feeds it ``observe``).
         encoder_cost: the prefill-token cost of encoding a request's images now
             (``proxy.engine.scheduler.images``; the engine sets its image encoder's).
+        whole_image_blocks: no prompt chunk ends inside an image block
+            (``PromptImages.chunk_end_outside_blocks``: cut back before the block, or run on to its
+            end, past the step budget, when the chunk starts in it), for a model whose image tokens
+            attend to each other both ways during prefill (Gemma 3: a block's first rows see its last
+            keys, so they must be in the same step); the engine sets it for such a model.
     """
 
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig,
@@ -41,6 +46,7 @@ class Scheduler(RequestQueues):
         super().__init__(block_manager, config)
         self.step_cost = StepCostModel.from_config(config)
         self.encoder_cost: EncoderCost = no_encoder
+        self.whole_image_blocks = False
         self._encoder: dict[Request, int] = {}  # this step's requests whose images it encodes: cost
         self.eos_token_ids = frozenset(eos_token_ids)
         self._watermark_blocks = config.watermark_blocks(block_manager.num_total_blocks)
@@ -104,6 +110,8 @@ class Scheduler(RequestQueues):
         step may take (``StepBudget.prefill_chunk``, ``proxy.engine.scheduler.images``)."""
         at, cost = images_ahead(request, num_computed, self.encoder_cost)
         num_new = budget.prefill_chunk(remaining, len(self.waiting), at, cost)
+        if num_new and self.whole_image_blocks and request.images is not None:
+            num_new = request.images.chunk_end_outside_blocks(num_computed, num_new)
         return num_new, cost if at is not None and num_new > at else 0
 
     def _schedule_running(self, request: Request, num_new: int, scheduled: dict[Request, int],

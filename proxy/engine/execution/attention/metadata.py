@@ -6,7 +6,10 @@ The masks follow transformers' eager attention and mask functions (``masking_uti
 - sliding window ``W`` (Mistral, Gemma 2/3, GPT-OSS, OLMo 3, Cohere 2, ...): query at position
   ``p`` sees keys ``k`` with ``p - W < k <= p``; a window at least as long as the context is full
   attention and costs nothing (no extra mask is built while every context fits the window);
-- chunked attention of size ``C`` (Llama 4): keys with ``k // C == p // C`` and ``k <= p``.
+- chunked attention of size ``C`` (Llama 4): keys with ``k // C == p // C`` and ``k <= p``;
+- image blocks (Gemma 3's prefill): a prefill query in an image block also sees the later keys of
+  that block, before the window applies (:meth:`PagedAttentionMetadata.add_image_blocks`, set by
+  ``proxy.engine.execution.image_blocks`` for the steps that hold such rows).
 
 **Batch invariance.** The model runner pads every step's key length to a multiple of
 :data:`KEY_PAD` (64) tokens, padding masked. A softmax row's reductions then cover the same vector
@@ -50,14 +53,20 @@ def padded_key_length(length: int) -> int:
 
 
 def pattern_mask(
-    keys: torch.Tensor, pos: torch.Tensor, window: int | None, chunk: int | None
+    keys: torch.Tensor, pos: torch.Tensor, window: int | None, chunk: int | None,
+    same_block: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Which keys a query sees: causal (``key <= pos``), within ``window`` tokens when set (sliding
-    window: ``key > pos - window``), and in the query's own ``chunk`` when set (chunked attention:
-    ``key // chunk == pos // chunk``). ``keys`` and ``pos`` are int64 tensors that broadcast
-    (keys ``[1, L]`` with pos ``[B, 1]``, or ``[1, 1, L]`` with ``[B, Q, 1]``); returns the broadcast
-    bool mask."""
+    """Which keys a query sees: causal (``key <= pos``) or, where ``same_block`` is given, in the
+    query's own image block (bool, True where query and key lie in one; bidirectional image
+    attention), then within ``window`` tokens when set (sliding window: ``key > pos - window``) and
+    in the query's own ``chunk`` when set (chunked attention: ``key // chunk == pos // chunk``), as
+    transformers composes them (``create_masks_for_vision_model``: full layers ``OR(causal, block)``,
+    sliding layers ``AND(window, OR(causal, block))``). ``keys`` and ``pos`` are int64 tensors that
+    broadcast (keys ``[1, L]`` with pos ``[B, 1]``, or ``[1, 1, L]`` with ``[B, Q, 1]``;
+    ``same_block`` broadcasts with them); returns the broadcast bool mask."""
     mask = keys <= pos
+    if same_block is not None:
+        mask = mask | same_block
     if window is not None:
         mask &= keys > pos - window
     if chunk is not None:
@@ -97,6 +106,10 @@ class PagedAttentionMetadata:
             and SDPA.
         row_plan: which tokens the packed linears run through their dense copies (prompt tokens;
             :class:`proxy.quant.dense_prefill.RowPlan`), or None (all packed, or no packed layers).
+        prefill_query_blocks: ``[B_p, Q_p]`` int64, the image block of each padded prefill query
+            (-1: none), and prefill_key_blocks: ``[B_p, L_p]`` int64, of each key (-1: none or
+            past the row's chunk); a query sees every key of its own block (:meth:`add_image_blocks`);
+            None: no such row in the step.
     """
 
     kv_cache: PagedKVCache
@@ -117,6 +130,8 @@ class PagedAttentionMetadata:
     masks: dict[tuple[Any, ...], torch.Tensor | None] = field(default_factory=dict)
     row_plan: RowPlan | None = None
     paged_decode: bool = False
+    prefill_query_blocks: torch.Tensor | None = None
+    prefill_key_blocks: torch.Tensor | None = None
 
     def decode_mask_for(self, window: int | None, chunk: int | None) -> torch.Tensor | None:
         """The decode key mask ``[B_d, 1, 1, L_d]`` (or None: all keys visible) of a pattern."""
@@ -160,10 +175,33 @@ class PagedAttentionMetadata:
         key = ("prefill", window, chunk, group)
         cached = self.masks.get(key)
         if cached is None:
-            pos = self.prefill_positions[:, :, None]  # [B_p, Q_p, 1]
-            keys = torch.arange(max_len, device=pos.device)[None, None, :]
-            mask = pattern_mask(keys, pos, window, chunk)
-            b, q_len = self.prefill_positions.shape
-            cached = mask[:, None].expand(b, group, q_len, max_len).reshape(b, 1, group * q_len, max_len)
+            cached = self._prefill_pattern(window, chunk, group)
             self.masks[key] = cached
         return cached
+
+    def _prefill_pattern(self, window: int | None, chunk: int | None, group: int) -> torch.Tensor:
+        """:func:`pattern_mask` over the prefill queries and keys, image blocks included, folded
+        over ``group``: ``[B_p, 1, group * Q_p, L_p]`` bool."""
+        assert self.prefill_gather is not None and self.prefill_positions is not None
+        max_len = self.prefill_gather.shape[1]
+        pos = self.prefill_positions[:, :, None]  # [B_p, Q_p, 1]
+        keys = torch.arange(max_len, device=pos.device)[None, None, :]
+        same = None
+        if self.prefill_query_blocks is not None and self.prefill_key_blocks is not None:
+            q_block = self.prefill_query_blocks[:, :, None]
+            same = (q_block == self.prefill_key_blocks[:, None, :]) & (q_block >= 0)  # [B_p, Q_p, L_p]
+        mask = pattern_mask(keys, pos, window, chunk, same)
+        b, q_len = self.prefill_positions.shape
+        return mask[:, None].expand(b, group, q_len, max_len).reshape(b, 1, group * q_len, max_len)
+
+    def add_image_blocks(self, query_blocks: torch.Tensor, key_blocks: torch.Tensor) -> None:
+        """Let each prefill query see every key of its own image block, as a model with
+        bidirectional image attention computes its prefill (Gemma 3's ``token_type_ids``;
+        :func:`pattern_mask`): ``query_blocks [B_p, Q_p]`` and ``key_blocks [B_p, L_p]`` int64 block
+        ids (-1: in none; a key past its row's chunk must be -1, its slot is not written), on the
+        prefill tensors' device. Rebuilds :attr:`prefill_mask`; call before any layer reads a mask.
+        The scheduler keeps each block whole in one chunk (``Scheduler.whole_image_blocks``)."""
+        self.prefill_query_blocks = query_blocks
+        self.prefill_key_blocks = key_blocks
+        self.masks.clear()
+        self.prefill_mask = self._prefill_pattern(None, None, self.num_groups)
