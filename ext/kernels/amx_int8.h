@@ -120,8 +120,12 @@ static SP_AMX void sp_a8_run(const uint32_t *xp, int64_t M, int64_t K, const int
                     const int64_t nt = t0 + ctiles < T ? ctiles : T - t0;
                     for (int n = 0; n < 16; n++) {
                         const int8_t *row = codes + (b * 16 + n) * K + 32 * t0;
-                        for (int l = 0; l < 32 * ctiles; l += 64)
-                            _mm_prefetch((const char *)row + SP_A8_PREFETCH + l, _MM_HINT_T0);
+                        /* past the row's end: the same feature row of the next block (this thread's
+                         * next, with static scheduling) */
+                        for (int64_t l = 0, k = 32 * t0 + SP_A8_PREFETCH; l < 32 * ctiles; l += 64) {
+                            const int64_t at = k + l < K ? (b * 16 + n) * K + k + l : ((b + 1) * 16 + n) * K + k + l - K;
+                            if (at < N * K) _mm_prefetch((const char *)(codes + at), _MM_HINT_T0);
+                        }
                         for (int64_t t = 0; t < nt; t++) {
                             const __m512i v = six_bit ? sp_a8_decode32_6(row + 32 * t, lut_lo, lut_hi)
                                                       : sp_a8_decode32(row + 32 * t, odd);
