@@ -5,10 +5,11 @@ kernel (``ext/kernels/q8_matmul.h``, fp32 fused multiply-adds) elsewhere.
 Why: at 16 rows the int8 kernel's fp32 multiply-adds made the 25 ``Q6_K`` layers of SmolLM2-1.7B in
 ``Q4_K_M`` cost more than its 144 ``Q4_K`` layers on the AMX int4 kernel
 (``docs/bench/2026-12-06-1.7b-step-profile.md``). ``ext/kernels/amx_int8.h`` (built into
-``proxy.quant._amx_int8``) widens the codes, exactly, to bf16 A tiles (16 output features x one group)
-and multiplies them with up to 16 rows of bf16 activations with ``TDPBF16PS``, one tile product per
-group of 16 or 32 inputs; each group's scale is applied in fp32 to the tile's sums (the header gives
-the exact order). Measurements: ``docs/bench/2026-12-06-amx-int8.md``.
+``proxy.quant._amx_int8``) widens the codes, exactly, to bf16 A tiles (16 output features x 32
+inputs) and multiplies them with the bf16 activations with ``TDPBF16PS``, one tile product per 32
+inputs (a group of 32, or both groups of 16: the B tile holds each row twice, each copy with one
+half's inputs); each group's scale is applied in fp32 to the tile's sums (the header gives the exact
+order). Measurements: ``docs/bench/2026-12-06-amx-int8.md``.
 
 Numerics: every code is a bf16 value and every product ``code * x`` is exact in fp32, so the layer
 computes the file's weights with the bf16 activations; the sums run in another order than the int8
