@@ -128,8 +128,8 @@ class Settings:
             it (``proxy.engine.execution.compiled_step``; the times: ``docs/compile.md``). None (default): on
             for models with packed (int4 / int8) CPU linears, such as the default GGUF;
             ``--enforce-eager`` turns it off.
-        amx_int4: one-plane int4 layers take the AMX int4 kernel where it runs
-            (``proxy.quant.amx_int4``); off: torch's int4 kernel for every int4 layer (to compare).
+        amx_int4: int4 / int8 layers take the AMX kernels where they run (``proxy.quant.amx_int4``,
+            ``proxy.quant.amx_int8``); off: torch's int4 and the Q8_0 kernel for every layer (to compare).
             The engine reads it from ``STREAMPROXY_AMX_INT4`` (:func:`execution_switches`), which
             ``streamproxy serve`` sets from this setting before anything is loaded.
         torch_ops: the ``streamproxy::`` ops run their C++ kernels where built
@@ -255,7 +255,7 @@ def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: fl
 
 
 AMX_INT4_ENV = "STREAMPROXY_AMX_INT4"
-"""``0`` keeps torch's int4 kernel for every int4 layer (:attr:`ExecutionSwitches.amx_int4`)."""
+"""``0``: torch's int4 and the Q8_0 kernel for every layer, no AMX (:attr:`ExecutionSwitches.amx_int4`)."""
 TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
 """``0`` keeps the Python kernels of the ``streamproxy::`` ops (:attr:`ExecutionSwitches.torch_ops`)."""
 

@@ -1,8 +1,9 @@
-// The CPU kernels of the torch ops streamproxy::amx_int4_mm, streamproxy::q8_matmul(_split) and
+// The CPU kernels of the torch ops streamproxy::amx_int4_mm, streamproxy::amx_int8_mm,
+// streamproxy::q8_matmul(_split) and
 // streamproxy::paged_decode_attention in C++, built into proxy.quant._torch_ops against the installed
 // torch and loaded by proxy.quant.kernels, which defines the ops' schemas; proxy/quant/kernels.py says
 // why (a compiled decode step calls them ~150 times a step without taking the GIL). The matmul kernels
-// are the headers' (amx_int4.h, q8_matmul.h), the attention kernel is below; each call checks its
+// are the headers' (amx_int4.h, amx_int8.h, q8_matmul.h), the attention kernel is below; each call checks its
 // arguments (the Python kernels they replace trusted the compiled graph's shapes).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -21,6 +22,7 @@
 
 extern "C" {
 #include "amx_int4.h"
+#include "amx_int8.h"
 #include "q8_matmul.h"
 }
 
@@ -53,6 +55,36 @@ at::Tensor amx_int4_mm(const at::Tensor& x_in, const at::Tensor& tiles, const at
                            sz + blocks * (k / group_size) * SP_AMX_NBLOCK, n, group_size,
                            static_cast<uint16_t*>(out.mutable_data_ptr()), at::get_num_threads());
     }
+    return out;
+}
+
+// y fp32 [M, N] = x bf16 [M, K] @ (codes int8 [N, K] * scale)^T on AMX (amx_int8.h): scales fp32
+// [N / 16, K / group, 16], or with sub int8 [N / 16, K / 16, 16] the split block scales fp32
+// [N / 16, K / 256, 16] (group 16); six_bit: every code is in [-32, 31] (proxy.quant.amx_int8.pack).
+at::Tensor amx_int8_mm(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& scales,
+                       const std::optional<at::Tensor>& sub, int64_t group_size, bool six_bit) {
+    TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16 && codes.dim() == 2 &&
+                    codes.scalar_type() == at::kChar && scales.dim() == 3 && scales.scalar_type() == at::kFloat &&
+                    (!sub || (sub->dim() == 3 && sub->scalar_type() == at::kChar)),
+                "amx_int8_mm takes bf16 x [M, K], int8 codes [N, K], fp32 scales [N / 16, G, 16] and int8 sub "
+                "[N / 16, K / 16, 16] or None");
+    const int64_t m = x_in.size(0), k = x_in.size(1), n = codes.size(0);
+    const bool shapes = (group_size == 16 || group_size == 32) && k % 32 == 0 && n % 16 == 0 &&
+                        codes.size(1) == k && scales.size(0) == n / 16 && scales.size(2) == 16 &&
+                        (sub ? group_size == 16 && k % SP_A8_SPLIT == 0 && scales.size(1) == k / SP_A8_SPLIT &&
+                                   sub->size(0) == n / 16 && sub->size(1) == k / 16 && sub->size(2) == 16
+                             : scales.size(1) == k / group_size);
+    TORCH_CHECK(shapes, "amx_int8_mm: shapes do not fit (x ", x_in.sizes(), ", codes ", codes.sizes(), ", scales ",
+                scales.sizes(), ", group ", group_size, ")");
+    TORCH_CHECK(codes.is_contiguous() && scales.is_contiguous() && (!sub || sub->is_contiguous()),
+                "amx_int8_mm takes contiguous weights");
+    TORCH_CHECK(sp_amx_available(), "the AMX int8 kernel does not run on this CPU");
+    at::Tensor x = x_in.contiguous();
+    at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+    if (m && n)
+        sp_amx_int8_matmul(static_cast<const uint16_t*>(x.const_data_ptr()), m, k, codes.const_data_ptr<int8_t>(),
+                           scales.const_data_ptr<float>(), sub ? sub->const_data_ptr<int8_t>() : nullptr, group_size,
+                           six_bit ? 1 : 0, n, out.mutable_data_ptr<float>(), at::get_num_threads());
     return out;
 }
 
@@ -512,6 +544,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query_in, const at::Tensor& 
 
 TORCH_LIBRARY_IMPL(streamproxy, CPU, m) {
     m.impl("amx_int4_mm", &amx_int4_mm);
+    m.impl("amx_int8_mm", &amx_int8_mm);
     m.impl("q8_matmul", &q8_matmul);
     m.impl("q8_matmul_split", &q8_matmul_split);
     m.impl("paged_decode_attention", &paged_decode_attention);

@@ -92,8 +92,8 @@ def _fusable(parts: list[object]) -> list[PackedLinear] | list[Int8Linear] | Non
     int8 = [p for p in parts if type(p) is Int8Linear]
     if len(int8) == len(parts):
         first8 = int8[0]
-        key = (first8.in_features, first8.group_size, first8.zeros is None, first8.bias is None)
-        if all((p.in_features, p.group_size, p.zeros is None, p.bias is None) == key for p in int8):
+        key = (first8.in_features, first8.group_size, first8.zeros is None, first8.bias is None, first8.amx)
+        if all((p.in_features, p.group_size, p.zeros is None, p.bias is None, p.amx) == key for p in int8):
             return int8
         return None
     packed = [p for p in parts if type(p) is PackedLinear]
@@ -119,7 +119,10 @@ def _concat(parts: list[PackedLinear] | list[Int8Linear]) -> PackedLinear | Int8
 
 def _same_bits(fused: PackedLinear | Int8Linear, parts: list[PackedLinear] | list[Int8Linear]) -> bool:
     """One random row through both: the layout rule holds for this torch build."""
-    dtype = fused.kernel_dtype if isinstance(fused, PackedLinear) else torch.float32
+    if isinstance(fused, PackedLinear):
+        dtype = fused.kernel_dtype
+    else:  # an AMX int8 layer's bf16 path, else the int8 kernel's fp32 one
+        dtype = torch.bfloat16 if fused.amx else torch.float32
     x = torch.randn(1, fused.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
     with torch.inference_mode():
         return torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))

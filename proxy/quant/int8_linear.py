@@ -11,7 +11,9 @@ the GGUF stores them and computes in fp32: each weight ``codes[n, k] * scales[n,
 in fp32, so the layer computes the GGUF's own values with fp32 activations. Measurements:
 ``docs/bench/2026-12-03-q8-lm-head.md`` (AVX2) and ``docs/bench/2026-12-04-amx-machine.md``
 (AVX-512). The codes and scales are the same tensors as the
-:class:`~proxy.quant.embedding.Int8Embedding` of a tied model, held once.
+:class:`~proxy.quant.embedding.Int8Embedding` of a tied model, held once. On CPUs with AMX-BF16 the
+layers the execution plan builds for it take :mod:`proxy.quant.amx_int8` for bf16 activations instead
+(tile products: cheaper per row at many rows).
 
 In the kernel a row's output does not depend on the other rows of the call nor on the thread count
 (the kernel's header says why). There is no dense copy: calls of :data:`GEMM_ROWS` rows or more (a
@@ -29,6 +31,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from proxy.quant import amx_int8
 from proxy.quant.embedding import GROUP_SIZE, group_of
 from proxy.quant.kernels import define_cpu_op
 from proxy.quant.split_scales import q8_matmul_split, split_scales
@@ -185,10 +188,11 @@ class Int8Linear(nn.Module):
         scheme: how the weight was stored, for ``extra_repr`` and the load summary.
 
     ``forward(x)``: ``[..., in_features]`` of any float dtype on the CPU -> ``[..., out_features]``
-    in ``x``'s dtype (computed in fp32, rounded once). Through the kernel where
-    :func:`kernel_available` and the call has fewer than :data:`GEMM_ROWS` rows (group-16 scales that
-    split exactly, ``Q6_K``'s, through its split entry: :mod:`proxy.quant.split_scales`, the same
-    bits from fewer bytes), else :func:`q8_matmul_reference`.
+    in ``x``'s dtype (computed in fp32, rounded once). Calls of fewer than :data:`GEMM_ROWS` rows:
+    bf16 ones on the AMX int8 kernel where the layer was built for it (``amx``, chosen once at build:
+    :func:`proxy.quant.amx_int8.why_not`), else through the kernel where :func:`kernel_available`
+    (group-16 scales that split exactly, ``Q6_K``'s, through its split entry:
+    :mod:`proxy.quant.split_scales`, the same bits from fewer bytes); else :func:`q8_matmul_reference`.
     """
 
     codes: torch.Tensor
@@ -207,8 +211,15 @@ class Int8Linear(nn.Module):
         self.register_buffer("codes", codes.contiguous(), persistent=False)
         self.register_buffer("scales", scales.contiguous(), persistent=False)
         self.register_buffer("zeros", None if zeros is None else zeros.contiguous(), persistent=False)
+        #: bf16 calls take the AMX int8 kernel (proxy.quant.amx_int8, its scales in amx_scales / amx_sub)
+        self.amx = amx_int8.why_not(self.out_features, self.in_features, self.group_size, zeros is not None,
+                                    codes.device) is None
+        amx = amx_int8.pack(self.codes, self.scales) if self.amx else None
+        self.register_buffer("amx_scales", None if amx is None else amx[0], persistent=False)
+        self.register_buffer("amx_sub", None if amx is None else amx[1], persistent=False)
+        self.six_bit = amx is not None and amx[2]
         split = (split_scales(self.scales) if self.group_size == 16 and zeros is None and kernel_available()
-                 and codes.device.type == "cpu" else None)
+                 and codes.device.type == "cpu" and not self.amx else None)
         #: the group-16 scales split for the kernel's split entry (fewer bytes a step, same bits), or None
         self.register_buffer("sub_scales", None if split is None else split[0], persistent=False)
         self.register_buffer("block_scales", None if split is None else split[1], persistent=False)
@@ -226,26 +237,35 @@ class Int8Linear(nn.Module):
         biases = [p.bias for p in parts]
         bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
         zeros = [p.zeros for p in parts if p.zeros is not None]
-        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), bias,
-                   parts[0].scheme, torch.cat(zeros) if zeros else None)
+        with amx_int8.enabled(parts[0].amx):  # the parts' kernel, whatever the caller's block
+            return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), bias,
+                       parts[0].scheme, torch.cat(zeros) if zeros else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
+        if self.amx and x2.dtype == torch.bfloat16 and x2.shape[0] < GEMM_ROWS:
+            y = amx_int8.amx_int8_mm(x2, buffers["codes"], buffers["amx_scales"], buffers.get("amx_sub"),
+                                     self.six_bit)
+            return self._finish(y, x.dtype, lead)
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
         sub = buffers["sub_scales"]
         if sub is not None and x2.shape[0] < GEMM_ROWS:
             y = q8_matmul_split(x2, buffers["codes"], sub, buffers["block_scales"], _isa())
         else:
             mm = self._mm if x2.shape[0] < GEMM_ROWS else q8_matmul_reference
             y = mm(x2, buffers["codes"], buffers["scales"], buffers["zeros"])
+        return self._finish(y, x.dtype, lead)
+
+    def _finish(self, y: torch.Tensor, dtype: torch.dtype, lead: torch.Size) -> torch.Tensor:
+        """The fp32 product ``y`` plus the bias (in fp32), rounded once to ``dtype``, shaped ``lead``."""
         bias = self.bias
         if bias is not None:
             y += bias
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
+        if y.dtype != dtype:
+            y = y.to(dtype)
         return y.view(*lead, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
@@ -258,4 +278,4 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme}, "
-                f"group_size={self.group_size}")
+                f"group_size={self.group_size}, kernel={'amx' if self.amx else 'q8'}")

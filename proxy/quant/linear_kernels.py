@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from proxy.quant import amx_int4
+from proxy.quant import amx_int4, amx_int8
 from proxy.quant.dense_prefill import dense_prefill_default, dense_weight_dtype
 
 #: the dense prefill copies are made by default (``Settings.dense_prefill`` None) only up to this
@@ -59,6 +59,8 @@ class LinearKernels:
     Attributes:
         amx_int4: one-plane int4 layers take the AMX int4 kernel where their shape allows
             (``proxy.quant.amx_int4``); False: torch's int4 kernel.
+        amx_int8: int8 layers take the AMX int8 kernel for bf16 activations where their shape allows
+            (``proxy.quant.amx_int8``); False: the int8 fp32 kernel (``proxy.quant.int8_linear``).
         dense_prefill: packed linears get dense copies for prompt tokens computed in this dtype
             (``proxy.quant.dense_prefill``), or None: prompt tokens take the packed kernels.
         why_no_dense_prefill: why the default made no copies where the device would take them
@@ -68,16 +70,18 @@ class LinearKernels:
     amx_int4: bool
     dense_prefill: torch.dtype | None
     why_no_dense_prefill: str = ""
+    amx_int8: bool = False
 
     @classmethod
     def choose(cls, dense_prefill: bool | None, device: torch.device, amx: bool,
-               copy_bytes: int | None = None) -> LinearKernels:
+               copy_bytes: int | None = None, amx_int8: bool = False) -> LinearKernels:
         """The kernels for ``device``: ``dense_prefill`` is ``Settings.dense_prefill`` (None: on where
         :func:`~proxy.quant.dense_prefill.dense_prefill_default` says and the copies' bytes,
         ``copy_bytes`` (:func:`gguf_copy_bytes`; None: unknown), are at most
         :data:`DEFAULT_COPY_MAX_BYTES`), the copies in
         :func:`~proxy.quant.dense_prefill.dense_weight_dtype`; ``amx``: the AMX kernel where a
-        layer's shape allows (the caller checked the switch and that it runs here)."""
+        layer's shape allows, ``amx_int8`` the AMX int8 kernel (the caller checked the switch and
+        that each runs here)."""
         why = ""
         if dense_prefill is None:
             dense_prefill = dense_prefill_default(device)
@@ -86,11 +90,12 @@ class LinearKernels:
                 why = (f"off by default: the copies would take {copy_bytes / (1 << 20):.0f} MiB, over "
                        f"{DEFAULT_COPY_MAX_BYTES >> 20} MiB (the memory target); --dense-prefill makes them")
         return cls(amx_int4=amx, dense_prefill=dense_weight_dtype(device) if dense_prefill else None,
-                   why_no_dense_prefill=why)
+                   why_no_dense_prefill=why, amx_int8=amx_int8)
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:
-        """Build layers inside this block for these kernels (the AMX choice is read by each
-        ``PackedLinear`` as it is built: :func:`proxy.quant.amx_int4.enabled`)."""
-        with amx_int4.enabled(self.amx_int4):
+        """Build layers inside this block for these kernels (the AMX choices are read by each
+        ``PackedLinear`` and ``Int8Linear`` as it is built: :func:`proxy.quant.amx_int4.enabled`,
+        :func:`proxy.quant.amx_int8.enabled`)."""
+        with amx_int4.enabled(self.amx_int4), amx_int8.enabled(self.amx_int8):
             yield

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from proxy.quant import int8_linear
+from proxy.quant import amx_int8, int8_linear
 from proxy.quant.int8_linear import Int8Linear, kernel_available, q8_matmul, q8_matmul_reference
 from proxy.quant.kernels import cpu_flags
 
@@ -162,7 +162,8 @@ def test_int8_linear_forward(kernel: bool, monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setattr(int8_linear, "kernel_available", lambda: False)
     codes, scales = _weights(40, 96)
     bias = torch.randn(40)
-    layer = Int8Linear(codes, scales, bias)
+    with amx_int8.enabled(False):  # bf16 calls would take the AMX int8 kernel (tests/quant/test_amx_int8.py)
+        layer = Int8Linear(codes, scales, bias)
     assert layer._mm is (q8_matmul if kernel else q8_matmul_reference)
     x = torch.randn(2, 3, 96)
     want = x @ layer.dequantize().t() + bias

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from proxy.quant import int8_linear
+from proxy.quant import amx_int8, int8_linear
 from proxy.quant.int8_linear import Int8Linear, kernel_available, q8_matmul
 from proxy.quant.split_scales import q8_matmul_split, split_scales
 
@@ -76,7 +76,8 @@ def test_the_split_entry_gives_the_fp32_scales_bits(isa: str) -> None:
 def test_an_int8_linear_of_group_16_takes_the_split_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     codes, scales, _, _ = _q6_k(64, 512)
     bias = torch.randn(64)
-    layer = Int8Linear(codes, scales, bias, "Q6_K as int8 g16")
+    with amx_int8.enabled(False):  # bf16 calls would take the AMX int8 kernel (tests/quant/test_amx_int8.py)
+        layer = Int8Linear(codes, scales, bias, "Q6_K as int8 g16")
     assert layer.sub_scales is not None and layer.block_scales is not None
     calls: list[int] = []
     real = int8_linear.q8_matmul_split
@@ -92,8 +93,9 @@ def test_an_int8_linear_of_group_16_takes_the_split_entry(monkeypatch: pytest.Mo
     assert torch.equal(y, (q8_matmul(x.float(), codes, scales) + bias).bfloat16())
     fused = Int8Linear.concat([layer, layer])
     assert fused.sub_scales is not None and torch.equal(fused(x)[:, 64:], y)
-    assert Int8Linear(codes[:, :256], scales[:, :16], None).sub_scales is not None
-    group_32 = Int8Linear(codes, scales[:, ::2].contiguous(), None)
+    with amx_int8.enabled(False):
+        assert Int8Linear(codes[:, :256], scales[:, :16], None).sub_scales is not None
+        group_32 = Int8Linear(codes, scales[:, ::2].contiguous(), None)
     assert group_32.sub_scales is None  # only groups of 16 are split
 
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from proxy.quant import amx_int4, int8_linear, kernels
+from proxy.quant import amx_int4, amx_int8, int8_linear, kernels
 from proxy.quant.linear import quantize_int4
 
 needs_cpp = pytest.mark.skipif(not kernels.cpp_kernels_loaded(),
@@ -33,7 +33,7 @@ def test_the_cpp_kernels_are_built_and_serve_the_ops_where_ci_requires_it() -> N
     if os.environ.get("STREAMPROXY_REQUIRE_COMPILED") != "1":
         pytest.skip("STREAMPROXY_REQUIRE_COMPILED is not set")
     assert kernels.TORCH_OPS_ERROR is None
-    for op in ("amx_int4_mm", "q8_matmul", "paged_decode_attention"):
+    for op in ("amx_int4_mm", "amx_int8_mm", "q8_matmul", "paged_decode_attention"):
         assert "torch_ops.cpp" in _cpu_kernel_source(op), op
 
 
@@ -72,6 +72,30 @@ def test_the_amx_op_refuses_arguments_that_do_not_fit() -> None:
         op(x, tiles, sz, 48)
     with pytest.raises(RuntimeError, match="contiguous weights"):
         op(x, tiles.transpose(0, 1), sz, 32)
+
+
+@needs_cpp
+@pytest.mark.skipif(not amx_int8.kernel_available(), reason="the AMX int8 kernel needs AMX-BF16")
+@pytest.mark.parametrize("group", [32, 16])
+def test_the_amx_int8_op_gives_the_extension_calls_bits(group: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(-32, 32, (48, 512), generator=g, dtype=torch.int8)
+    scales = torch.randint(1, 64, (48, 512 // group), generator=g).float() * 2.0 ** -12
+    packed, sub, six_bit = amx_int8.pack(codes, scales)
+    assert (sub is not None) == (group == 16)
+    x = torch.randn(49, 512, generator=g).bfloat16()
+    op = torch.ops.streamproxy.amx_int8_mm.default
+    for m in (0, 1, 2, 16, 17, 49):
+        got = op(x[:m], codes, packed, sub, group, six_bit)
+        assert got.shape == (m, 48) and got.dtype == torch.float32
+        assert torch.equal(got, amx_int8._amx_int8_op(x[:m], codes, packed, sub, group, six_bit)), m
+    strided = x[:8, :].t().contiguous().t()
+    assert torch.equal(op(strided, codes, packed, sub, group, six_bit), op(x[:8], codes, packed, sub, group,
+                                                                           six_bit))
+    with pytest.raises(RuntimeError, match="shapes do not fit"):
+        op(x[:, :256], codes, packed, sub, group, six_bit)
+    with pytest.raises(RuntimeError, match="takes bf16 x"):
+        op(x.float(), codes, packed, sub, group, six_bit)
 
 
 @needs_cpp

@@ -12,8 +12,9 @@ is described by ``proxy.engine.execution.plan.describe_execution`` (the log line
 
 Decided later, where the facts are: whether a model's layers allow the compiled step (packed
 linears, no sliding windows: ``proxy.engine.execution.compiled_step.why_not_compiled``), whether a layer's
-shape takes the AMX kernel (``proxy.quant.amx_int4.why_not``), and per call, how many rows take the
-Q8_0 kernel's GEMM path or the skinny fp32 path (``proxy.quant.int8_linear``, ``proxy.quant.skinny``).
+shape takes an AMX kernel (``proxy.quant.amx_int4.why_not``, ``proxy.quant.amx_int8.why_not``), and
+per call, how many rows take the Q8_0 kernel's GEMM path or the skinny fp32 path
+(``proxy.quant.int8_linear``, ``proxy.quant.skinny``).
 
 :class:`PrefillPlan`: prompt tokens through dense copies of the packed linears in calls of a fixed
 row count (``proxy.quant.dense_prefill``). The model runner holds it (None when prompt tokens take
@@ -77,6 +78,7 @@ class MachineProbe:
     Attributes:
         cpu_flags: which of :data:`KERNEL_CPU_FLAGS` the CPU has (``/proc/cpuinfo``).
         amx_int4: None when the AMX int4 kernel is built and runs here, else why not.
+        amx_int8: the same for the AMX int8 kernel (``proxy.quant.amx_int8``).
         q8_isa: the instruction set the Q8_0 kernel runs (``"avx512"``, ``"avx2"``), or None (not
             built, or a CPU without AVX2 and FMA).
         op_kernels: None when the C++ kernels of the ``streamproxy::`` ops are loaded, else why not
@@ -89,18 +91,20 @@ class MachineProbe:
     q8_isa: str | None
     op_kernels: str | None
     hot_path: str
+    amx_int8: str | None = "not probed"
 
     @classmethod
     def read(cls) -> MachineProbe:
         """Probe this process: the CPU's flags and which extensions loaded."""
         from proxy import hotpath
-        from proxy.quant import amx_int4, int8_linear, kernels
+        from proxy.quant import amx_int4, amx_int8, int8_linear, kernels
 
         flags = kernels.cpu_flags()
         amx = None if amx_int4.kernel_available() else (amx_int4.KERNEL_IMPORT_ERROR or "no AMX-BF16 here")
+        amx8 = None if amx_int8.kernel_available() else (amx_int8.KERNEL_IMPORT_ERROR or "no AMX-BF16 here")
         return cls(cpu_flags=tuple(f for f in KERNEL_CPU_FLAGS if f in flags), amx_int4=amx,
                    q8_isa=int8_linear.KERNEL_ISA, op_kernels=kernels.TORCH_OPS_ERROR,
-                   hot_path="compiled" if hotpath.IS_COMPILED else "python")
+                   hot_path="compiled" if hotpath.IS_COMPILED else "python", amx_int8=amx8)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,7 @@ class ExecutionChoice:
     def key(self) -> dict[str, Any]:
         """The choice as JSON-able values (what compiled and verified results depend on)."""
         return {"device": self.device, "step": self.step, "amx_int4": self.linears.amx_int4,
+                "amx_int8": self.linears.amx_int8,
                 "prefill": None if self.prefill is None else asdict(self.prefill),
                 "switches": asdict(self.switches), "probe": asdict(self.probe)}
 
@@ -148,7 +153,9 @@ def choose_execution(settings: Settings, device: torch.device, *, switches: Exec
     else:
         step = "eager" if why_not_compiled_by(settings) is not None else "compiled"
     amx = switches.amx_int4 and device.type == "cpu" and probe.amx_int4 is None
-    linears = LinearKernels.choose(settings.dense_prefill, device, amx, _copy_bytes(settings, device))
+    # one switch turns both AMX kernels off
+    amx8 = switches.amx_int4 and device.type == "cpu" and probe.amx_int8 is None
+    linears = LinearKernels.choose(settings.dense_prefill, device, amx, _copy_bytes(settings, device), amx8)
     prefill = None if linears.dense_prefill is None else PrefillPlan.of(linears.dense_prefill)
     return ExecutionChoice(device=str(device), step=step, linears=linears, prefill=prefill,
                            switches=switches, probe=probe)

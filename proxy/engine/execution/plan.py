@@ -12,8 +12,9 @@ path is measured):
   the compiled step, where the C++ op kernels are loaded) or ``gather_sdpa`` (a gather of each row's
   keys and ``scaled_dot_product_attention``); prefill attention is always ``gather_sdpa``;
 - **linears**, counted by kernel: ``int4 amx`` (``proxy.quant.amx_int4``), ``int4 torch`` (torch's
-  packed int4 kernel), ``int8 q8 <isa>`` (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8
-  reference``, ``skinny fp32`` (``proxy.quant.skinny``), ``dense``;
+  packed int4 kernel), ``int8 amx`` (``proxy.quant.amx_int8``, bf16 activations), ``int8 q8 <isa>``
+  (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8 reference``, ``skinny fp32``
+  (``proxy.quant.skinny``), ``dense``;
 - **prompt tokens' linears**: dense copies of the packed weights (``proxy.quant.dense_prefill``) in
   bf16 or fp32, or the packed kernels;
 - **rotary positions**: ``1-d`` (each token's cache position) or ``m-rope`` (Qwen2-VL's three rows:
@@ -112,6 +113,8 @@ def _linear_kernel(module: nn.Module) -> str | None:
             return "int8 two int4 planes"
         return "int4 amx" if module.amx else "int4 torch"
     if isinstance(module, Int8Linear):
+        if module.amx:
+            return "int8 amx"
         if module._mm is int8_linear.q8_matmul:
             return f"int8 q8 {int8_linear.KERNEL_ISA}"
         return "int8 q8 reference"
@@ -149,6 +152,12 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
         with amx_int4.enabled(choice.switches.amx_int4):  # the layers' rule, under the plan's switch
             why = amx_int4.why_not(16, 32, 32, 1, device, runner.dtype)
         off["int4 amx"] = why or "layer shapes the AMX kernel does not take"
+    if any(k.startswith("int8 q8") for k in linears) and device.type == "cpu":
+        from proxy.quant import amx_int8
+
+        with amx_int8.enabled(choice.linears.amx_int8):
+            why = amx_int8.why_not(16, 32, 32, False, device)
+        off["int8 amx"] = why or "layers with zeros or shapes the AMX int8 kernel does not take"
     prefill = runner.prefill_plan
     prompt_linears = f"dense {prefill.dtype} copies" if prefill is not None else "as decode"
     if prefill is None and any(k.startswith(("int4", "int8")) for k in linears):

@@ -27,9 +27,9 @@ from proxy.settings import ExecutionSwitches, Settings, execution_switches
 from ..arch_zoo import build_model
 
 CPU = torch.device("cpu")
-#: a CPU whose AMX int4 kernel runs, with every build loaded
+#: a CPU whose AMX kernels run, with every build loaded
 AMX_MACHINE = MachineProbe(cpu_flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16"), amx_int4=None,
-                           q8_isa="avx512", op_kernels=None, hot_path="compiled")
+                           q8_isa="avx512", op_kernels=None, hot_path="compiled", amx_int8=None)
 
 
 def test_the_switches_are_read_from_the_environment_by_name() -> None:
@@ -64,6 +64,34 @@ def test_the_amx_kernel_is_chosen_where_the_switch_and_the_machine_allow() -> No
     assert not amx(switches=ExecutionSwitches(amx_int4=False))
     assert not amx(probe=dataclasses.replace(AMX_MACHINE, amx_int4="no AMX-BF16 here"))
     assert not amx("cuda")
+
+
+def test_the_amx_int8_kernel_is_chosen_under_the_same_switch() -> None:
+    def amx8(device: str = "cpu", switches: ExecutionSwitches | None = None,
+             probe: MachineProbe = AMX_MACHINE) -> bool:
+        choice = choose_execution(Settings(), torch.device(device), switches=switches or ExecutionSwitches(),
+                                  probe=probe)
+        assert choice.key()["amx_int8"] is choice.linears.amx_int8  # the compiled step's key holds it
+        return choice.linears.amx_int8
+
+    assert amx8()
+    assert not amx8(switches=ExecutionSwitches(amx_int4=False))
+    assert not amx8(probe=dataclasses.replace(AMX_MACHINE, amx_int8="no AMX-BF16 here"))
+    assert not amx8("cuda")
+
+
+def test_int8_layers_built_under_the_loaders_part_take_its_int8_kernel() -> None:
+    from proxy.quant import amx_int8
+    from proxy.quant.int8_linear import Int8Linear
+
+    def layer() -> Int8Linear:
+        codes = torch.randint(-128, 128, (32, 64), dtype=torch.int8)
+        return Int8Linear(codes, torch.rand(32, 2), None)
+
+    with LinearKernels(amx_int4=True, dense_prefill=None, amx_int8=False).building():
+        assert not layer().amx
+    with LinearKernels(amx_int4=False, dense_prefill=None, amx_int8=True).building():
+        assert layer().amx is amx_int8.kernel_available()
 
 
 def test_the_prefill_plan_follows_the_setting() -> None:
