@@ -136,8 +136,12 @@ def test_a_wrong_pair_is_refused_naming_the_file(pair, tmp_path: Path) -> None:
     assert "--mmproj mmproj-junk.gguf: not a GGUF file" in _refusal(_settings(text, junk, tmp_path))
     # an mmproj of another projector, or projecting to another width
     other = write_mmproj(model, processor, tmp_path / "mmproj-qwen.gguf", projector_type="qwen2vl_merger")
-    assert ("mmproj-qwen.gguf: projector type 'qwen2vl_merger' is not served yet (served: idefics3, pixtral)"
-            in _refusal(_settings(text, other, tmp_path)))
+    assert ("mmproj-qwen.gguf: projector type 'qwen2vl_merger' is not served yet: its text GGUF's "
+            "architecture (qwen2vl) is not one transformers' GGUF loader reads, nor are its M-RoPE sections "
+            "(served: idefics3, pixtral)" in _refusal(_settings(text, other, tmp_path)))
+    unknown = write_mmproj(model, processor, tmp_path / "mmproj-cogvlm.gguf", projector_type="cogvlm")
+    assert ("mmproj-cogvlm.gguf: projector type 'cogvlm' is not served yet (served: idefics3, pixtral)"
+            in _refusal(_settings(text, unknown, tmp_path)))
     wide = write_mmproj(model, processor, tmp_path / "mmproj-wide.gguf", projection_dim=64)
     assert ("mmproj-wide.gguf projects images to 64 features; tiny-idefics3-F32.gguf's hidden size is 32"
             in _refusal(_settings(text, wide, tmp_path)))

@@ -114,8 +114,9 @@ def read_mmproj(path: Path) -> Mmproj:
     if not isinstance(projector, str):
         raise ModelLoadError(f"--mmproj {path.name}: clip.projector_type is missing")
     if projector not in PROJECTORS:
-        raise ModelLoadError(f"--mmproj {path.name}: projector type {projector!r} is not served yet (served: "
-                             f"{', '.join(sorted(PROJECTORS))})")
+        why = f": {REASONS[projector]}" if projector in REASONS else ""
+        raise ModelLoadError(f"--mmproj {path.name}: projector type {projector!r} is not served yet{why} "
+                             f"(served: {', '.join(sorted(PROJECTORS))})")
     return Mmproj(path, projector, values)
 
 
@@ -254,6 +255,19 @@ def vlm_parts(text_config: Any, tokenizer: Any, mmproj: Mmproj, text: Path,
     config, processor = spec.build(text_config, tokenizer, mmproj, text)
     config.architectures = [MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[config.model_type]]
     return config, processor
+
+
+_QWEN = ("its text GGUF's architecture (qwen2vl) is not one transformers' GGUF loader reads, nor are "
+         "its M-RoPE sections")
+REASONS: dict[str, str] = {
+    "gemma3": ("Gemma 3's image tokens attend to each other bidirectionally, which the paged causal "
+               "attention does not compute (its images are refused from a Hugging Face folder too)"),
+    "qwen2vl_merger": _QWEN,
+    "qwen2.5vl_merger": _QWEN,
+    "qwen3vl_merger": "Qwen3-VL adds vision features to its first decoder layers (DeepStack), not served",
+}
+"""Projector types of VLM families streamproxy serves from Hugging Face folders, refused from an mmproj
+for a reason of their own (``docs/mmproj.md``)."""
 
 
 def row_processor(mmproj: Mmproj) -> Any:
