@@ -64,9 +64,11 @@ def _merges(tokenizer: Any) -> list[str]:
     return [m if isinstance(m, str) else " ".join(m) for m in merges]
 
 
-def write_text_gguf(model: Any, tokenizer: Any, path: Path) -> Path:
-    """The text GGUF of an ``Idefics3ForConditionalGeneration`` (module docstring), F32 weights."""
+def write_text_gguf(model: Any, tokenizer: Any, path: Path, linears: Any = None) -> Path:
+    """The text GGUF of an ``Idefics3ForConditionalGeneration`` (module docstring), F32 weights;
+    ``linears``: a ``GGMLQuantizationType`` the decoder's 2-D weights but the embedding are written in."""
     import gguf
+    from gguf.quants import quantize
 
     text = model.config.text_config
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -100,7 +102,11 @@ def write_text_gguf(model: Any, tokenizer: Any, path: Path) -> Path:
             w = llama_permute(w, text.num_attention_heads, text.num_attention_heads)
         elif hf_name.endswith("k_proj.weight"):
             w = llama_permute(w, text.num_attention_heads, text.num_key_value_heads)
-        writer.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(w))
+        gname = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if linears is not None and w.ndim == 2 and gname != "token_embd.weight":
+            writer.add_tensor(gname, quantize(w, linears), raw_dtype=linears)
+        else:
+            writer.add_tensor(gname, np.ascontiguousarray(w))
     _write(writer)
     return path
 

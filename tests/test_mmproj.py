@@ -116,6 +116,32 @@ def test_served_greedy_text_equals_the_folders_generate(family_pair, tmp_path: P
     assert chat["choices"][0]["message"]["content"] == want and chat["usage"]["prompt_tokens"] == prompt_len
 
 
+def test_a_quantized_text_gguf_is_packed_and_the_tower_read_from_the_mmproj(pair, tmp_path: Path) -> None:
+    """A Q8_0 text GGUF of the VLM: its decoder's linears are packed as a text GGUF's are (found under
+    ``model.text_model.``), the vision tower is left to the mmproj, dense, equal to the folder's."""
+    import gguf
+    from transformers import Idefics3ForConditionalGeneration
+
+    from proxy.engine.loading import load_engine_model
+    from proxy.models import gguf_packed
+    from proxy.models.device import resolve_device_dtype
+
+    folder, _, mmproj = pair
+    model = Idefics3ForConditionalGeneration.from_pretrained(str(folder))
+    text = write_text_gguf(model, idefics3_processor().tokenizer, tmp_path / "tiny-q8.gguf",
+                           linears=gguf.GGMLQuantizationType.Q8_0)
+    settings = _settings(text, mmproj, tmp_path)
+    if not gguf_packed(settings, text, resolve_device_dtype(settings)[0]):
+        pytest.skip("the packed kernels are slow here: a GGUF is served dense")
+    loaded = load_engine_model(settings)
+    # 2 layers x 7 linears + lm_head, the k/v projections' 16 rows included
+    assert loaded.quantization.startswith("gguf: Q8_0 -> int8 g32 x15"), loaded.quantization
+    got = dict(loaded.model.named_parameters())
+    for name, param in model.named_parameters():
+        if name.startswith(("model.vision_model.", "model.connector.")):
+            assert torch.equal(got[name], param.detach()), name
+
+
 def _refusal(settings: Settings) -> str:
     with pytest.raises(ModelLoadError) as info:
         resolve_model_source(settings)
