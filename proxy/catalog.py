@@ -14,12 +14,21 @@ The models file, one table per model under ``models`` (the table's key is the id
     max-model-len = 4096
     reasoning-parser = "none"
 
+    [models.smolvlm]
+    path = "/models/SmolVLM-256M-Instruct-Q8_0.gguf"
+    mmproj = "/models/mmproj-SmolVLM-256M-Instruct-Q8_0.gguf"  # its vision tower (llama.cpp's --mmproj)
+
     [models.embed]
     path = "bge-small-en-v1.5"
     kind = "embedding"                        # served by POST /v1/embeddings only
 
 Ids: ``NAME`` of ``PATH=NAME``, else the matching ``--served-model-name`` (in order), else the folder's
 name or the ``.gguf`` file's stem (llama.cpp's router names them so too).
+
+An ``mmproj`` GGUF is taken where it is named (``mmproj`` in the models file; ``--mmproj`` with one
+``--model``) and, as llama.cpp's router does (``--models-dir``, ``common/preset.cpp``), in a
+``--models-dir`` subfolder holding one model ``.gguf`` and a ``.gguf`` whose name has ``mmproj`` (the
+entry takes the subfolder's name); a ``*mmproj*.gguf`` directly in the folder is not a model.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ ENTRY_OPTIONS: dict[str, tuple[str, type]] = {
     "tool-call-parser": ("tool_call_parser", str),
 }
 """A models file entry's engine options: key -> (``Settings`` field, type)."""
-ENTRY_KEYS = ("path", "aliases", "kind", *ENTRY_OPTIONS)
+ENTRY_KEYS = ("path", "mmproj", "aliases", "kind", *ENTRY_OPTIONS)
 
 
 class CatalogError(ValueError):
@@ -99,9 +108,25 @@ def split_model_spec(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
+def is_mmproj_file(path: Path) -> bool:
+    """A ``.gguf`` whose name has ``mmproj``: a vision tower, not a model (llama.cpp's rule)."""
+    return path.suffix.lower() == ".gguf" and "mmproj" in path.name.lower()
+
+
+def _gguf_pair(folder: Path) -> ModelEntry | None:
+    """The entry of a subfolder holding one model ``.gguf`` and at most one mmproj (module docstring)."""
+    ggufs = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() == ".gguf")
+    models = [p for p in ggufs if not is_mmproj_file(p)]
+    mmprojs = [p for p in ggufs if is_mmproj_file(p)]
+    if len(models) != 1 or len(mmprojs) > 1:
+        return None
+    return ModelEntry(folder.name, str(models[0]), options=tuple(("mmproj", str(p)) for p in mmprojs))
+
+
 def scan_models_dir(folder: str) -> list[ModelEntry]:
-    """Every Hugging Face folder (with ``config.json``) and ``.gguf`` file directly in ``folder``, by
-    name; other files are skipped.
+    """Every Hugging Face folder (with ``config.json``) and model ``.gguf`` file directly in ``folder``,
+    by name, and each subfolder with one model ``.gguf`` (and its mmproj: module docstring); other
+    files are skipped.
 
     Raises:
         CatalogError: ``folder`` is not a folder.
@@ -111,9 +136,10 @@ def scan_models_dir(folder: str) -> list[ModelEntry]:
         raise CatalogError(f"--models-dir {folder!r} is not a folder")
     entries = []
     for child in sorted(root.iterdir()):
-        is_model = (child.is_dir() and (child / "config.json").is_file()) or (
-            child.is_file() and child.suffix.lower() == ".gguf")
-        if is_model:
+        if child.is_dir() and not (child / "config.json").is_file():
+            pair = _gguf_pair(child)
+            entries += [pair] if pair is not None else []
+        elif child.is_dir() or (child.suffix.lower() == ".gguf" and not is_mmproj_file(child)):
             entries.append(ModelEntry(model_id_of(str(child)), str(child)))
     return entries
 
@@ -138,7 +164,14 @@ def _entry_from_table(model_id: str, table: Any, base: Path) -> ModelEntry:
     kind = table.get("kind", "generate")
     if kind not in KINDS:
         raise CatalogError(f"{where}: 'kind' must be one of {KINDS}, got {kind!r}")
-    options = []
+    options: list[tuple[str, Any]] = []
+    mmproj = table.get("mmproj")
+    if mmproj is not None:
+        mm = Path(mmproj).expanduser() if isinstance(mmproj, str) and mmproj else None
+        mm = mm if mm is None or mm.is_absolute() else base / mm
+        if mm is None or not mm.is_file() or full.suffix.lower() != ".gguf":
+            raise CatalogError(f"{where}: 'mmproj' must name the mmproj .gguf file of a .gguf 'path'")
+        options.append(("mmproj", str(mm)))
     for key, (field, typ) in ENTRY_OPTIONS.items():
         if key in table:
             value = table[key]
@@ -189,6 +222,9 @@ def build_catalog(settings: Settings) -> tuple[ModelEntry, ...]:
     """
     if not is_multi_model(settings):
         return ()
+    if settings.mmproj:
+        raise CatalogError("--mmproj goes with one --model; with several models give each its own "
+                           "(mmproj = \"...\" in --models-file)")
     if settings.model is None and settings.served_model_name:
         raise CatalogError("--served-model-name names a --model, and none is given (--models-dir and "
                            "--models-file name their own)")
@@ -226,7 +262,7 @@ def entry_settings(settings: Settings, entry: ModelEntry) -> Settings:
     process unless ``--no-engine-process`` (an unloaded model's memory then goes back to the OS)."""
     engine_process = True if settings.engine_process is None else settings.engine_process
     base = replace(settings, model=entry.path, served_model_name=entry.id, extra_models=(),
-                   models_dir=None, models_file=None, engine_process=engine_process)
+                   models_dir=None, models_file=None, engine_process=engine_process, mmproj=None)
     if entry.kind == "embedding":
         base = replace(base, embedding_model=entry.path, served_embedding_model_name=entry.id)
     return replace(base, **dict(entry.options))

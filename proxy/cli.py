@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--convert", action="store_true", help="only resolve and convert it into the cache")
     models.add_argument("--model", help="Hugging Face folder or .gguf file (env STREAMPROXY_MODEL; default: "
                         "SmolLM2-135M-Instruct)")
+    models.add_argument("--mmproj", help="the mmproj GGUF of a .gguf --model (env STREAMPROXY_MMPROJ)")
     models.add_argument("--cache-dir", dest="cache_dir",
                         help="the conversion cache (env STREAMPROXY_CACHE_DIR)")
     return parser

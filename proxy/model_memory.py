@@ -23,11 +23,13 @@ thread of the server (``docs/bench/2026-12-06-several-models.md``)."""
 
 def estimate_bytes(settings: Settings) -> int:
     """Host memory a model's engine is counted at against ``--models-memory-bytes``: the size of its
-    weight files (``WEIGHT_SUFFIXES`` directly in its folder, or its ``.gguf`` file) plus its KV cache
-    pool (:func:`kv_pool_bytes`), plus :data:`ENGINE_PROCESS_BYTES` when it runs in an engine process
-    (``settings.engine_process`` True: a several-model server's default, ``proxy.catalog.entry_settings``)."""
+    weight files (``WEIGHT_SUFFIXES`` directly in its folder, or its ``.gguf`` file and its mmproj)
+    plus its KV cache pool (:func:`kv_pool_bytes`), plus :data:`ENGINE_PROCESS_BYTES` when it runs in
+    an engine process (``settings.engine_process`` True: a several-model server's default,
+    ``proxy.catalog.entry_settings``)."""
     path = Path(settings.model or "").expanduser()
     files = [path] if path.is_file() else [p for p in path.glob("*") if p.suffix.lower() in WEIGHT_SUFFIXES]
+    files += [Path(settings.mmproj).expanduser()] if settings.mmproj else []  # its vision tower
     process = ENGINE_PROCESS_BYTES if settings.engine_process else 0
     return sum(p.stat().st_size for p in files if p.is_file()) + kv_pool_bytes(settings, path) + process
 

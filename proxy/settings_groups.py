@@ -30,7 +30,7 @@ SETTINGS_GROUPS: tuple[SettingsGroup, ...] = (
         "host", "port", "api_keys", "allowed_origins", "keepalive_interval_s", "stream_headers_timeout_s",
         "max_body_bytes", "max_waiting", "shutdown_grace_s", "ui", "log_level", "seed")),
     SettingsGroup("models", "models (what is served, under which ids; several models)", (
-        "model", "served_model_name", "extra_models", "models_dir", "models_file", "models_max",
+        "model", "mmproj", "served_model_name", "extra_models", "models_dir", "models_file", "models_max",
         "model_ttl_s", "models_memory_bytes")),
     SettingsGroup("model", "model loading (precision, device, parsers, checks)", (
         "device", "dtype", "quantization", "quantization_group_size", "max_model_len", "cache_dir",

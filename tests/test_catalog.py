@@ -62,6 +62,26 @@ def test_models_dir_lists_folders_and_gguf_files(tmp_path: Path) -> None:
     assert entries[2].path == str(root / "tiny-q4.gguf")
 
 
+def test_models_dir_pairs_an_mmproj_in_a_subfolder_and_skips_a_loose_one(tmp_path: Path) -> None:
+    """llama.cpp's router rule (``common/preset.cpp``): a subfolder with one model ``.gguf`` and a
+    ``*mmproj*.gguf`` is one entry named after the subfolder; an mmproj beside the models is none."""
+    root = tmp_path / "models"
+    (root / "smolvlm").mkdir(parents=True)
+    for name in ("smolvlm/SmolVLM-256M-Q8_0.gguf", "smolvlm/mmproj-SmolVLM-256M-F16.gguf", "text-q4.gguf",
+                 "mmproj-other-F16.gguf"):
+        (root / name).write_bytes(b"GGUF")
+    (root / "two").mkdir()
+    for name in ("two/a.gguf", "two/b.gguf"):  # two models: which one is meant is not said
+        (root / name).write_bytes(b"GGUF")
+    settings = cli("--models-dir", str(root))
+    vlm, text = build_catalog(settings)
+    assert vlm == ModelEntry("smolvlm", str(root / "smolvlm/SmolVLM-256M-Q8_0.gguf"),
+                             options=(("mmproj", str(root / "smolvlm/mmproj-SmolVLM-256M-F16.gguf")),))
+    assert (text.id, text.options) == ("text-q4", ())
+    assert entry_settings(settings, vlm).mmproj == str(root / "smolvlm/mmproj-SmolVLM-256M-F16.gguf")
+    assert entry_settings(settings, text).mmproj is None
+
+
 def test_models_file_entries_and_options(tmp_path: Path) -> None:
     model_dir(tmp_path, "qwen")
     embed = model_dir(tmp_path, "bge")
@@ -79,9 +99,17 @@ quantization = "int8"
 [models.embed]
 path = "{embed}"
 kind = "embedding"
+
+[models.vlm]
+path = "vlm.gguf"
+mmproj = "mmproj-vlm.gguf"
 ''')
+    for name in ("vlm.gguf", "mmproj-vlm.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
     settings = cli("--models-file", str(file), "--max-model-len", "2048")
-    chat, emb = build_catalog(settings)
+    chat, emb, vlm = build_catalog(settings)
+    assert vlm.options == (("mmproj", str(tmp_path / "mmproj-vlm.gguf")),)
+    assert entry_settings(settings, vlm).mmproj == str(tmp_path / "mmproj-vlm.gguf")
     assert chat == ModelEntry("chat", str(tmp_path / "qwen"), ("gpt-4o-mini", "default"),
                               (("max_model_len", 4096), ("dtype", "float32"), ("quantization", "int8"),
                                ("reasoning_parser", "none"), ("tool_call_parser", "hermes")))
@@ -110,9 +138,12 @@ def replace_engine(settings: Settings) -> Settings:
     ('[models.a]\npath = "a"\n[settings]\nport = 1\n', "unknown key 'settings'"),
     ('[models.a]\npath = "a"\naliases = ["b"]\n[models.b]\npath = "a"\n', "two models are named 'b'"),
     ('[models.a\n', "--models-file"),
+    ('[models.a]\npath = "a"\nmmproj = "a"\n', "[models.a]: 'mmproj' must name the mmproj .gguf file of a"),
+    ('[models.a]\npath = "m.gguf"\nmmproj = "nowhere.gguf"\n', "[models.a]: 'mmproj' must name"),
 ])
 def test_bad_models_file_is_refused_naming_the_entry(tmp_path: Path, toml: str, message: str) -> None:
     model_dir(tmp_path, "a")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
     file = tmp_path / "models.toml"
     file.write_text(toml)
     with pytest.raises(CatalogError) as err:
@@ -131,6 +162,7 @@ def test_bad_model_lists_are_usage_errors(tmp_path: Path, capsys: pytest.Capture
         (["--model", a, "--models-max", "-1"], "--models-max"),
         (["--served-model-name", "x", "--models-dir", str(tmp_path)], "--served-model-name names a --model"),
         (["--model", a, "--model", f"{a}=b", "--embedding-model", a], "with several models give it its own"),
+        (["--model", a, "--model", f"{a}=b", "--mmproj", a], "--mmproj goes with one --model"),
     ]
     for argv, message in cases:
         with pytest.raises(ValueError) as err:
@@ -165,6 +197,10 @@ def test_a_models_estimate_is_its_weight_files_and_its_kv_pool(tmp_path: Path) -
     unreadable = tmp_path / "m.gguf"
     unreadable.write_bytes(b"g" * 300)
     assert estimate_bytes(Settings(model=str(unreadable), kv_cache_bytes=1 << 30)) == 300 + (1 << 30)
+    (tmp_path / "mmproj.gguf").write_bytes(b"v" * 40)  # its vision tower counts too
+    mmproj = str(tmp_path / "mmproj.gguf")
+    paired = Settings(model=str(unreadable), mmproj=mmproj, kv_cache_bytes=1 << 30)
+    assert estimate_bytes(paired) == 340 + (1 << 30)
 
 
 def test_a_gguf_models_kv_pool_comes_from_its_metadata(tmp_path: Path) -> None:

@@ -260,7 +260,7 @@ def test_models_is_a_subcommand_and_python_m_proxy_models_its_alias(command: lis
     out = subprocess.run([sys.executable, *command, "--help"], check=True, capture_output=True, text=True,
                          timeout=60).stdout
     assert " ".join(out.split("\n\n")[0].split()) == \
-        "usage: streamproxy models [-h] [--convert] [--model MODEL] [--cache-dir CACHE_DIR]"
+        "usage: streamproxy models [-h] [--convert] [--model MODEL] [--mmproj MMPROJ] [--cache-dir CACHE_DIR]"
     args = build_parser().parse_args(["models", "--convert", "--model", "/m.gguf", "--cache-dir", "/c"])
     settings = settings_from(args, {"STREAMPROXY_DTYPE": "float32"})
     assert (args.command, args.convert) == ("models", True)

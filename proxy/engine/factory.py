@@ -157,7 +157,7 @@ def build_embedding_client(settings: Settings, chat: ModelInfo) -> EmbeddingClie
                              "--served-embedding-model-name")
 
     def load() -> EmbeddingModel:
-        dense = replace(settings, quantization="none")
+        dense = replace(settings, quantization="none", mmproj=None)  # the text model embeds
         device, dtype = resolve_device_dtype(dense)
         source = replace(dense, model=settings.embedding_model) if own else dense
         folder, _, gguf = resolve_model_source(source)

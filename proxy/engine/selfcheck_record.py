@@ -89,6 +89,7 @@ def key_inputs(loaded: LoadedModel, settings: Settings, max_model_len: int) -> d
     return {
         "record_version": RECORD_VERSION,
         "weights": weights_stamp(loaded),
+        "mmproj": _file_stamp(Path(settings.mmproj).expanduser()) if settings.mmproj else None,
         **runtime_inputs(choose_execution(settings, device).key()),
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "device": str(device),

@@ -8,7 +8,9 @@ One module a step:
   config and tokenizer written once into the cache (``settings.cache_dir`` or
   ``~/.cache/streamproxy``; its weights stay in the file).
 - :mod:`proxy.models.gguf_weights`: a GGUF's tensors as transformers' dense weights, read from the
-  memory-mapped file a few rows or one tensor at a time.
+  memory-mapped file a few rows or one tensor at a time (with ``--mmproj``, from the two files).
+- :mod:`proxy.models.mmproj`: a vision-language model's llama.cpp ``mmproj`` GGUF read into its
+  transformers config and processor; the pairs refused, by reason.
 - :mod:`proxy.models.device`: device and dtype, ``"auto"`` resolved (bf16 on CUDA and on CPUs with
   BF16 instructions, else fp32).
 - :mod:`proxy.models.quantize`: ``--quantization`` applied to a dense model; the one-thread rule
@@ -20,8 +22,8 @@ One module a step:
   the engine's loader (``proxy.engine.loading``) gives it the attention implementation and the
   architecture check. This package never imports the engine.
 
-``streamproxy models --convert [--model X.gguf] [--cache-dir DIR]`` (or ``python -m proxy.models``)
-converts ahead of time (``proxy.cli.prepare_model``).
+``streamproxy models --convert [--model X.gguf] [--mmproj M.gguf] [--cache-dir DIR]`` (or
+``python -m proxy.models``) converts ahead of time (``proxy.cli.prepare_model``).
 """
 
 from proxy.models.device import auto_dtype, resolve_device_dtype

@@ -63,6 +63,10 @@ class GGUFWeights:
         path: the ``.gguf`` file.
         model: the model (its parameters may be on ``meta``): its config and module names.
         aliases: parameter name -> the parameter whose tensor it reads (a tied lm_head: the embedding).
+        num_blocks: the blocks gguf-py's name map covers; None: the text config's ``num_hidden_layers``
+            (an mmproj's vision tower passes its own).
+        processor: the transformers ``TensorProcessor`` that orders the rows; None: the file
+            architecture's, configured with the text config (an mmproj's: ``proxy.models.mmproj``).
     Raises:
         ModelLoadError: the architecture's tensors are rearranged by a processor that is not row-local
             (:data:`ROW_LOCAL_PROCESSORS`; :func:`gguf_weights` takes the in-memory path then).
@@ -72,17 +76,19 @@ class GGUFWeights:
     CHUNK_ROWS = 4096
 
     def __init__(self, path: Path, model: nn.Module, dtype: torch.dtype, device: torch.device,
-                 aliases: dict[str, str] | None = None) -> None:
+                 aliases: dict[str, str] | None = None, num_blocks: int | None = None,
+                 processor: Any = None) -> None:
         config = _text_config(model)
         self.arch, self.tensors = gguf_tensors(path)
-        self.processor = _processor(self.arch, config)
+        self.processor = _processor(self.arch, config) if processor is None else processor
         if type(self.processor).__name__ not in ROW_LOCAL_PROCESSORS:
             raise ModelLoadError(f"GGUF architecture {self.arch!r}: transformers rearranges whole tensors "
                                  f"({type(self.processor).__name__})")
-        self.names = hf_to_gguf_names(self.arch, int(getattr(config, "num_hidden_layers", 0)))
+        blocks = int(getattr(config, "num_hidden_layers", 0)) if num_blocks is None else num_blocks
+        self.names = hf_to_gguf_names(self.arch, blocks)
         if self.names is None:
             raise ModelLoadError(f"GGUF architecture {self.arch!r} is unknown to gguf-py")
-        self.dtype, self.device, self.aliases = dtype, device, aliases or {}
+        self.dtype, self.device, self.aliases, self.path = dtype, device, aliases or {}, path
 
     def tensor_name(self, name: str) -> str:
         """The GGUF tensor a parameter reads (``"model.layers.0.mlp.up_proj.weight"`` ->
@@ -98,7 +104,7 @@ class GGUFWeights:
             gname = self.names.get_name(module)
             if gname is not None and f"{gname}.{suffix}" in self.tensors:
                 return f"{gname}.{suffix}"
-        raise ModelLoadError(f"weight {name!r} is missing from the GGUF file")
+        raise ModelLoadError(f"weight {name!r} is missing from the GGUF file {self.path.name}")
 
     def _row_order(self, gname: str, num_rows: int) -> np.ndarray | None:
         """Stored row of each transformers row (None: as stored): the processor applied to the row numbers."""
@@ -188,3 +194,21 @@ def gguf_weights(path: Path, model: nn.Module, dtype: torch.dtype, device: torch
     except (ValueError, NotImplementedError, KeyError) as exc:
         raise ModelLoadError(f"cannot read {path.name}: {type(exc).__name__}: {exc}") from exc
     return StateDictWeights({k: v.to(device) for k, v in parsed["tensors"].items()}, aliases)
+
+
+class PairWeights:
+    """A :class:`~proxy.quant.gguf_rows.WeightSource` over a text GGUF and its mmproj
+    (``proxy.models.mmproj``): a parameter under one of ``vision_modules`` (the vision tower and
+    projector, e.g. ``model.vision_model.``) is read from ``vision``, any other from ``text``."""
+
+    def __init__(self, text: WeightSource, vision: WeightSource, vision_modules: tuple[str, ...]) -> None:
+        self.text, self.vision, self.vision_modules = text, vision, vision_modules
+
+    def _source(self, name: str) -> WeightSource:
+        return self.vision if name.startswith(self.vision_modules) else self.text
+
+    def full(self, name: str) -> torch.Tensor:
+        return self._source(name).full(name)
+
+    def rows(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        return self._source(name).rows(name, rows)

@@ -31,7 +31,7 @@ from proxy.models.device import resolve_device_dtype
 from proxy.models.loaded import LoadedModel, ModelLoadError
 from proxy.models.packed_load import load_gguf_dense, load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
-from proxy.models.source import resolve_model_source
+from proxy.models.source import mmproj_of, resolve_model_source
 from proxy.models.vision import VisionProcessor, decoder_attention, is_served_vision, load_model_class
 from proxy.quant.apply import add_dense_weights
 from proxy.quant.fuse import fuse_sibling_linears
@@ -65,10 +65,11 @@ def _build(settings: Settings, folder: Any, config: Any, gguf: Any, device: torc
     from transformers import AutoModelForCausalLM
 
     dense_dtype = kernels.dense_prefill
+    mmproj = mmproj_of(settings)  # a vision-language model's vision tower, as llama.cpp ships it
     if gguf_packed(settings, gguf, device):
-        model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn, dense_dtype)
+        model, quantization = load_gguf_packed(folder, config, gguf, device, dtype, attn, dense_dtype, mmproj)
     elif gguf is not None:  # its weights are in the file only (proxy.models.source)
-        model = load_gguf_dense(folder, config, gguf, device, dtype, attn)
+        model = load_gguf_dense(folder, config, gguf, device, dtype, attn, mmproj)
         quantization = apply_quantization(model, settings, gguf, device)
     else:
         auto = load_model_class(config) if is_served_vision(config) else AutoModelForCausalLM

@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
-from proxy.models.gguf_weights import gguf_weights
+from proxy.models.gguf_weights import GGUFWeights, PairWeights, gguf_weights
 from proxy.models.loaded import ModelLoadError
+from proxy.models.mmproj import MMPROJ_MIN_BLOCKS, PROJECTORS, read_mmproj, row_processor
 from proxy.models.quantize import one_thread
+from proxy.models.vision import decoder_attention, is_served_vision, load_model_class
 from proxy.quant import describe, load_gguf_linears
 from proxy.quant import kernel_dtype as quant_kernel_dtype
 from proxy.quant.gguf_rows import WeightSource
@@ -21,7 +23,7 @@ from proxy.quant.gguf_rows import WeightSource
 
 def load_gguf_packed(
     folder: Path, config: Any, gguf: Path, device: torch.device, dtype: torch.dtype, attn: str,
-    dense_dtype: torch.dtype | None = None,
+    dense_dtype: torch.dtype | None = None, mmproj: Path | None = None,
 ) -> tuple[Any, str]:
     """Build the model with its linears packed from the GGUF's own blocks, never holding a dense
     copy of a packed linear (issue 14: the dense-then-pack path peaked at 1.2 GB RSS for the default
@@ -36,6 +38,8 @@ def load_gguf_packed(
     and generation config only. The served weights equal the dense-then-pack path's bit for bit
     (tests/test_models.py). ``dense_dtype``: the packed
     linears' dense prefill copies are made while packing (``proxy.quant.load_gguf_linears``).
+    ``mmproj``: a vision-language model's vision tower and projector, read from that file dense
+    (:func:`weight_source`); only the text GGUF's linears are packed.
 
     Returns:
         ``(model in eval mode, quantization description)``.
@@ -43,27 +47,52 @@ def load_gguf_packed(
         ModelLoadError: a weight is missing from the file.
     """
     model, aliases = _skeleton(folder, config, dtype, attn)
-    weights = gguf_weights(gguf, model, dtype, device, aliases)
+    weights, vision = weight_source(gguf, mmproj, model, dtype, device, aliases)
     with one_thread():
-        counts = load_gguf_linears(model, gguf, quant_kernel_dtype(device), weights, device, dense_dtype)
+        counts = load_gguf_linears(model, gguf, quant_kernel_dtype(device), weights, device, dense_dtype,
+                                   skip=vision)
     _fill(model, weights, device)
     return model, "gguf: " + describe(counts)
 
 
 def load_gguf_dense(
     folder: Path, config: Any, gguf: Path, device: torch.device, dtype: torch.dtype, attn: str,
+    mmproj: Path | None = None,
 ) -> Any:
     """The model with every weight dequantized from the GGUF (``--quantization none/int8/int4``, or
     ``auto`` where the packed kernels are slow), as ``from_pretrained(gguf_file=...)`` would load it,
     without a converted folder: the skeleton of :func:`load_gguf_packed`, each parameter
-    dequantized from the file in turn (:func:`proxy.models.gguf_weights.gguf_weights`).
+    dequantized from the file in turn (:func:`weight_source`; with ``mmproj``, a vision-language
+    model's vision tower and projector from that file).
 
     Raises:
         ModelLoadError: a weight is missing from the file.
     """
     model, aliases = _skeleton(folder, config, dtype, attn)
-    _fill(model, gguf_weights(gguf, model, dtype, device, aliases), device)
+    _fill(model, weight_source(gguf, mmproj, model, dtype, device, aliases)[0], device)
     return model
+
+
+def weight_source(gguf: Path, mmproj: Path | None, model: Any, dtype: torch.dtype, device: torch.device,
+                  aliases: dict[str, str]) -> tuple[WeightSource, tuple[str, ...]]:
+    """``(the weights of model's parameters, the module prefixes read from the mmproj)``: the text
+    GGUF's (:func:`proxy.models.gguf_weights.gguf_weights`), or with ``mmproj`` a
+    :class:`~proxy.models.gguf_weights.PairWeights` reading the projector's vision modules
+    (``proxy.models.mmproj.PROJECTORS``) from the mmproj (gguf-py's ``MMPROJ`` names, as stored).
+
+    Raises:
+        ModelLoadError: the text GGUF's tensors are rearranged whole by transformers (not read by rows:
+            no pair), or the mmproj is refused (``proxy.models.mmproj.read_mmproj``).
+    """
+    if mmproj is None:
+        return gguf_weights(gguf, model, dtype, device, aliases), ()
+    meta = read_mmproj(mmproj)
+    text = GGUFWeights(gguf, model, dtype, device, aliases)
+    # gguf-py numbers a projector's layers (mm.{bid}: LLaVA's linear_1 / linear_2) by block too
+    blocks = max(int(meta.get("vision.block_count")), MMPROJ_MIN_BLOCKS)
+    vision = GGUFWeights(mmproj, model, dtype, device, num_blocks=blocks, processor=row_processor(meta))
+    modules = PROJECTORS[meta.projector].vision_modules
+    return PairWeights(text, vision, modules), modules
 
 
 def _skeleton(folder: Path, config: Any, dtype: torch.dtype, attn: str) -> tuple[Any, dict[str, str]]:
@@ -73,8 +102,11 @@ def _skeleton(folder: Path, config: Any, dtype: torch.dtype, attn: str) -> tuple
     from accelerate import init_empty_weights  # type: ignore[import-untyped]
     from transformers import AutoModelForCausalLM, GenerationConfig
 
+    # a vision-language model's own class (its vision tower on SDPA); from_config is the Auto classes'
+    vlm = is_served_vision(config)
+    build = load_model_class(config)._from_config if vlm else AutoModelForCausalLM.from_config
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+        model = build(config, dtype=dtype, attn_implementation=decoder_attention(config, attn))
     try:
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
     except OSError:

@@ -11,6 +11,10 @@ the default model) resolved to a folder, a GGUF converted into the cache once.
   temporary folder that is then renamed into place atomically; later starts read the folder (the
   GGUF's vocabulary takes seconds to parse). A folder an older version wrote with ``*.safetensors``
   weights is still used for its config and tokenizer; its weight files are not read.
+- A ``.gguf`` file with ``--mmproj`` (a vision-language model as llama.cpp ships it): the folder
+  ``<name>+<mmproj stem>`` holds the vision-language config and the processor as well
+  (:mod:`proxy.models.mmproj`); the vision weights are read from the mmproj at every start. The
+  mmproj is only taken when named (llama-server's ``-m`` takes none unless ``--mmproj`` names it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -66,14 +71,17 @@ def _name_for_gguf(gguf: Path) -> str:
     return gguf.stem
 
 
-def convert_gguf(gguf: Path, target: Path) -> Path:
+def convert_gguf(gguf: Path, target: Path, mmproj: Path | None = None) -> Path:
     """Write the GGUF's config, generation config and tokenizer (no weights) into a Hugging Face
     folder at ``target`` (atomic rename); return it. The config is the one transformers derives from
     the GGUF's metadata, as a model loaded from it would save it (``architectures`` set, no
-    ``quantization_config``, ``dtype`` float32: what the older dense conversion wrote).
+    ``quantization_config``, ``dtype`` float32: what the older dense conversion wrote). With an
+    ``mmproj``: the vision-language config with that text config, and the processor
+    (:func:`proxy.models.mmproj.vlm_parts`).
 
     Raises:
-        ModelLoadError: transformers cannot read the file's metadata.
+        ModelLoadError: transformers cannot read the file's metadata; the mmproj is refused
+            (``proxy.models.mmproj``).
     """
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -95,6 +103,8 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
         GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tokenizer.save_pretrained(str(tmp))
+        if mmproj is not None:
+            _add_vision(tmp, config, tokenizer, gguf, mmproj)
         os.chmod(tmp, 0o755)  # mkdtemp made it private
         try:
             os.rename(tmp, target)
@@ -102,11 +112,26 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
             if not (target / "config.json").is_file():  # nobody else won the race
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
+    except ModelLoadError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ModelLoadError(f"could not read {gguf.name}: {type(exc).__name__}: {exc}") from exc
     logger.info("read %s's config and tokenizer in %.1f s", gguf.name, time.monotonic() - start)
     return target
+
+
+def _add_vision(folder: Path, text_config: Any, tokenizer: Any, gguf: Path, mmproj: Path) -> None:
+    """Overwrite ``folder``'s config with the vision-language one of ``gguf`` + ``mmproj`` and save its
+    processor there (``proxy.models.mmproj``)."""
+    from proxy.models.mmproj import read_mmproj, vlm_parts
+    from proxy.quant.gguf_file import gguf_tensors
+
+    config, processor = vlm_parts(text_config, tokenizer, read_mmproj(mmproj), gguf, gguf_tensors(gguf)[0])
+    config.dtype = torch.float32
+    config.save_pretrained(str(folder))
+    processor.save_pretrained(str(folder))
 
 
 def resolve_model_path(settings: Settings) -> tuple[Path, str]:
@@ -134,19 +159,40 @@ def gguf_of(settings: Settings) -> Path | None:
 def resolve_model_source(settings: Settings) -> tuple[Path, str, Path | None]:
     """``(Hugging Face folder, default served name, the GGUF it came from or None)``; see
     :func:`resolve_model_path`."""
+    mmproj = mmproj_of(settings)
     if settings.model is None:
+        if mmproj is not None:
+            raise ModelLoadError(f"--mmproj {mmproj.name} goes with the .gguf --model it was converted with; "
+                                 "none is given")
         gguf = default_gguf_path()
     else:
         path = Path(settings.model).expanduser()
         if path.is_dir():
             if not (path / "config.json").is_file():
                 raise ModelLoadError(f"{path} has no config.json (not a Hugging Face model folder)")
+            if mmproj is not None:
+                raise ModelLoadError(f"--mmproj {mmproj.name} goes with a .gguf --model; the Hugging Face "
+                                     f"folder {path.name} holds its own vision tower, if it has one")
             return path, path.name, None
         if not path.is_file() or path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"--model {settings.model!r}: not a Hugging Face folder or a .gguf file")
         gguf = path
     name = _name_for_gguf(gguf)
-    folder = cache_root(settings) / name
+    folder = cache_root(settings) / (name if mmproj is None else f"{name}+{mmproj.stem}")
     if not (folder / "config.json").is_file():
-        convert_gguf(gguf, folder)
+        convert_gguf(gguf, folder, mmproj)
     return folder, name, gguf
+
+
+def mmproj_of(settings: Settings) -> Path | None:
+    """``settings.mmproj`` as a path (None when not set).
+
+    Raises:
+        ModelLoadError: it is not a file.
+    """
+    if not settings.mmproj:
+        return None
+    path = Path(settings.mmproj).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"--mmproj {settings.mmproj!r}: no such file")
+    return path

@@ -14,11 +14,10 @@ float types (F32/F16/BF16) stay dense, the rest (``Q6_K``, ``Q5_1``, ``Q5_K``, t
 IQ types) are re-quantized to int8 groups of 32 from the dequantized weight, logged per type with
 the reason and the bytes it costs.
 
-llama.cpp's converter permutes the rows of llama's q/k projections for its RoPE layout; the
-loader finds each tensor's row order against the dense weight (:mod:`proxy.quant.gguf_rows`) and
-keeps any tensor it cannot match exactly dense, with a warning.
-
-The file's tensor index and name map come from :mod:`proxy.quant.gguf_file`.
+llama.cpp's converter permutes the rows of llama's q/k projections for its RoPE layout; the loader
+finds each tensor's row order against the dense weight (:mod:`proxy.quant.gguf_rows`) and keeps any
+tensor it cannot match exactly dense, with a warning. The file's tensor index and name map come
+from :mod:`proxy.quant.gguf_file`.
 """
 
 from __future__ import annotations
@@ -159,6 +158,7 @@ def load_gguf_linears(
     weights: WeightSource | None = None,
     device: torch.device | None = None,
     dense_dtype: torch.dtype | None = None,
+    skip: tuple[str, ...] = (),
 ) -> Counter[str]:
     """Replace ``model``'s linears by packed layers built from the GGUF file's own blocks.
 
@@ -180,7 +180,8 @@ def load_gguf_linears(
     instead of two int4 planes (the same weights, fp32 activations, no dense copy: its prompt rows
     take the kernel too), counted under the same names; a tied one shares the embedding's codes.
     ``dense_dtype``: every packed linear but the output layer also gets the dense copy of
-    :func:`proxy.quant.apply.add_dense_weights`, made from its planes while they exist.
+    :func:`proxy.quant.apply.add_dense_weights`, made from its planes while they exist. Linears under
+    ``skip`` (module name prefixes: an mmproj's vision tower, in another file) are left alone.
 
     Returns:
         counts per outcome, e.g. ``{"Q4_1 -> int4 g32": 210, "Q8_0 -> int8 g32": 1,
@@ -201,6 +202,8 @@ def load_gguf_linears(
     costs: dict[str, list[int]] = {}  # outcome -> [tensors, file bytes, served bytes], not at own precision
     q8_kernel = device.type == "cpu" and kernel_available()
     for name, linear in named_linears(model):
+        if name.startswith(skip):
+            continue
         pname = f"{name}.weight"
         gname = names.get_name(name) if names is not None else None
         tensor = tensors.get(f"{gname}.weight") if gname else None

@@ -120,12 +120,29 @@ def gguf_tensors(path: Path) -> tuple[str, dict[str, GGUFTensor]]:
     return arch, tensors
 
 
+VLM_TEXT_PREFIXES = ("model.text_model.", "model.language_model.")
+"""Where a vision-language model's decoder sits in transformers (Idefics3 / SmolVLM; LLaVA, Qwen2-VL,
+Mistral3, ...): llama.cpp's converter drops ``text_model.`` / ``language_model.`` from those names
+before it maps them (``filter_tensors`` of ``LlamaModel`` and ``ModelBase``), so the text GGUF of a
+VLM holds ``model.text_model.layers.0.mlp.up_proj`` as ``blk.0.ffn_up``."""
+
+
 def hf_to_gguf_names(arch: str, num_layers: int) -> Any:
     """gguf-py's ``TensorNameMap`` for ``arch`` (``get_name("model.layers.0.mlp.up_proj")`` ->
-    ``"blk.0.ffn_up"``), or None for an architecture gguf-py does not know."""
+    ``"blk.0.ffn_up"``), each ``model.`` name also under :data:`VLM_TEXT_PREFIXES` (a VLM's decoder);
+    for an mmproj (``clip``) each name also under ``model.`` (transformers puts a LLaVA's
+    ``vision_tower.`` and ``multi_modal_projector.`` there; the checkpoints the converter reads do
+    not). None for an architecture gguf-py does not know."""
     import gguf
 
     by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
     if arch not in by_name:
         return None
-    return gguf.get_tensor_name_map(by_name[arch], num_layers)
+    names = gguf.get_tensor_name_map(by_name[arch], num_layers)
+    for key, value in list(names.mapping.items()):
+        if arch == "clip" and not key.startswith("model."):
+            names.mapping.setdefault("model." + key, value)
+        elif key.startswith("model."):
+            for prefix in VLM_TEXT_PREFIXES:
+                names.mapping.setdefault(prefix + key.removeprefix("model."), value)
+    return names
