@@ -61,6 +61,15 @@ def load_failure_reason(exc: BaseException, model_id: str, path: str | None, *,
     return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 3] + "..."
 
 
+async def read_ahead(registry: ModelRegistry) -> None:
+    """Before the server listens: ``proxy.engine.factory.read_model_files_ahead`` of the chat models
+    (their tokenizers read now, not in a later load while other models stream)."""
+    from proxy.engine.factory import read_model_files_ahead
+
+    models = [slot.settings for slot in registry.slots if slot.entry.kind == "generate"]
+    await asyncio.wrap_future(start_in_own_thread(read_model_files_ahead, models, name="streamproxy-load"))
+
+
 async def _off_loop(fn: Callable[[Settings], Any], settings: Settings) -> Any:
     return await asyncio.wrap_future(start_in_own_thread(fn, settings, name="streamproxy-load"))
 

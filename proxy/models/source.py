@@ -134,6 +134,24 @@ def gguf_of(settings: Settings) -> Path | None:
 def resolve_model_source(settings: Settings) -> tuple[Path, str, Path | None]:
     """``(Hugging Face folder, default served name, the GGUF it came from or None)``; see
     :func:`resolve_model_path`."""
+    folder, name, gguf = _model_source(settings)
+    if gguf is not None and not (folder / "config.json").is_file():
+        convert_gguf(gguf, folder)
+    return folder, name, gguf
+
+
+def ready_model_folder(settings: Settings) -> Path | None:
+    """The Hugging Face folder :func:`resolve_model_source` would give, when it exists without
+    converting anything (a folder; a GGUF converted before); None for a GGUF not converted yet or
+    a path that is not a model (the load then says why)."""
+    try:
+        folder, _, _ = _model_source(settings)
+    except ModelLoadError:
+        return None
+    return folder if (folder / "config.json").is_file() else None
+
+
+def _model_source(settings: Settings) -> tuple[Path, str, Path | None]:
     if settings.model is None:
         gguf = default_gguf_path()
     else:
@@ -146,7 +164,4 @@ def resolve_model_source(settings: Settings) -> tuple[Path, str, Path | None]:
             raise ModelLoadError(f"--model {settings.model!r}: not a Hugging Face folder or a .gguf file")
         gguf = path
     name = _name_for_gguf(gguf)
-    folder = cache_root(settings) / name
-    if not (folder / "config.json").is_file():
-        convert_gguf(gguf, folder)
-    return folder, name, gguf
+    return cache_root(settings) / name, name, gguf
