@@ -5,8 +5,9 @@ Run a server under it: ``python bench/gil_watch.py OUT.jsonl serve ARGS...`` (``
 with the watch installed; ``bench/models_bench.py --gil-watch`` does this). One JSON line per event
 is appended to ``OUT.jsonl``, each with ``t`` (``time.monotonic()``, comparable across processes):
 
-- ``hold``: a thread that sleeps 1 ms at a time woke ``ms`` late, i.e. another thread held the lock
-  (or the machine gave this one no core) that long; ``stacks``: the innermost frames of the
+- ``hold``: a thread that sleeps 1 ms at a time woke ``ms`` late: ``runqueue_ms`` of it waiting for a
+  core (the kernel's ``schedstat`` of the thread: the machine was busy), the rest (``gil_ms``) waiting
+  for another thread of the process to let the lock go; ``stacks``: the innermost frames of the
   process's loading threads (``streamproxy-load``) and its main thread (the event loop) as the
   ticker found them on waking: a thread that held the lock in one long C call has just returned
   from it, so its frame is the caller's, one line on.
@@ -43,6 +44,16 @@ def _stack(frame: FrameType | None) -> list[str]:
     return [f"{where(f.filename)}:{f.lineno} {f.name}" for f in frames]
 
 
+def _runqueue_s() -> float:
+    """Seconds the calling thread has waited on a run queue (``/proc/thread-self/schedstat``'s second
+    field); 0 where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def install(out_path: str, threshold_s: float) -> None:
     """Start the ticker thread, the collector callback and the callback timer (module docs)."""
     out = open(out_path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
@@ -62,8 +73,9 @@ def install(out_path: str, threshold_s: float) -> None:
             return
         ms = (time.perf_counter() - gc_start[0]) * 1000
         if ms >= threshold_s * 200:  # a fifth of the threshold: a collection is a single hold
-            emit("gc", ms=round(ms, 1), generation=info["generation"], collected=info["collected"],
-                 thread=threading.current_thread().name, stack=_stack(sys._getframe(1)))
+            emit("gc", ms=round(ms, 1), gil_ms=round(ms, 1), generation=info["generation"],
+                 collected=info["collected"], thread=threading.current_thread().name,
+                 stack=_stack(sys._getframe()))
 
     gc.callbacks.append(on_gc)
     running: dict[str, Any] = {}
@@ -78,22 +90,25 @@ def install(out_path: str, threshold_s: float) -> None:
             running["start"] = None
             ms = (time.perf_counter() - start) * 1000
             if ms >= threshold_s * 1000:
-                emit("callback", ms=round(ms, 1), callback=repr(self)[:240], stack=running.get("stack"))
+                emit("callback", ms=round(ms, 1), callback=repr(self)[:240], stack=running.get("stack"),
+                     gil_ms=None)
 
     asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
 
     def tick() -> None:
         while True:
-            start = time.perf_counter()
+            start, queued = time.perf_counter(), _runqueue_s()
             time.sleep(0.001)
             now = time.perf_counter()
             frames = None
             if now - start >= threshold_s:
+                late, waited = now - start - 0.001, _runqueue_s() - queued
                 frames = sys._current_frames()
                 names = {t.ident: t.name for t in threading.enumerate()}
                 stacks = {names.get(i, str(i)): _stack(f) for i, f in frames.items()
                           if i == main_id or names.get(i, "").startswith("streamproxy-load")}
-                emit("hold", ms=round((now - start) * 1000 - 1, 1), stacks=stacks)
+                emit("hold", ms=round(late * 1000, 1), runqueue_ms=round(waited * 1000, 1),
+                     gil_ms=round(max(0.0, late - waited) * 1000, 1), stacks=stacks)
             began = running.get("start")
             if began is not None and running.get("stack") is None and now - began >= threshold_s / 2:
                 frames = frames or sys._current_frames()

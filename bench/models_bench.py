@@ -84,10 +84,19 @@ def _serve(serve_args: list[str], log: Path, watch: Path | None) -> LocalServer:
     return server
 
 
-def watched(watch: Path, t0: float, t1: float) -> list[dict[str, Any]]:
-    """The watch's events (``bench/gil_watch.py``) that ended within the load, longest first."""
+def watched(watch: Path, t0: float, t1: float, top: int = 6) -> dict[str, Any]:
+    """The watch's events (``bench/gil_watch.py``) that ended within the load: per kind the ``top``
+    longest (holds by their lock wait, ``gil_ms``), each with the innermost frames that explain it."""
     events = [json.loads(line) for line in watch.read_text().splitlines() if line.strip()]
-    return sorted((e for e in events if t0 <= e["t"] <= t1), key=lambda e: -e["ms"])
+    during = [e for e in events if t0 <= e["t"] <= t1]
+    out: dict[str, Any] = {}
+    fields = ("ms", "gil_ms", "runqueue_ms", "generation", "callback")
+    for kind in ("hold", "gc", "callback"):
+        mine = sorted((e for e in during if e["kind"] == kind), key=lambda e: -(e.get("gil_ms") or e["ms"]))
+        out[kind] = [{k: v for k, v in e.items() if k in fields}
+                     | {"where": {name: frames[-4:] for name, frames in e.get("stacks", {}).items()}
+                        or (e.get("stack") or [])[-4:]} for e in mine[:top]]
+    return out
 
 
 def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
