@@ -121,8 +121,8 @@ def read_model_files_ahead(models: Sequence[Settings]) -> None:
     """Read now the files this process keeps of each model in ``models`` whose engine will run in a
     child process (``proxy.engine.model_files.MODEL_FILES``: at most ``KEPT_MODELS``, those whose
     folder exists; a GGUF not converted yet is read at its first load), then freeze the heap. A
-    several-model server calls it before it listens, so that a later load of these models reads
-    nothing here while other models stream."""
+    several-model server runs it before any model serves (``proxy.api.multi.start_read_ahead``), so
+    that a later load of these models reads nothing here while other models stream."""
     from proxy.engine.model_files import MODEL_FILES
     from proxy.models.device import keep_triton_out
     from proxy.models.source import ready_model_folder

@@ -5,10 +5,10 @@ Why: on a several-model server a model loads while others stream, and the child'
 low priority, but these reads run in the API process, under the interpreter lock that the event loop
 writing every stream needs, and in long stretches that do not let it go (the tokenizer's parse in
 Rust, our decode table's build and check): the streams' one long gap during a load
-(``docs/bench/2026-12-06-load-gil.md``). So :data:`MODEL_FILES` reads them before the server
-listens (:meth:`ModelFilesCache.preread`, for the models whose folder exists then) or at a model's
-first load, and later loads of the same folder reuse them while its files are unchanged
-(:func:`files_signature`).
+(``docs/bench/2026-12-06-load-gil.md``). So :data:`MODEL_FILES` reads them once: ahead, before
+any model serves (:meth:`ModelFilesCache.preread`, for the models whose folder exists then;
+``proxy.api.multi.start_read_ahead``), or at a model's first load; later loads of the same folder
+reuse them while its files are unchanged (:func:`files_signature`).
 
 Bound: :data:`KEPT_MODELS` models, the least recently used forgotten first (their memory is the
 tokenizer's tables, measured in the decision log).
