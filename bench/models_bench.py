@@ -2,15 +2,15 @@
 load and unload times, and the resident memory with none, one and two models loaded and after unloading.
 
 Per mode (``--modes``, default ``process,thread``: each engine in its own child process, the default
-with several models, or ``--no-engine-process``: engines on threads of the server process, the peer
-run) one ``python -m proxy serve --model F=A --model F=B`` is started on a free port (the same folder
-``F`` twice under two ids; default: the default model's GGUF, ``--no-compile-decode`` so
-no start compiles). Then: ``POST /models/load A``; a greedy stream on A (``ignore_eos``) whose chunk
-arrival times are recorded; once ``--warm-chunks`` chunks came, ``POST /models/load B`` runs beside
-it; the stream is closed ``--after-chunks`` chunks after the load returned. Gaps are the differences
-of consecutive arrival times: ``before`` (all before the load started) and ``during`` (those that
-end within the load). RSS is ``VmRSS`` summed over the server and its descendants (an engine
-process included), read after each step.
+with several models, or ``--no-engine-process``: engines on threads of the server process, the peer run)
+one ``python -m proxy serve --model F=A --model F=B`` is started on a free port (the same folder ``F``
+twice under two ids, or B from ``--model-b``; default: the default model's GGUF, ``--no-compile-decode``
+so no start compiles). Then: ``POST /models/load A``; a greedy stream on A (``ignore_eos``) whose chunk
+arrival times are recorded; once ``--warm-chunks`` chunks came, ``POST /models/load B`` runs beside it;
+the stream is closed ``--after-chunks`` chunks after the load returned. Gaps are the differences of
+consecutive arrival times: ``before`` (all before the load started) and ``during`` (those that end
+within the load). RSS is ``VmRSS`` summed over the server and its descendants (an engine process
+included), read after each step.
 
 Printed per mode, one JSON line: the load and unload seconds, ``tpot_ms`` (median gap before the
 load), ``max_gap_during_ms``, ``p99_gap_during_ms``, ``max_gap_ratio`` (max during / median before:
@@ -18,7 +18,9 @@ the issue's target is at most 2), ``median_gap_ratio`` (median during / median b
 value B loaded at (``load_nice``, from the engine process's ready line; None in thread mode) and
 the RSS in MB; then the process / thread ratio of the max gap.
 
-Usage: ``python bench/models_bench.py [--model F] [--modes process,thread] [--json out.json]``.
+Usage: ``python bench/models_bench.py [--model F] [--modes process,thread] [--json out.json]
+[--gil-watch PATH]`` (the server under ``bench/gil_watch.py``: the holds, collections and long
+event-loop callbacks that ended during B's load, with their stacks).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 import httpx
 from rss_bench import status_mb
 
-from proxy.ports import start_serve
+from proxy.ports import REPO, LocalServer, free_port, launch, start_serve, wait_ready
 
 
 def rss_mb(pid: int) -> float:
@@ -69,12 +71,41 @@ def _load_nice(log: Path) -> int | None:
     return int(found[-1]) if found else None
 
 
+def _serve(serve_args: list[str], log: Path, watch: Path | None) -> LocalServer:
+    """The server, under ``bench/gil_watch.py`` writing to ``watch`` when given."""
+    if watch is None:
+        return start_serve(serve_args, log)
+    watch.unlink(missing_ok=True)
+    port = free_port()
+    process = launch([sys.executable, str(REPO / "bench" / "gil_watch.py"), str(watch), "serve", "--port",
+                      str(port), *serve_args], log)
+    server = LocalServer(process, port, log)
+    wait_ready(process, f"{server.base_url}/health", log, 600.0)
+    return server
+
+
+def watched(watch: Path, t0: float, t1: float, top: int = 6) -> dict[str, Any]:
+    """The watch's events (``bench/gil_watch.py``) that ended within the load: per kind the ``top``
+    longest (holds by their lock wait, ``gil_ms``), each with the innermost frames that explain it."""
+    events = [json.loads(line) for line in watch.read_text().splitlines() if line.strip()]
+    during = [e for e in events if t0 <= e["t"] <= t1]
+    out: dict[str, Any] = {}
+    fields = ("ms", "gil_ms", "runqueue_ms", "generation", "callback")
+    for kind in ("hold", "gc", "callback"):
+        mine = sorted((e for e in during if e["kind"] == kind), key=lambda e: -(e.get("gil_ms") or e["ms"]))
+        out[kind] = [{k: v for k, v in e.items() if k in fields}
+                     | {"where": {name: frames[-4:] for name, frames in e.get("stacks", {}).items()}
+                        or (e.get("stack") or [])[-4:]} for e in mine[:top]]
+    return out
+
+
 def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     # no memory budget: on a machine short of memory it would hold B's load until A's stream ended
-    server = start_serve(["--model", f"{folder}=A", "--model", f"{folder}=B", "--models-max", "2",
-                          "--models-memory-bytes", "0", "--no-compile-decode", "--max-model-len", "2048",
-                          "--engine-process" if mode == "process" else "--no-engine-process"],
-                         log_dir / f"models-{mode}.log")
+    watch = Path(args.gil_watch).with_suffix(f".{mode}.jsonl") if args.gil_watch else None
+    server = _serve(["--model", f"{folder}=A", "--model", f"{args.model_b or folder}=B", "--models-max", "2",
+                     "--models-memory-bytes", "0", "--no-compile-decode", "--max-model-len", "2048",
+                     "--engine-process" if mode == "process" else "--no-engine-process"],
+                    log_dir / f"models-{mode}.log", watch)
     proc, base = server.process, server.base_url
     try:
         out: dict[str, Any] = {"mode": mode, "rss_none_mb": rss_mb(proc.pid)}
@@ -111,6 +142,8 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         out["median_gap_ratio"] = round(statistics.median(during) / tpot, 2) if during else None
         out["load_nice"] = _load_nice(log_dir / f"models-{mode}.log")
         out["rss_two_mb"] = rss_mb(proc.pid)
+        if watch is not None:
+            out["watched_during_load"] = watched(watch, t0, t1)
         for name in ("B", "A"):
             start = time.monotonic()
             httpx.post(f"{base}/models/unload", json={"model": name}, timeout=600).raise_for_status()
@@ -126,12 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None,
                         help="HF folder or GGUF served as A and B (default: the default)")
+    parser.add_argument("--model-b", default=None,
+                        help="what B serves (default: --model's; another folder, or a symlink to the same "
+                             "GGUF under another name, makes B a model of its own files)")
     parser.add_argument("--modes", default="process,thread")
     parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument("--warm-chunks", type=int, default=30)
     parser.add_argument("--after-chunks", type=int, default=20)
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--gil-watch", default=None, metavar="PATH",
+                        help="run the server under bench/gil_watch.py (events in PATH.<mode>.jsonl) and "
+                             "print the events of B's load")
     args = parser.parse_args(argv)
     folder = args.model or default_folder()
     results = [run_mode(mode, folder, args, Path(args.log_dir)) for mode in args.modes.split(",")]

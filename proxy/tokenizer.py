@@ -11,6 +11,7 @@ Which path is used is logged and exposed as ``decode_path``.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -117,6 +118,13 @@ class Tokenizer:
         self._keeping_tables: dict[frozenset[int], hotpath.DecodeTable] = {}
         self._skipped: frozenset[int] | None = None
         self._special_ids_of: dict[tuple[str, ...], frozenset[int]] = {}
+
+    def with_generation_eos(self, generation_eos_ids: Iterable[int]) -> Tokenizer:
+        """This tokenizer with the model's EOS ids added (:func:`find_eos_token_ids`'s (1): the same
+        ids as ``Tokenizer(hf_tokenizer, generation_eos_ids=...)``): a shallow copy sharing its tables."""
+        other = copy.copy(self)
+        other.eos_token_ids = self.eos_token_ids | frozenset(int(i) for i in generation_eos_ids)
+        return other
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (BOS etc. added per the tokenizer when ``add_special_tokens``)."""

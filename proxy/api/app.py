@@ -216,6 +216,8 @@ def create_app(settings: Settings, engine_factory: EngineFactory | None = None, 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = state.registry
         if registry is not None:
+            if engine_factory is None:  # the real engines: their tokenizers read before any serves
+                registry.before_serving = multi.start_read_ahead(registry)
             registry.start()
             state.status = "ready"
             names = ", ".join(f"'{s.id}'" for s in registry.slots)

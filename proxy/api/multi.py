@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ from .registry import Loaded, ModelRegistry, ModelSlot
 from .responses import json_response
 from .state import ServerState
 
+log = logging.getLogger("proxy.api")
 EngineFactory = Callable[[Settings], EngineClient]
 EmbeddingFactory = Callable[[Settings, ModelInfo], EmbeddingClient]
 REASON_MAX_CHARS = 300
@@ -59,6 +61,25 @@ def load_failure_reason(exc: BaseException, model_id: str, path: str | None, *,
     if hide_paths:
         line = _ABSOLUTE_PATH.sub("<path>", line)
     return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 3] + "..."
+
+
+def start_read_ahead(registry: ModelRegistry) -> asyncio.Future[None]:
+    """Start ``proxy.engine.factory.read_model_files_ahead`` of the chat models on a thread of its own
+    (call on the event loop); the registry's loads await it before their model serves
+    (``ModelRegistry.before_serving``), so it never runs beside a stream. It overlaps the first
+    load's engine process instead of delaying ``/health``. A failure is logged (each model's files
+    are then read at its load)."""
+    models = [slot.settings for slot in registry.slots if slot.entry.kind == "generate"]
+
+    def read(models: list[Settings]) -> None:
+        from proxy.engine.factory import read_model_files_ahead
+
+        try:
+            read_model_files_ahead(models)
+        except Exception:  # the loads read what is missing
+            log.exception("reading the models' tokenizers ahead failed; each is read at its load")
+
+    return asyncio.wrap_future(start_in_own_thread(read, models, name="streamproxy-load"))
 
 
 async def _off_loop(fn: Callable[[Settings], Any], settings: Settings) -> Any:

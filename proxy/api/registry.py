@@ -128,6 +128,10 @@ class ModelRegistry:
         self.models_max, self.ttl_s = models_max, ttl_s
         self._lock = asyncio.Lock()  # one eviction decision at a time
         self._ttl_task: asyncio.Task[None] | None = None
+        self.before_serving: asyncio.Future[None] | None = None
+        """Work a load awaits before its model serves (the server's read-ahead of the models' files,
+        ``proxy.api.multi.start_read_ahead``: it holds the interpreter lock, so no stream may run
+        beside it)."""
 
     def find(self, name: str) -> ModelSlot:
         """The slot named ``name`` (its id or an alias).
@@ -173,6 +177,8 @@ class ModelRegistry:
             slot.admitted = True
             start = time.monotonic()
             slot.client, slot.embedder = await self._load(slot)
+            if self.before_serving is not None:
+                await asyncio.shield(self.before_serving)
         except Exception as exc:
             slot.status, slot.error = "failed", self._reason_of(exc, slot)
             slot.failed_at = time.monotonic()

@@ -7,6 +7,7 @@ Runs in a worker thread at startup (``proxy.api.app.create_app``); imports torch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,8 +55,8 @@ def build_engine_client(settings: Settings, load_nice: int = 0) -> AsyncEngineCl
 
     With :func:`use_engine_process` the engine core is loaded and run in a child process
     (:class:`proxy.engine.core_proc.proc_client.EngineProcClient`, which blocks here until the child
-    is ready) and this process loads only the tokenizer; otherwise in this process on a thread
-    (``AsyncEngine``).
+    is ready) and this process reads only the model's tokenizer, config and image processor, once
+    per model (``proxy.engine.model_files``); otherwise in this process on a thread (``AsyncEngine``).
 
     The end-of-sequence ids are :func:`proxy.tokenizer.find_eos_token_ids` of the tokenizer and the
     model's generation config; ``max_model_len`` is the engine's (lowered to the KV pool's capacity
@@ -94,32 +95,43 @@ def build_engine_client(settings: Settings, load_nice: int = 0) -> AsyncEngineCl
 
 
 def _build_process_client(settings: Settings, load_nice: int) -> AsyncEngineClient:
-    from transformers import AutoConfig, AutoTokenizer
-
     from proxy.engine.core_proc.grammar import ChildGrammarCompiler
     from proxy.engine.core_proc.proc_client import EngineProcClient
-    from proxy.media.processor import VisionProcessor, images_refusal
-    from proxy.tokenizer import Tokenizer
+    from proxy.engine.model_files import MODEL_FILES
 
     core = EngineProcClient(settings, load_nice)
     info = core.info
-    try:
-        hf_tokenizer = AutoTokenizer.from_pretrained(info.model_path)
-        tokenizer = Tokenizer(hf_tokenizer, generation_eos_ids=frozenset(info.eos_token_ids))
-        config = AutoConfig.from_pretrained(info.model_path)
-        # images are processed here, encoded in the child
-        vision = VisionProcessor.load(info.model_path, config)
+    try:  # read once per model and kept (images are processed here, encoded in the child)
+        files = MODEL_FILES.get(info.model_path)
     except BaseException:
         core.shutdown()
         raise
-    model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=len(hf_tokenizer),
+    tokenizer = files.tokenizer.with_generation_eos(info.eos_token_ids)
+    model = ModelInfo(info.served_model_name, info.max_model_len, vocab_size=files.vocab_size,
                       dtype=info.dtype, quantization=info.quantization, execution=info.execution,
-                      images_refused=images_refusal(config))
+                      images_refused=files.images_refused)
     # grammars are compiled once, in the child, where the masks are applied (a bad one is still a 400
     # before the request is sent): see proxy.engine.core_proc.grammar
     compiler = ChildGrammarCompiler(core.compile_grammar)
     freeze_heap()  # this process's start-up objects out of the collector's full passes (proxy.heap)
-    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler, vision=vision)
+    return AsyncEngineClient(core, tokenizer, model, grammar_compiler=compiler, vision=files.vision)
+
+
+def read_model_files_ahead(models: Sequence[Settings]) -> None:
+    """Read now the files this process keeps of each model in ``models`` whose engine will run in a
+    child process (``proxy.engine.model_files.MODEL_FILES``: at most ``KEPT_MODELS``, those whose
+    folder exists; a GGUF not converted yet is read at its first load), then freeze the heap. A
+    several-model server runs it before any model serves (``proxy.api.multi.start_read_ahead``), so
+    that a later load of these models reads nothing here while other models stream."""
+    from proxy.engine.model_files import MODEL_FILES
+    from proxy.models.device import keep_triton_out
+    from proxy.models.source import ready_model_folder
+
+    forked = [s for s in models if use_engine_process(s)]
+    if forked:
+        keep_triton_out(forked[0])  # before transformers is imported, as a load does
+        MODEL_FILES.preread(ready_model_folder(s) for s in forked)
+        freeze_heap()
 
 
 def embedding_model_name(settings: Settings, chat_model_name: str) -> str:

@@ -160,6 +160,24 @@ def resolve_model_source(settings: Settings) -> tuple[Path, str, Path | None]:
     """``(Hugging Face folder, default served name, the GGUF it came from or None)``; see
     :func:`resolve_model_path`."""
     mmproj = mmproj_of(settings)
+    folder, name, gguf = _model_source(settings, mmproj)
+    if gguf is not None and not (folder / "config.json").is_file():
+        convert_gguf(gguf, folder, mmproj)
+    return folder, name, gguf
+
+
+def ready_model_folder(settings: Settings) -> Path | None:
+    """The Hugging Face folder :func:`resolve_model_source` would give, when it exists without
+    converting anything (a folder; a GGUF converted before); None for a GGUF not converted yet or
+    a path that is not a model (the load then says why)."""
+    try:
+        folder, _, _ = _model_source(settings, mmproj_of(settings))
+    except ModelLoadError:
+        return None
+    return folder if (folder / "config.json").is_file() else None
+
+
+def _model_source(settings: Settings, mmproj: Path | None) -> tuple[Path, str, Path | None]:
     if settings.model is None:
         if mmproj is not None:
             raise ModelLoadError(f"--mmproj {mmproj.name} goes with the .gguf --model it was converted with; "
@@ -178,10 +196,7 @@ def resolve_model_source(settings: Settings) -> tuple[Path, str, Path | None]:
             raise ModelLoadError(f"--model {settings.model!r}: not a Hugging Face folder or a .gguf file")
         gguf = path
     name = _name_for_gguf(gguf)
-    folder = cache_root(settings) / (name if mmproj is None else f"{name}+{mmproj.stem}")
-    if not (folder / "config.json").is_file():
-        convert_gguf(gguf, folder, mmproj)
-    return folder, name, gguf
+    return cache_root(settings) / (name if mmproj is None else f"{name}+{mmproj.stem}"), name, gguf
 
 
 def mmproj_of(settings: Settings) -> Path | None:

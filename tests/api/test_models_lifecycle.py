@@ -1,7 +1,8 @@
 """A several-model server's edges over scripted engines in a real uvicorn: ``/metrics`` while no model
 is loaded, a shutdown while a request waits for its model's load, and the ``Retry-After`` of a 503
 while a model loads; the one-model server's load failure shows the user's path in the log line the
-CLI prints, never over HTTP."""
+CLI prints, never over HTTP; a loaded model serves only once the read-ahead of the models' files
+(``ModelRegistry.before_serving``) has ended."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import httpx
 
 from proxy.api import multi
 from proxy.api.app import create_app
+from proxy.api.registry import ModelRegistry
 from proxy.api.state import ServerState, loading_retry_after_s
-from proxy.catalog import build_catalog
+from proxy.catalog import ModelEntry, build_catalog
 from proxy.settings import Settings
 
 from .test_models_registry import Farm, chat, multi_server, states, wait_for
@@ -186,3 +188,32 @@ def test_a_load_yields_the_cores_only_while_another_model_serves(tmp_path: Path)
     with the yielding factory (``on_demand_engine_factory``: nice 19)."""
     used = asyncio.run(_loads_with(tmp_path, Farm()))
     assert used == [("a", "plain"), ("b", "yielding"), ("b", "plain")]
+
+
+async def _statuses_while_before_serving_runs() -> list[str]:
+    async def load(_: Any) -> tuple[None, None]:
+        return None, None
+
+    async def unload(_: Any) -> None:
+        return None
+
+    registry = ModelRegistry((ModelEntry("A", "/nowhere"),), lambda e: Settings(), load, unload,
+                             lambda exc, slot: str(exc))
+    ahead: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    registry.before_serving = ahead
+    slot = registry.find("A")
+    loading = asyncio.create_task(registry.ensure_loaded(slot))
+    seen: list[str] = []
+    for _ in range(10):  # the load itself returns at once
+        await asyncio.sleep(0)
+        seen.append(slot.status)
+    ahead.set_result(None)
+    await loading
+    seen.append(slot.status)
+    return seen
+
+
+def test_a_loaded_model_serves_only_once_the_read_ahead_has_ended() -> None:
+    # the read-ahead of the models' files holds the interpreter lock: no stream may run beside it
+    seen = asyncio.run(_statuses_while_before_serving_runs())
+    assert seen[-6:] == ["loading"] * 5 + ["loaded"]

@@ -19,6 +19,7 @@ from api.fakes import make_hf_tokenizer, make_tiny_model
 from api.real_app import real_app
 
 from proxy.api.app import create_app
+from proxy.engine.model_files import MODEL_FILES
 from proxy.settings import Settings
 
 from .helpers import REPO, start_server
@@ -44,10 +45,10 @@ async def _alone(folder: Path, name: str) -> str:
         return text
 
 
-async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any], list[int], list[bool], list[Any]]:
+async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any], list[int], list[bool], list[Any], Any]:
     settings = Settings(model=str(a), served_model_name="A", extra_models=(f"{b}=B",), models_max=1, **ENGINE)
     app = create_app(settings)
-    texts, seen, pids, alive, nices = [], [], [], [], []
+    texts, seen, pids, alive, nices, tokenizers, reads = [], [], [], [], [], [], [MODEL_FILES.num_reads]
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t",
                                                                    timeout=300) as client:
@@ -56,11 +57,16 @@ async def _alternate(a: Path, b: Path) -> tuple[list[str], list[Any], list[int],
             texts.append(reply.json()["choices"][0]["message"]["content"])
             models = (await client.get("/v1/models")).json()["data"]
             seen.append({m["id"]: m["status"]["value"] for m in models})
-            core = app.state.server.registry.find(name).client.core
+            engine = app.state.server.registry.find(name).client
+            core = engine.core
             pids.append(core.pid)  # its engine process
             nices.append((core.info.load_nice, core.info.serve_nice))
             alive.append([Path(f"/proc/{pid}").exists() for pid in pids])
-    return texts, seen, pids, alive, nices
+            tokenizers.append(engine.tokenizer.hf_tokenizer)
+            reads.append(MODEL_FILES.num_reads)
+    kept = {os.path.realpath(a), os.path.realpath(b)} <= set(MODEL_FILES.kept())
+    files = (kept, reads[1] - reads[0] <= 2, reads[3] - reads[1], tokenizers[0] is tokenizers[2])
+    return texts, seen, pids, alive, nices, files
 
 
 @pytest.mark.slow
@@ -68,7 +74,7 @@ def test_two_models_alternate_under_models_max_1(two_models: tuple[Path, Path]) 
     a, b = two_models
     alone_a, alone_b = asyncio.run(_alone(a, "A")), asyncio.run(_alone(b, "B"))
     assert alone_a != alone_b  # two different models, or the test could not tell them apart
-    texts, seen, pids, alive, nices = asyncio.run(_alternate(a, b))  # each engine in its own process
+    texts, seen, pids, alive, nices, files = asyncio.run(_alternate(a, b))  # each engine in its own process
     assert texts == [alone_a, alone_b, alone_a]
     start = os.nice(0)  # each load ran with no other model loaded (--models-max 1): nothing to yield to
     assert nices == [(start, start)] * 3
@@ -76,6 +82,9 @@ def test_two_models_alternate_under_models_max_1(two_models: tuple[Path, Path]) 
     assert alive == [[True], [False, True], [False, False, True]]
     assert seen == [{"A": "loaded", "B": "unloaded"}, {"A": "unloaded", "B": "loaded"},
                     {"A": "loaded", "B": "unloaded"}]
+    # both tokenizers were read (once each) before the first model served, none by a later load, and
+    # A's second load reuses the tokenizer its first had (proxy.engine.model_files)
+    assert files == (True, True, 0, True)
 
 
 def test_a_model_that_cannot_be_served_exits_with_one_line(tmp_path: Path) -> None:
