@@ -153,13 +153,15 @@ def build_tiny_idefics3(seed: int = 0) -> Any:
     return far_from_ties(Idefics3ForConditionalGeneration(config))
 
 
-def smolvlm_processor() -> Any:
-    """The images-only ``SmolVLMProcessor`` with :func:`idefics3_processor`'s sizes."""
+def smolvlm_processor(longest_edge: int = 2 * IMAGE_SIZE) -> Any:
+    """The images-only ``SmolVLMProcessor`` with :func:`idefics3_processor`'s sizes (``longest_edge``:
+    what an image is resized to before it is split into 32 x 32 tiles; 128: 4 x 4 tiles + the global
+    view)."""
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
     from proxy.media.processor_classes import SmolVLMImagesProcessor
 
-    images = SmolVLMImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE},
+    images = SmolVLMImageProcessorPil(size={"longest_edge": longest_edge},
                                       max_image_size={"longest_edge": IMAGE_SIZE}, do_image_splitting=True)
     return SmolVLMImagesProcessor(image_processor=images, tokenizer=idefics3_tokenizer(),
                                   image_seq_len=IDEFICS3_SEQ_LEN, chat_template=TEMPLATE)

@@ -114,9 +114,11 @@ class Request:
         num_cached_tokens: prompt tokens served from the prefix cache at its first scheduling
             (-1 until then; a preempted request's later hits are not counted, as in vLLM).
         images: the prompt's images (placeholder positions, hashes, encoder inputs), or None.
-        image_embeds: the images' embeddings (a tensor ``[placeholders, hidden]``, a DeepStack model's
-            ``[placeholders, 1 + N, hidden]``), computed by the model runner before the first prompt
-            chunk that holds a placeholder and dropped once the prompt is computed; None otherwise.
+        image_embeds: the embeddings of the image pieces its prompt chunks need now (piece index ->
+            a tensor ``[piece rows, hidden]``, a DeepStack model's ``[piece rows, 1 + N, hidden]``),
+            each computed by the model runner before the first prompt chunk that holds one of its
+            placeholders and dropped once a chunk has computed its last
+            (``proxy.engine.execution.image_embeds``).
         rope_positions: the prompt's 3-D M-RoPE positions (a tensor ``[3, num_prompt_tokens]`` int64),
             set by the model runner of an M-RoPE model at the request's first step
             (``proxy.engine.execution.mrope``) when it has images; None otherwise.
@@ -144,7 +146,7 @@ class Request:
     num_cached_blocks: int = 0
     num_cached_tokens: int = -1
     images: PromptImages | None = None
-    image_embeds: Any = None
+    image_embeds: dict[int, Any] = field(default_factory=dict)
     rope_positions: Any = None
     rope_delta: int = 0
 

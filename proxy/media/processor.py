@@ -18,6 +18,7 @@ from typing import Any
 from proxy.errors import InvalidRequestError
 
 from .decode import LoadedImage
+from .pieces import split
 from .prompt import PromptImages
 
 SERVED: dict[str, str] = {
@@ -90,12 +91,16 @@ class VisionProcessor:
             ``apply_chat_template`` passes a conversation's images; LLaVA-OneVision then takes its
             multi-image mode (a prompt with several images: each one base view and a newline, no
             anyres grid), a flat list being read as one image per prompt. False: a flat list.
+        model_type: the model's type, which says how its encoder's work is cut into pieces
+            (``proxy.media.pieces``; "": one piece of the prompt's images).
     """
 
-    def __init__(self, processor: Any, image_token_id: int, nested: bool = False) -> None:
+    def __init__(self, processor: Any, image_token_id: int, nested: bool = False,
+                 model_type: str = "") -> None:
         self.processor = processor
         self.image_token_id = image_token_id
         self.nested = nested
+        self.model_type = model_type
 
     @classmethod
     def load(cls, folder: str | Path, config: Any = None) -> VisionProcessor | None:
@@ -113,7 +118,8 @@ class VisionProcessor:
             processor = load_processor(str(folder), processor_kind(config))
         else:
             processor = AutoProcessor.from_pretrained(str(folder), backend="pil")
-        return cls(processor, int(config.image_token_id), nested=str(config.model_type) in NESTED)
+        model_type = str(config.model_type)
+        return cls(processor, int(config.image_token_id), nested=model_type in NESTED, model_type=model_type)
 
     def num_tokens(self, images: Sequence[LoadedImage]) -> list[int]:
         """Placeholder tokens of each image (the processor's ``_get_num_multimodal_tokens``, the
@@ -130,8 +136,9 @@ class VisionProcessor:
 
     def prompt(self, text: str, images: Sequence[LoadedImage]) -> tuple[list[int], PromptImages]:
         """The token ids of the rendered chat ``text`` with each image placeholder expanded, and the
-        prompt's :class:`PromptImages` (placeholder positions, content hashes, ``pixel_values``).
-        CPU work (resize, normalise): callers run it off the event loop.
+        prompt's :class:`PromptImages` (placeholder positions, content hashes, ``pixel_values``, the
+        encoder's pieces: ``proxy.media.pieces``). CPU work (resize, normalise): callers run it off
+        the event loop.
 
         Raises:
             InvalidRequestError: the text's placeholders do not match the images (a message that
@@ -146,8 +153,10 @@ class VisionProcessor:
             enc.pop("attention_mask", None)
             for types in ("mm_token_type_ids", "token_type_ids"):  # Qwen2-VL's, Gemma 3's: the
                 enc.pop(types, None)  # placeholder positions say it (PromptImages)
-            return ids, PromptImages.of(ids, self.image_token_id, self.num_tokens(images),
-                                        [im.content_hash for im in images], dict(enc))
+            counts, hashes, inputs = self.num_tokens(images), [im.content_hash for im in images], dict(enc)
+            pieces = split(self.model_type, counts, hashes, inputs,
+                           int(getattr(self.processor, "image_seq_len", 0) or 0))
+            return ids, PromptImages.of(ids, self.image_token_id, counts, hashes, inputs, pieces)
         except ValueError as exc:
             raise InvalidRequestError(
                 f"'{param}': the prompt's image placeholders do not match its {len(images)} image(s) (does "

@@ -42,6 +42,10 @@ prompt with images runs as ``inputs_embeds`` through the same paged decoder:
   tokens attend to each other both ways (:data:`BIDIRECTIONAL_IMAGES`,
   ``proxy.engine.execution.image_blocks``), its sliding-window layers within their window.
 
+The vision encoder runs on one piece of a prompt's images at a time (:func:`encode_piece`): a view of
+Idefics3 / SmolVLM, an image of LLaVA, LLaVA-Next, Pixtral and Qwen2-VL / Qwen2.5-VL, the prompt's
+images together for the others (``proxy.media.pieces``).
+
 LLaVA-OneVision's, SmolVLM's and the Qwen VL processors are loaded without their video part and
 Pixtral's without torchvision (``proxy.media.processor_classes``; videos are not accepted); SmolVLM's
 needs ``num2words``.
@@ -60,7 +64,7 @@ from typing import Any
 import torch
 
 from proxy.media.processor import NEEDS_PACKAGE, SERVED, VisionProcessor, images_refusal, is_served_vision
-from proxy.media.prompt import PromptImages
+from proxy.media.prompt import EncoderPiece, PromptImages
 
 MROPE: frozenset[str] = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
 """Types in :data:`SERVED` whose decoder takes 3-D M-RoPE positions (temporal, height, width)."""
@@ -114,19 +118,19 @@ def load_model_class(config: Any) -> Any:
     return getattr(transformers, SERVED[str(config.model_type)])
 
 
-def encode_images(model: Any, images: PromptImages, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The embeddings of a prompt's images, one row per placeholder token in prompt order:
-    ``[sum(images.counts), hidden]`` in ``dtype`` on ``device``, from the model's vision encoder and
-    projector (``get_image_features(...).pooler_output``, concatenated as the model's forward does);
-    for a :data:`DEEPSTACK` model ``[sum(images.counts), 1 + N, hidden]``: the input embedding, then
-    the ``N`` DeepStack embeddings of decoder layers ``0 .. N-1`` (``deepstack_features``, each
-    concatenated as ``Qwen3VLModel.forward`` does).
+def encode_piece(model: Any, piece: EncoderPiece, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The embeddings of one piece of a prompt's images (``proxy.media.pieces``), one row per
+    placeholder token it fills, in prompt order: ``[piece.rows, hidden]`` in ``dtype`` on ``device``,
+    from the model's vision encoder and projector (``get_image_features(...).pooler_output``,
+    concatenated as the model's forward does); for a :data:`DEEPSTACK` model
+    ``[piece.rows, 1 + N, hidden]``: the input embedding, then the ``N`` DeepStack embeddings of
+    decoder layers ``0 .. N-1`` (``deepstack_features``, each concatenated as ``Qwen3VLModel.forward``
+    does).
 
     Raises:
-        ValueError: the encoder gave another number of rows than the prompt has placeholders.
+        ValueError: the encoder gave another number of rows than the piece fills.
     """
-    inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v)
-              for k, v in images.encoder_inputs.items()}
+    inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in piece.inputs.items()}
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
     with torch.inference_mode():
@@ -135,14 +139,14 @@ def encode_images(model: Any, images: PromptImages, device: torch.device, dtype:
         if str(model.config.model_type) in DEEPSTACK:
             layers = [torch.cat(list(feature), dim=0).to(device, dtype) for feature in out.deepstack_features]
             rows = torch.stack([rows, *layers], dim=1)
-    if rows.shape[0] != len(images.token_positions):
-        raise ValueError(f"the vision encoder gave {rows.shape[0]} rows for {len(images.token_positions)} "
-                         "image placeholder tokens")
+    if rows.shape[0] != piece.rows:
+        raise ValueError(f"the vision encoder gave {rows.shape[0]} rows for {piece.rows} image "
+                         "placeholder tokens")
     return rows
 
 
 def image_row_shape(model: Any) -> tuple[int, ...]:
-    """The shape of one placeholder's row of :func:`encode_images`: ``(hidden,)``, or ``(1 + N, hidden)``
+    """The shape of one placeholder's row of :func:`encode_piece`: ``(hidden,)``, or ``(1 + N, hidden)``
     for a :data:`DEEPSTACK` model with ``N`` ``vision_config.deepstack_visual_indexes``."""
     hidden = int(model.get_input_embeddings().weight.shape[1])
     if str(model.config.model_type) not in DEEPSTACK:
@@ -188,5 +192,5 @@ def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> 
 
 
 __all__ = ["BIDIRECTIONAL_IMAGES", "DEEPSTACK", "MROPE", "SERVED", "VisionProcessor", "bidirectional_images",
-           "decoder_attention", "deepstack_layers", "encode_images", "image_row_shape", "images_refusal",
+           "decoder_attention", "deepstack_layers", "encode_piece", "image_row_shape", "images_refusal",
            "is_served_vision", "load_model_class", "mrope_positions", "refusal", "uses_mrope"]

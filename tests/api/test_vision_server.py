@@ -16,6 +16,7 @@ import torch
 from media.images import data_url, encode, picture
 from vision_fixtures import NUM_IMAGE_TOKENS, make_tiny_llava, make_tiny_vlm
 
+from proxy.media.decode import decode_image
 from proxy.settings import Settings
 
 from .real_app import real_app
@@ -218,22 +219,24 @@ def test_n_choices_follow_up_turns_and_previous_response_id(model_dir: Path) -> 
 
 
 def test_an_image_the_encoder_fails_on_is_a_400_and_other_streams_go_on(model_dir: Path) -> None:
-    """An exception in the vision encoder (injected: it raises on every two-image prompt) ends that
-    request alone, as a 400, while a one-image stream beside it runs to its ``generate()`` text."""
+    """An exception in the vision encoder (injected: it raises on the red image, which only the
+    two-image prompts have; LLaVA encodes each image on its own) ends that request alone, as a 400,
+    while a one-image stream beside it runs to its ``generate()`` text."""
     want, _ = reference(model_dir, [{"type": "text", "text": "What is"}, {"type": "image"}], [BLUE])
     want_both, _ = reference(model_dir, IMAGE_PARTS, [RED, BLUE])
     parts = chat_body()["messages"][0]["content"]
     one_image = {**chat_body(), "messages": [{"role": "user", "content": [parts[0], parts[3]]}]}
+    red = decode_image(encode(RED), "red").content_hash
 
     async def main() -> dict[str, Any]:
         async with real_app(settings(model_dir, False)) as (client, state):
             encoder = state.client.core.core.runner.images
             real = encoder.encode
 
-            def encode(request: Any) -> torch.Tensor:
-                if request.images.num_images == 2:
+            def encode(piece: Any) -> torch.Tensor:
+                if piece.key == red:
                     raise RuntimeError("injected encoder fault")
-                return real(request)
+                return real(piece)
 
             encoder.encode = encode
             streamed, failed, failed_stream = await asyncio.gather(

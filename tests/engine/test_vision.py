@@ -54,8 +54,9 @@ class Family:
 
     @property
     def vision(self) -> VisionProcessor:
-        return VisionProcessor(self.processor, self.image_token_id,
-                               nested=self.model.config.model_type in NESTED)
+        model_type = self.model.config.model_type
+        return VisionProcessor(self.processor, self.image_token_id, nested=model_type in NESTED,
+                               model_type=model_type)
 
     def text_of(self, *parts: str | None) -> str:
         """The chat template's prompt of one user turn (``None``: an image part)."""
@@ -200,7 +201,8 @@ def test_prefix_cache_reuses_the_same_image_only(family: Family) -> None:
     first_image_block = images.token_positions[0] // 4
     assert third[2] == first_image_block * 4  # ... reused only up to the block the image starts in
     assert third[0] == run(family.engine(prefix_caching=False), [other])["0"][0]
-    assert core.runner.images is not None and core.runner.images.num_encoded == encoded + 1
+    assert other[1] is not None and core.runner.images is not None
+    assert core.runner.images.num_encoded == encoded + len(other[1].pieces)  # the other image's pieces
     ref_ids, gaps = family.reference(text, [image(0)])
     assert_greedy_matches(again[0], ref_ids, gaps, "the same image again, from the prefix cache")
 

@@ -13,7 +13,7 @@ from vision_fixtures import FAMILIES
 
 from proxy.engine.core import EngineCore
 from proxy.engine.request import IMAGE_ENCODING_FAILED, Request
-from proxy.media.prompt import PromptImages
+from proxy.media.prompt import EncoderPiece, PromptImages
 
 from .engine_helpers import assert_blocks_conserved
 from .test_vision import PARAMS, Family, image
@@ -53,11 +53,12 @@ def test_image_cost_is_its_patches_times_the_parameter_ratio(llava: Family) -> N
     assert encoder.patch_cost == pytest.approx(vision / text)
     _, images = llava.prompt_of(llava.text_of("What is", None, "?"), [image(0)])
     assert images is not None
-    assert encoder.cost(images) == math.ceil(16 * vision / text)  # 32 x 32 pixels in 8 x 8 patches
+    assert [piece.key for piece in images.pieces] == list(images.hashes)  # LLaVA: a piece an image
+    assert encoder.cost(images.pieces[0]) == math.ceil(16 * vision / text)  # 32 x 32 pixels in 8 x 8 patches
     request = Request("r", [1], PARAMS, images=images)
-    assert encoder.pending_cost(request) == encoder.cost(images)
-    request.image_embeds = torch.zeros(1)
-    assert encoder.pending_cost(request) == 0  # encoded already
+    assert encoder.pending_cost(request, 0) == encoder.cost(images.pieces[0])
+    request.image_embeds[0] = torch.zeros(1)
+    assert encoder.pending_cost(request, 0) == 0  # encoded already
 
 
 def test_a_failing_image_fails_its_request_only(llava: Family, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,10 +73,10 @@ def test_a_failing_image_fails_its_request_only(llava: Family, monkeypatch: pyte
     bad_hashes = bad[1].hashes
     real_encode = encoder.encode
 
-    def encode(request: Request) -> torch.Tensor:
-        if request.images is not None and request.images.hashes == bad_hashes:
+    def encode(piece: EncoderPiece) -> torch.Tensor:
+        if piece.key in bad_hashes:
             raise RuntimeError("injected encoder fault")
-        return real_encode(request)
+        return real_encode(piece)
 
     monkeypatch.setattr(encoder, "encode", encode)
     out = run(core, [good, bad, plain, bad])  # two requests with the failing image, one step apart
@@ -103,18 +104,17 @@ def test_a_request_reading_the_failed_requests_blocks_fails_with_it(llava: Famil
     assert encoder is not None and bad[1] is not None
     bad_hashes, real_encode = bad[1].hashes, encoder.encode
 
-    def encode(request: Request) -> torch.Tensor:
-        if request.images is not None and request.images.hashes == bad_hashes:
+    def encode(piece: EncoderPiece) -> torch.Tensor:
+        if piece.key in bad_hashes:
             raise RuntimeError("injected encoder fault")
-        return real_encode(request)
+        return real_encode(piece)
 
     monkeypatch.setattr(encoder, "encode", encode)
     out = run(core, [bad, sharer, good])
     assert out["0"][1:3] == out["1"][1:3] == ("error", IMAGE_ENCODING_FAILED)
-    assert out["1"][3] == (
-        "This request started on the cached prompt blocks of another request of the same step, whose images "
-        "the model's vision encoder could not encode (The model's vision encoder could not encode the 1 "
-        "image(s) of this request: RuntimeError: injected encoder fault); send it again.")
+    assert out["1"][3] == (  # it holds the failed image too: the encoder's message, not "send it again"
+        "The model's vision encoder could not encode the 2 image(s) of this request: RuntimeError: injected "
+        "encoder fault")
     assert out["2"] == (want_good, "length", None, None)  # another image: not touched
     monkeypatch.setattr(encoder, "encode", real_encode)
     assert run(core, [sharer])["0"] == (want_sharer, "length", None, None)  # sent again, it is served

@@ -7,20 +7,26 @@ forward does (``LlavaModel.forward``: ``inputs_embeds.masked_scatter(image mask,
 before the same decoder runs. Decode tokens and text-only steps keep ``input_ids`` (and so the
 compiled / graph decode paths).
 
-- The images of a request are encoded once, together (as ``generate()`` encodes one prompt's images),
-  by the first step that runs a prompt chunk holding a placeholder, before its forward pass
-  (:meth:`ImageEncoder.encode_step`; outside every decode path), kept on the request while its prompt
-  runs and dropped with its last prompt chunk; a preempted request encodes again when it recomputes
-  them. The scheduler counts that work as prefill cost of the step (:meth:`ImageEncoder.pending_cost`,
-  ``proxy.engine.scheduler.images``).
-- An encoder that raises fails the requests whose images it was encoding (and those of the step with
-  the same images, or reading the KV blocks they write), not the step: their image rows run as zeros
-  and the engine finishes them with ``IMAGE_ENCODING_FAILED``, while the step's other requests go on.
-- The encodings are cached by the images' content hashes (an LRU of ``MAX_CACHED`` prompts' images), so
-  ``n > 1`` choices and a repeated image set encode once.
+- A prompt's images are encoded in pieces (``proxy.media.pieces``: each view of Idefics3 / SmolVLM,
+  each image of LLaVA, LLaVA-Next, Pixtral, Qwen2-VL; LLaVA-OneVision's images together), each on its
+  own by the first step whose prompt chunk holds one of its placeholders, before its forward pass
+  (:meth:`ImageEncoder.encode_step`; outside every decode path). A piece's rows stay on the request
+  until a chunk has computed its last placeholder (all are dropped with the last prompt chunk); a
+  preempted request encodes again the pieces it recomputes. The scheduler counts each piece's work
+  as prefill cost of the step that encodes it and stops a chunk before a piece the step's bound has
+  no room for (:meth:`ImageEncoder.pending_cost`, ``proxy.engine.scheduler.images``), so a large
+  image's encoding is spread over steps instead of stalling the running streams in one.
+- An encoder that raises fails the requests whose piece it was encoding (and those of the step that
+  need the same piece, or read the KV blocks they write), not the step: their missing rows run as
+  zeros and the engine finishes them with ``IMAGE_ENCODING_FAILED``, while the step's other
+  requests go on.
+- The encodings are cached by piece (:attr:`~proxy.media.prompt.EncoderPiece.key`: the content hash
+  of its image, and the view), an LRU of at most :data:`MAX_CACHED_ROWS` rows, so ``n > 1`` choices
+  and a repeated image encode once.
 - A chunk takes the embedding rows of exactly its placeholder positions
-  (:meth:`proxy.media.prompt.PromptImages.rows_in`), so a chunk boundary inside an image changes
-  nothing, and a prefix-cache hit covering part of an image computes only the rest.
+  (:meth:`proxy.media.prompt.PromptImages.rows_in`) from pieces encoded whole, so a chunk boundary
+  inside an image or a view changes nothing, and a prefix-cache hit covering part of an image
+  encodes only the pieces with a placeholder past it.
 """
 
 from __future__ import annotations
@@ -35,17 +41,18 @@ import torch
 from proxy.engine.execution.step_inputs import ImageSlots, StepRows
 from proxy.engine.request import Request
 from proxy.engine.scheduler import SchedulerOutput
-from proxy.media.prompt import PromptImages
-from proxy.models.vision import encode_images, image_row_shape
+from proxy.media.prompt import EncoderPiece, PromptImages
+from proxy.models.vision import encode_piece, image_row_shape
 
 logger = logging.getLogger(__name__)
 
-MAX_CACHED = 8
-"""Prompts' image encodings kept by content hash (least recently used out)."""
+MAX_CACHED_ROWS = 8192
+"""Embedding rows of image pieces kept by :attr:`~proxy.media.prompt.EncoderPiece.key` (least
+recently used out; the newest piece is kept whatever its size)."""
 
 
 class ImageEncoder:
-    """Encodes requests' images with the model's vision encoder, cached by content hash.
+    """Encodes requests' image pieces with the model's vision encoder, cached by content hash.
 
     Args:
         model: the served vision-language model (``get_image_features``, ``get_input_embeddings``).
@@ -56,68 +63,75 @@ class ImageEncoder:
         self.model = model
         self.device = device
         self.dtype = dtype
-        self._cache: OrderedDict[tuple[str, ...], torch.Tensor] = OrderedDict()
-        self.num_encoded = 0  # prompts whose images ran through the encoder (not the cache)
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._cached_rows = 0
+        self.num_encoded = 0  # pieces that ran through the encoder (not the cache)
         #: prefill-token cost of one vision-encoder patch (:func:`patch_cost`)
         self.patch_cost = patch_cost(model)
         vision = getattr(model.config, "vision_config", None)
         self.patch_values = getattr(vision, "num_channels", 3) * getattr(vision, "patch_size", 0) ** 2
 
-    def cost(self, images: PromptImages) -> int:
-        """The prefill-token cost of encoding ``images``: their patches (``pixel_values`` elements
-        over one patch's, padding included) times :attr:`patch_cost`, at least 1; their placeholder
-        tokens where the encoder inputs have no ``pixel_values`` or the config no ``patch_size``."""
-        pixels = images.encoder_inputs.get("pixel_values")
+    def cost(self, piece: EncoderPiece) -> int:
+        """The prefill-token cost of encoding ``piece``: its patches (``pixel_values`` elements over
+        one patch's, padding included) times :attr:`patch_cost`, at least 1; its placeholder tokens
+        where its inputs have no ``pixel_values`` or the config no ``patch_size``."""
+        pixels = piece.inputs.get("pixel_values")
         if pixels is None or not self.patch_values:
-            return max(1, len(images.token_positions))
+            return max(1, piece.rows)
         return max(1, math.ceil(int(pixels.numel()) / self.patch_values * self.patch_cost))
 
-    def pending_cost(self, request: Request) -> int:
-        """The prefill-token cost of encoding ``request``'s images now (the scheduler's
-        ``encoder_cost``): 0 without images, with their embeddings on the request or in the cache."""
+    def pending_cost(self, request: Request, piece: int) -> int:
+        """The prefill-token cost of encoding piece ``piece`` of ``request``'s images now (the
+        scheduler's ``encoder_cost``): 0 without images, with its rows on the request or in the cache."""
         images = request.images
-        if images is None or request.image_embeds is not None or images.hashes in self._cache:
+        if images is None or piece in request.image_embeds or images.pieces[piece].key in self._cache:
             return 0
-        return self.cost(images)
+        return self.cost(images.pieces[piece])
 
     def encode_step(self, scheduler_output: SchedulerOutput, block_size: int) -> dict[Request, str]:
-        """Encode the images of the step's requests whose chunk holds a placeholder and whose images
-        have no embeddings yet (before the step's forward pass), each request on its own.
+        """Encode the image pieces that the step's prompt chunks hold and that have no rows on their
+        request yet (before the step's forward pass), each piece on its own.
 
         Returns:
-            the requests whose images the encoder could not encode, those of the step with the same
-            images, and those of the step that read the KV blocks they write (``block_size`` tokens
-            each; a request admitted beside one of them on its cached prefix), each with its message;
-            the failed ones' image rows are zeros, so the step runs, and the engine fails them all
+            the requests with a piece the encoder could not encode, those of the step that needed a
+            piece whose encoding failed, and those of the step that read the KV blocks they write
+            (``block_size`` tokens each; a request admitted beside one of them on its cached prefix;
+            the encoder's message where it holds the failed piece too), each with its message; the
+            failed ones' missing rows are zeros, so the step runs, and the engine fails them all
             (``Scheduler.fail_images``).
         """
         rows = list(zip(scheduler_output.requests, scheduler_output.num_new_tokens, strict=True))
-        failed: dict[tuple[str, ...], str] = {}
+        errors: dict[str, str] = {}  # piece key -> what the encoder raised on it
+        out: dict[Request, str] = {}
         for request, num_new in rows:
             images = request.images
-            if images is None or request.image_embeds is not None or images.hashes in failed:
+            if images is None or request.num_computed_tokens >= request.num_prompt_tokens:
                 continue
-            first = images.first_at_or_after(request.num_computed_tokens)
-            if first is None or first >= request.num_computed_tokens + num_new:
-                continue
-            try:
-                request.image_embeds = self.encode(request)
-            except Exception as exc:
-                logger.exception("the vision encoder failed on request %s's images", request.request_id)
-                failed[images.hashes] = (f"The model's vision encoder could not encode the "
-                                         f"{images.num_images} image(s) of this request: "
-                                         f"{type(exc).__name__}: {exc}")
-        out: dict[Request, str] = {}
+            for index in images.pieces_in(request.num_computed_tokens, num_new):
+                piece = images.pieces[index]
+                if index in request.image_embeds:
+                    continue
+                error = errors.get(piece.key)
+                if error is None:
+                    try:
+                        request.image_embeds[index] = self.encode(piece)
+                        continue
+                    except Exception as exc:
+                        logger.exception("the vision encoder failed on request %s's images",
+                                         request.request_id)
+                        error = errors[piece.key] = f"{type(exc).__name__}: {exc}"
+                out[request] = _encoder_message(images, error)
+                break
         poisoned: set[int] = set()  # KV blocks the step writes after zero image rows
         for request, num_new in rows:
             images = request.images
-            if images is not None and images.hashes in failed:
-                out[request] = failed[images.hashes]
+            if request in out and images is not None:
                 poisoned.update(_written_blocks(request, num_new, images.token_positions[0], block_size))
-                if request.image_embeds is None:
-                    request.image_embeds = torch.zeros(len(images.token_positions),
-                                                       *image_row_shape(self.model),
-                                                       device=self.device, dtype=self.dtype)
+                for index in images.pieces_in(request.num_computed_tokens, num_new):
+                    if index not in request.image_embeds:
+                        request.image_embeds[index] = torch.zeros(images.pieces[index].rows,
+                                                                  *image_row_shape(self.model),
+                                                                  device=self.device, dtype=self.dtype)
         grew = bool(poisoned)
         while grew:  # requests attending to those blocks, and to the blocks they write in turn
             grew = False
@@ -125,35 +139,35 @@ class ImageEncoder:
                 shared = [i for i, b in enumerate(request.block_ids) if b in poisoned]
                 if request in out or not shared:
                     continue
-                out[request] = ("This request started on the cached prompt blocks of another request of "
+                images = request.images  # holding the failed image itself, it fails as its request did
+                own = [errors[p.key] for p in images.pieces if p.key in errors] if images is not None else []
+                out[request] = (_encoder_message(images, own[0]) if images is not None and own else
+                                "This request started on the cached prompt blocks of another request of "
                                 "the same step, whose images the model's vision encoder could not encode "
-                                f"({next(iter(failed.values()))}); send it again.")
+                                f"({next(iter(out.values()))}); send it again.")
                 poisoned.update(_written_blocks(request, num_new, shared[0] * block_size, block_size))
                 grew = True
         return out
 
-    def encode(self, request: Request) -> torch.Tensor:
-        """The embeddings of ``request``'s images, ``[placeholders, hidden]`` (a DeepStack model's
-        ``[placeholders, 1 + N, hidden]``, ``proxy.models.vision.encode_images``; cached by content
-        hash)."""
-        images = request.images
-        assert images is not None
-        key = images.hashes
-        found = self._cache.get(key)
+    def encode(self, piece: EncoderPiece) -> torch.Tensor:
+        """The embeddings of ``piece``, ``[piece.rows, hidden]`` (cached by its key)."""
+        found = self._cache.get(piece.key)
         if found is not None:
-            self._cache.move_to_end(key)
+            self._cache.move_to_end(piece.key)
             return found
-        embeds = encode_images(self.model, images, self.device, self.dtype)
+        embeds = encode_piece(self.model, piece, self.device, self.dtype)
         self.num_encoded += 1
-        self._cache[key] = embeds
-        if len(self._cache) > MAX_CACHED:
-            self._cache.popitem(last=False)
+        self._cache[piece.key] = embeds
+        self._cached_rows += embeds.shape[0]
+        while self._cached_rows > MAX_CACHED_ROWS and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cached_rows -= old.shape[0]
         return embeds
 
     def slots(self, rows: StepRows) -> ImageSlots | None:
         """The image positions of a step's rows and their embeddings (None when no row holds one);
-        a request's embeddings are encoded at its first such chunk and dropped after its last prompt
-        chunk (module docstring)."""
+        a piece's rows are encoded at the first chunk holding one of its placeholders and dropped
+        after the chunk holding its last (module docstring)."""
         index: list[int] = []
         parts: list[torch.Tensor] = []
         offset = 0
@@ -162,16 +176,29 @@ class ImageEncoder:
             if images is not None and start < request.num_prompt_tokens:
                 offsets, take = images.rows_in(start, count)
                 if offsets:
-                    if request.image_embeds is None:
-                        request.image_embeds = self.encode(request)
                     index.extend(offset + o for o in offsets)
-                    parts.append(request.image_embeds[take[0]: take[-1] + 1])
-                if start + count >= request.num_prompt_tokens:
-                    request.image_embeds = None
+                    parts.extend(self._rows(request, take[0], take[-1] + 1))
+                end = start + count
+                for done in [i for i in request.image_embeds if images.piece_end(i) <= end]:
+                    del request.image_embeds[done]
             offset += count
         if not index:
             return None
         return ImageSlots(torch.tensor(index, dtype=torch.long), torch.cat(parts, dim=0))
+
+    def _rows(self, request: Request, lo: int, hi: int) -> list[torch.Tensor]:
+        """Embedding rows ``[lo, hi)`` of ``request``'s images, from the pieces that hold them (a piece
+        not on the request yet is encoded, from the cache where it is there)."""
+        images = request.images
+        assert images is not None
+        out = []
+        for index in range(images.piece_of_row(lo), images.piece_of_row(hi - 1) + 1):
+            embeds = request.image_embeds.get(index)
+            if embeds is None:
+                embeds = request.image_embeds[index] = self.encode(images.pieces[index])
+            first = images.piece_starts[index]
+            out.append(embeds[max(lo, first) - first: min(hi, images.piece_starts[index + 1]) - first])
+        return out
 
     def embed(self, input_ids: torch.Tensor, slots: ImageSlots) -> torch.Tensor:
         """``inputs_embeds [1, T, hidden]`` of a step: the token embeddings of ``input_ids [1, T]``
@@ -198,6 +225,12 @@ def patch_cost(model: Any) -> float:
     in_decoder = sum(p.numel() for p in decoder.parameters())
     vision, text = total - in_decoder - head_numel, in_decoder - embed.numel()
     return vision / text if vision > 0 and text > 0 else 1.0
+
+
+def _encoder_message(images: PromptImages, error: str) -> str:
+    """The error of a request whose image piece the vision encoder raised ``error`` on."""
+    return (f"The model's vision encoder could not encode the {images.num_images} image(s) of this request: "
+            f"{error}")
 
 
 def _written_blocks(request: Request, num_new: int, start: int, block_size: int) -> list[int]:

@@ -89,7 +89,7 @@ class ImageSlots:
     Attributes:
         flat_index: ``[K]`` int64, indices into the step's ``T`` flat tokens (CPU).
         embeds: ``[K, hidden]`` in the model's dtype, on its device, in ``flat_index`` order; a DeepStack
-            model's ``[K, 1 + N, hidden]`` (``proxy.models.vision.encode_images``).
+            model's ``[K, 1 + N, hidden]`` (``proxy.models.vision.encode_piece``).
     """
 
     flat_index: torch.Tensor

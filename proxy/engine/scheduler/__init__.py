@@ -15,7 +15,7 @@ docstring; the measurements behind the defaults and what was tried are in ``docs
   (:class:`StepCostModel`; lifted while long gaps are rare, ``max_long_gap_fraction``). The bound
   trades time to first token for steady inter-token gaps. A step without decodes takes prompts up
   to the whole budget. The vision encoder's work on a prompt's images counts as prefill cost of the
-  step that encodes them (``images``; vLLM's encoder budget).
+  steps that encode them, piece by piece (``images``; vLLM's encoder budget per multimodal item).
 - A burst of arrivals (with the measured bound on, more waiting requests could start than there are
   decodes) is admitted as a step without decodes: its prompts take the whole token budget, neither
   the measured bound nor the token knobs apply.

@@ -4,7 +4,7 @@ so a preempted request's tokens can be given back)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.engine.scheduler.config import SchedulerConfig
@@ -83,18 +83,20 @@ class StepBudget:
         return cls(tokens, config.long_prefill_token_threshold, config.max_num_partial_prefills,
                    step_cost.prefill_token_limit, max_padded_prefill_rows=rows)
 
-    def prefill_chunk(self, remaining: int, num_waiting: int = 0, images_at: int | None = None,
-                      encoder_cost: int = 0) -> int:
+    def prefill_chunk(self, remaining: int, num_waiting: int = 0,
+                      pieces: Sequence[tuple[int, int]] = ()) -> int:
         """Tokens of a prefill with ``remaining`` tokens to compute that may join this step (0: none),
         with ``num_waiting`` requests in the waiting queue now (the one asking included).
 
-        ``images_at``: tokens of the prefill before a placeholder of images not encoded yet (None:
-        none), whose encoding runs in the step that computes that placeholder and costs
-        ``encoder_cost`` prefill tokens more (``proxy.engine.scheduler.images``). In a step with
-        decodes that cost counts against the same bounds as its tokens: the chunk takes the images
-        where the bounds leave room for them and a token past them, else stops before them; a chunk
-        that starts at them takes them alone (the first prefill of the step, one token): an image
-        is encoded whole, as a chunk of one dense call's rows is computed whole.
+        ``pieces``: the pieces of its images not encoded yet that the chunk may reach, in prompt
+        order, as ``(tokens before the piece's first placeholder in the chunk, its encoder cost in
+        prefill tokens)`` (``proxy.engine.scheduler.images``); a piece is encoded in the step whose
+        chunk reaches it. In a step with decodes that cost counts against the same bounds as its
+        tokens, piece by piece: the chunk takes a piece where the bounds leave room for its cost, the
+        tokens before it and one of its placeholders, and stops before the first piece they do not;
+        a chunk that starts at such a piece takes it alone (the first prefill of the step, one token),
+        as a chunk of one dense call's rows is computed whole. The chunk pays the cost of the pieces
+        it reaches (``images.charged``).
         """
         num_new = min(remaining, self.num_tokens_left)
         if self.num_decodes:
@@ -102,13 +104,17 @@ class StepBudget:
                 return 0
             allowed = self._time_allowance(num_waiting)
             if allowed is not None:
-                if images_at is not None and num_new > images_at:
-                    if allowed - encoder_cost > images_at:
-                        allowed -= encoder_cost
-                    elif images_at > 0:
-                        allowed = min(allowed, images_at)
+                for at, cost in pieces:
+                    if at >= num_new:
+                        break
+                    if allowed - cost > at:
+                        allowed -= cost
+                        continue
+                    if at > 0:
+                        allowed = min(allowed, at)
                     else:
-                        allowed = max(1, allowed - encoder_cost) if self.num_prefills == 0 else 0
+                        allowed = max(1, allowed - cost) if self.num_prefills == 0 else 0
+                    break
                 num_new = max(0, min(num_new, allowed))
         rows = self.max_padded_prefill_rows
         if rows is not None and num_new > 0:
@@ -130,7 +136,7 @@ class StepBudget:
 
     def take(self, num_new: int, is_decode: bool, encoder_cost: int = 0) -> None:
         """Count an entry of ``num_new`` tokens joining the step (a decode or a prefill chunk), whose
-        images' encoding costs ``encoder_cost`` prefill tokens (:meth:`prefill_chunk`)."""
+        image pieces' encoding costs ``encoder_cost`` prefill tokens (:meth:`prefill_chunk`)."""
         self.num_tokens_left -= num_new
         self.num_prefill_tokens += encoder_cost
         if is_decode:

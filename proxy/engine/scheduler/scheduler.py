@@ -14,7 +14,7 @@ from proxy.engine.request import Request, RequestOutput, RequestStatus, TokenLog
 from proxy.engine.scheduler.budget import StepBudget, StepState
 from proxy.engine.scheduler.config import SchedulerConfig
 from proxy.engine.scheduler.finish import check_stop
-from proxy.engine.scheduler.images import EncoderCost, images_ahead, no_encoder
+from proxy.engine.scheduler.images import EncoderCost, charged, no_encoder, pieces_ahead
 from proxy.engine.scheduler.output import SchedulerOutput
 from proxy.engine.scheduler.queues import RequestQueues
 from proxy.engine.scheduler.step_cost import StepCostModel
@@ -32,7 +32,7 @@ class Scheduler(RequestQueues):
     Attributes:
         step_cost: the measured bound's step-time model (``StepCostModel.from_config``; the engine
             feeds it ``observe``).
-        encoder_cost: the prefill-token cost of encoding a request's images now
+        encoder_cost: the prefill-token cost of encoding a piece of a request's images now
             (``proxy.engine.scheduler.images``; the engine sets its image encoder's).
         whole_image_blocks: no prompt chunk ends inside an image block
             (``PromptImages.chunk_end_outside_blocks``: cut back before the block, or run on to its
@@ -47,7 +47,7 @@ class Scheduler(RequestQueues):
         self.step_cost = StepCostModel.from_config(config)
         self.encoder_cost: EncoderCost = no_encoder
         self.whole_image_blocks = False
-        self._encoder: dict[Request, int] = {}  # this step's requests whose images it encodes: cost
+        self._encoder: dict[Request, int] = {}  # this step's requests whose image pieces it encodes: cost
         self.eos_token_ids = frozenset(eos_token_ids)
         self._watermark_blocks = config.watermark_blocks(block_manager.num_total_blocks)
 
@@ -107,12 +107,14 @@ class Scheduler(RequestQueues):
     def _prefill_chunk(self, request: Request, num_computed: int, remaining: int,
                        budget: StepBudget) -> tuple[int, int]:
         """``(tokens, encoder cost)`` of the prefill chunk of ``request`` from ``num_computed`` this
-        step may take (``StepBudget.prefill_chunk``, ``proxy.engine.scheduler.images``)."""
-        at, cost = images_ahead(request, num_computed, self.encoder_cost)
-        num_new = budget.prefill_chunk(remaining, len(self.waiting), at, cost)
+        step may take (``StepBudget.prefill_chunk``; the cost of the image pieces it reaches,
+        ``proxy.engine.scheduler.images``)."""
+        limit = min(remaining, budget.num_tokens_left)
+        pieces = pieces_ahead(request, num_computed, limit, self.encoder_cost)
+        num_new = budget.prefill_chunk(remaining, len(self.waiting), pieces)
         if num_new and self.whole_image_blocks and request.images is not None:
             num_new = request.images.chunk_end_outside_blocks(num_computed, num_new)
-        return num_new, cost if at is not None and num_new > at else 0
+        return num_new, charged(pieces, num_new)
 
     def _schedule_running(self, request: Request, num_new: int, scheduled: dict[Request, int],
                           budget: StepBudget, encoder: int = 0) -> None:
