@@ -134,11 +134,16 @@ class PromptImages:
 
     def block_extra(self, start: int, end: int) -> bytes:
         """What the prefix-cache hash of the block of positions ``[start, end)`` adds after its token
-        ids: the content hashes of the images with a placeholder token in it, in order (b"" for
-        none), so a block of the same tokens but another image never matches."""
-        return b"".join(b"image:" + h.encode() for h, (first, last) in zip(self.hashes, self.spans(),
-                                                                            strict=True)
-                        if first < end and last >= start)
+        ids: the keys of the encoder pieces with a placeholder token in it, in order (b"" for none).
+        A piece's key names everything its rows depend on (its image's content hash; a view's index
+        and padded size; every image of the prompt for a piece of the whole prompt, whose rows depend
+        on the other images, as LLaVA-OneVision's do), so a block of the same tokens but rows computed
+        from other inputs never matches."""
+        out = []
+        for piece, first, last in zip(self.pieces, self.piece_starts, self.piece_starts[1:], strict=False):
+            if first < last and self.token_positions[first] < end and self.token_positions[last - 1] >= start:
+                out.append(b"image:" + piece.key.encode())
+        return b"".join(out)
 
     def first_at_or_after(self, start: int) -> int | None:
         """The prompt position of the first placeholder token at or after ``start``, or None."""

@@ -45,6 +45,24 @@ def test_pieces_encode_to_the_rows_of_the_whole_prompt(name: str) -> None:
         assert images.pieces[6].key == f"{images.hashes[1]}#view1@32x32"
 
 
+def test_a_block_of_an_images_rows_is_keyed_by_what_its_rows_depend_on() -> None:
+    """LLaVA-OneVision encodes an image one way beside the same image and another beside a different
+    one (its piece is the whole prompt's images): a block over the first image must not match
+    between the two prompts, while the same prompt again matches."""
+    build, processor, tokenizer = FAMILIES["llava_onevision"]
+    family = Family(build(), processor(), tokenizer())
+    _, alone = family.prompt_of(family.text_of("Compare", None, "with", None), [image(1), image(1)])
+    _, beside = family.prompt_of(family.text_of("Compare", None, "with", None), [image(1), image(2)])
+    _, again = family.prompt_of(family.text_of("Compare", None, "with", None), [image(1), image(2)])
+    assert alone is not None and beside is not None and again is not None
+    first = alone.token_positions[0]
+    assert beside.token_positions[0] == first and alone.hashes[0] == beside.hashes[0]
+    span = (first, first + 4)
+    assert alone.block_extra(*span) != beside.block_extra(*span)
+    assert beside.block_extra(*span) == again.block_extra(*span) != b""
+    assert alone.block_extra(0, first) == b""
+
+
 @pytest.fixture(scope="module")
 def smolvlm() -> Family:
     return Family(build_tiny_smolvlm(), smolvlm_processor(longest_edge=4 * IMAGE_SIZE), idefics3_tokenizer())
