@@ -118,6 +118,19 @@ def encode_images(model: Any, images: PromptImages, device: torch.device, dtype:
     return rows
 
 
+def encoder_linears(model: Any) -> frozenset[str]:
+    """Qualified names of a served vision-language model's linear layers outside its text decoder
+    (``get_decoder()``) and output layer: the vision tower's and the projector's. ``--quantization
+    int4`` / ``int8`` leaves them dense (``proxy.models.quantize``): the packed kernels serve the
+    decoder's few-row decode calls, while an image's patches are many rows a call, which the dense
+    bf16 / fp32 matmul serves, and the encoder's outputs stay those of the model's own weights."""
+    decoder = {id(m) for m in model.get_decoder().modules()}
+    head = model.get_output_embeddings()
+    return frozenset(name for name, module in model.named_modules()
+                     if isinstance(module, torch.nn.Linear) and id(module) not in decoder
+                     and module is not head)
+
+
 def uses_mrope(config: Any) -> bool:
     """True for a config of a type in :data:`MROPE`."""
     return str(getattr(config, "model_type", "")) in MROPE
@@ -139,5 +152,6 @@ def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> 
     return positions[:, 0].to("cpu", torch.long).contiguous(), int(deltas.reshape(-1)[0])
 
 
-__all__ = ["MROPE", "SERVED", "VisionProcessor", "decoder_attention", "encode_images", "images_refusal",
-           "is_served_vision", "load_model_class", "mrope_positions", "refusal", "uses_mrope"]
+__all__ = ["MROPE", "SERVED", "VisionProcessor", "decoder_attention", "encode_images", "encoder_linears",
+           "images_refusal", "is_served_vision", "load_model_class", "mrope_positions", "refusal",
+           "uses_mrope"]
