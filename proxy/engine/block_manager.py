@@ -12,12 +12,11 @@ Automatic prefix caching (vLLM v1's design, ``vllm/v1/core/kv_cache_utils.py`` a
   ``h_i = sha256(h_{i-1} || token ids of block i)`` (``h_{-1}`` = the empty digest). Equal hashes
   mean equal token prefixes, so equal K/V: the pool belongs to one model, dtype and attention
   implementation, and positions are implied by the chain. A block holding image placeholder tokens
-  adds the keys of those images' encoder pieces (content hashes, and what else their rows depend on:
-  ``PromptImages.block_extra``, vLLM's extra keys): the same image reuses its K/V, another image (or
-  the same one encoded beside other images, as LLaVA-OneVision does) behind the same tokens
-  does not (a LoRA adapter would have to enter the hash too). SHA-256 rather than Python's
-  ``hash()`` because the prompts are client-controlled (vLLM moved to SHA-256 after a collision
-  attack on the built-in hash, GHSA-rm76-4mrf-v9r8).
+  adds its images' encoder piece keys (``PromptImages.block_extra``, vLLM's extra keys): the same image
+  reuses its K/V, another image (or the same one encoded beside others, as LLaVA-OneVision does)
+  behind the same tokens does not (a LoRA adapter would have to enter the hash too). SHA-256 rather
+  than Python's ``hash()`` because the prompts are client-controlled (vLLM moved to SHA-256 after a
+  collision attack on the built-in hash, GHSA-rm76-4mrf-v9r8).
 - With ``output_blocks_apart`` (set when output tokens run through other kernels than prompt
   tokens: the dense prompt copies of ``proxy.quant.dense_prefill``, the CPU's compiled decode
   step), a block holding any output token (position >= the request's prompt length ``P``) enters

@@ -4,7 +4,9 @@
 int8 groups of 32, lossless codes) when the packed kernels are fast here (CUDA, or a CPU with BF16
 instructions or AVX2: :func:`proxy.quant.kernels.is_fast`), else dense; an HF folder is served dense.
 ``"int4"`` / ``"int8"`` quantize every linear from its float weight (groups of
-``quantization_group_size``); ``"none"`` serves dense. ``LoadedModel.quantization`` says what.
+``quantization_group_size``) except a served vision-language model's vision tower and projector,
+which stay dense (:func:`proxy.models.vision.encoder_linears`); ``"none"`` serves dense.
+``LoadedModel.quantization`` says what.
 When ``"auto"`` packs a GGUF, :func:`proxy.models.load.load_model` skips the dense model and takes
 the low-memory path of :mod:`proxy.models.packed_load` instead (:func:`gguf_packed`).
 """
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from proxy.models.loaded import ModelLoadError
+from proxy.models.vision import encoder_linears, is_served_vision
 from proxy.quant import describe, is_fast, load_gguf_linears, quantize_linears
 from proxy.quant import kernel_dtype as quant_kernel_dtype
 from proxy.quant.kernels import CUDA_GROUP_SIZES
@@ -57,8 +60,9 @@ def apply_quantization(model: Any, settings: Settings, gguf: Path | None, device
         raise ModelLoadError(f"quantization_group_size {group} is not supported on {device.type}")
     if not is_fast(device):
         logger.warning("quantization %s on a CPU without AVX2: the packed kernel is slow here", method)
+    keep = encoder_linears(model) if is_served_vision(model.config) else frozenset()
     with one_thread():
-        counts = quantize_linears(model, method, group, kdtype)
+        counts = quantize_linears(model, method, group, kdtype, keep)
     return f"{method}: " + describe(counts)
 
 

@@ -169,6 +169,19 @@ def bidirectional_images(config: Any) -> bool:
     return str(getattr(config, "model_type", "")) in BIDIRECTIONAL_IMAGES
 
 
+def encoder_linears(model: Any) -> frozenset[str]:
+    """Qualified names of a served vision-language model's linear layers outside its text decoder
+    (``get_decoder()``) and output layer: the vision tower's and the projector's. ``--quantization
+    int4`` / ``int8`` leaves them dense (``proxy.models.quantize``): the packed kernels serve the
+    decoder's few-row decode calls, while an image's patches are many rows a call, which the dense
+    bf16 / fp32 matmul serves, and the encoder's outputs stay those of the model's own weights."""
+    decoder = {id(m) for m in model.get_decoder().modules()}
+    head = model.get_output_embeddings()
+    return frozenset(name for name, module in model.named_modules()
+                     if isinstance(module, torch.nn.Linear) and id(module) not in decoder
+                     and module is not head)
+
+
 def uses_mrope(config: Any) -> bool:
     """True for a config of a type in :data:`MROPE`."""
     return str(getattr(config, "model_type", "")) in MROPE
@@ -192,5 +205,6 @@ def mrope_positions(model: Any, prompt_ids: list[int], images: PromptImages) -> 
 
 
 __all__ = ["BIDIRECTIONAL_IMAGES", "DEEPSTACK", "MROPE", "SERVED", "VisionProcessor", "bidirectional_images",
-           "decoder_attention", "deepstack_layers", "encode_piece", "image_row_shape", "images_refusal",
-           "is_served_vision", "load_model_class", "mrope_positions", "refusal", "uses_mrope"]
+           "decoder_attention", "deepstack_layers", "encode_piece", "encoder_linears", "image_row_shape",
+           "images_refusal", "is_served_vision", "load_model_class", "mrope_positions", "refusal",
+           "uses_mrope"]

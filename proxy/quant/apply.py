@@ -130,15 +130,19 @@ def replace_linear(
 
 
 def quantize_linears(
-    model: nn.Module, method: str, group_size: int, kernel_dtype: torch.dtype
+    model: nn.Module, method: str, group_size: int, kernel_dtype: torch.dtype,
+    keep_dense: frozenset[str] = frozenset(),
 ) -> Counter[str]:
-    """Quantize every ``nn.Linear`` of ``model`` in place from its float weight.
+    """Quantize every ``nn.Linear`` of ``model`` in place from its float weight, except those named
+    in ``keep_dense``.
 
     Args:
         method: ``"int4"`` (asymmetric groups) or ``"int8"`` (symmetric groups, two int4 planes;
             an :class:`~proxy.quant.int8_linear.Int8Linear` on a CPU that runs the ``Q8_0`` kernel
             when ``group_size`` is its 32).
         group_size: input features per scale (32 by default).
+        keep_dense: qualified names of linears left as they are (a vision-language model's vision
+            encoder: ``proxy.models.vision.encoder_linears``), counted as ``"dense (kept)"``.
     Returns:
         counts: ``{"int4 g32": n, "dense": m}`` (modules kept dense: shapes the kernel refuses).
     Raises:
@@ -150,6 +154,9 @@ def quantize_linears(
     counts: Counter[str] = Counter()
     q8_kernel = method == "int8" and group_size == GROUP_SIZE and kernel_available()
     for name, linear in named_linears(model):
+        if name in keep_dense:
+            counts["dense (kept)"] += 1
+            continue
         if q8_kernel and linear.weight.device.type == "cpu" and linear.in_features % group_size == 0:
             codes, scales = quantize_int8_codes(linear.weight, group_size)  # through the Q8_0 kernel
             set_module(model, name, Int8Linear(codes, scales, linear.bias, f"int8 g{group_size}"))

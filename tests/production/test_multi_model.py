@@ -97,8 +97,8 @@ def test_a_model_that_cannot_be_served_exits_with_one_line(tmp_path: Path) -> No
                            "--device", "cpu"], check=False, cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     reason = ("ModelLoadError: model type 'paligemma' is a vision-language model that streamproxy does not "
-              "serve yet (served with images: idefics3, llava, llava_next, llava_onevision, mistral3, "
-              "qwen2_5_vl, qwen2_vl, smolvlm)")
+              "serve yet (served with images: gemma3, idefics3, llava, llava_next, llava_onevision, "
+              "mistral3, qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe, smolvlm)")
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1].startswith(f"streamproxy: the model cannot be served: {reason}")
     assert "Traceback" not in done.stderr and str(folder) not in done.stderr

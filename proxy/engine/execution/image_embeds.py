@@ -213,16 +213,17 @@ def patch_cost(model: Any) -> float:
     decoder (vision tower, projector) over the decoder's, embedding tables left out. A transformer's
     forward costs about two FLOPs per parameter per token (Kaplan et al. 2020, "Scaling Laws for Neural
     Language Models", ``C_forward ~ 2N``), so this ratio is what one patch costs in decoder tokens,
-    attention left out; 1.0 where the split cannot be read (no ``get_decoder``)."""
+    attention left out; 1.0 where the split cannot be read (no ``get_decoder``). A packed linear
+    (``--quantization``: its weight is buffers of codes) counts its ``in_features * out_features``."""
     try:
         decoder = model.get_decoder()
         embed = model.get_input_embeddings().weight
     except (AttributeError, ValueError):
         return 1.0
     head = model.get_output_embeddings()
-    head_numel = 0 if head is None or head.weight is embed else head.weight.numel()
-    total = sum(p.numel() for p in model.parameters())
-    in_decoder = sum(p.numel() for p in decoder.parameters())
+    tied = head is None or getattr(head, "weight", None) is embed
+    head_numel = 0 if tied else _num_weights(head)
+    total, in_decoder = _num_weights(model), _num_weights(decoder)
     vision, text = total - in_decoder - head_numel, in_decoder - embed.numel()
     return vision / text if vision > 0 and text > 0 else 1.0
 
@@ -231,6 +232,22 @@ def _encoder_message(images: PromptImages, error: str) -> str:
     """The error of a request whose image piece the vision encoder raised ``error`` on."""
     return (f"The model's vision encoder could not encode the {images.num_images} image(s) of this request: "
             f"{error}")
+
+
+def _num_weights(module: torch.nn.Module) -> int:
+    """The parameters of ``module``, each linear layer that holds its weight (``nn.Linear``, a
+    packed one, whose weight is buffers of codes) counted as ``in_features * out_features`` plus its
+    bias; a layer holding no tensor of its own (a fused projection's slice) counts 0."""
+    total = 0
+    for m in module.modules():
+        own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+        rows, cols = getattr(m, "out_features", None), getattr(m, "in_features", None)
+        if isinstance(rows, int) and isinstance(cols, int):
+            bias = getattr(m, "bias", None)
+            total += rows * cols + (bias.numel() if isinstance(bias, torch.Tensor) else 0) if own else 0
+        else:
+            total += sum(p.numel() for p in m.parameters(recurse=False))
+    return total
 
 
 def _written_blocks(request: Request, num_new: int, start: int, block_size: int) -> list[int]:
