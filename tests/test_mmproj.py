@@ -6,15 +6,12 @@ refused at load, naming the file and the reason."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
-from api.real_app import real_app
-from api.test_vision_server import BLUE, IMAGE_PARTS, RED, chat_body, reference
+from api.test_vision_server import BLUE, IMAGE_PARTS, RED, assert_served_equals_generate
 from gguf_vlm_fixtures import make_gguf_pair, round_vision_to_f16, write_mmproj, write_text_gguf
 from vision_fixtures import FAMILIES as VISION_FAMILIES
 from vision_fixtures import build_tiny_idefics3, idefics3_processor
@@ -103,17 +100,7 @@ def test_the_pair_loads_the_folders_weights_config_and_processor(family_pair, tm
 
 def test_served_greedy_text_equals_the_folders_generate(family_pair, tmp_path: Path) -> None:
     folder, text, mmproj = family_pair
-    want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])
-
-    async def main() -> httpx.Response:
-        async with real_app(_settings(text, mmproj, tmp_path, engine_process=False)) as (client, state):
-            assert state.features.accepts_images
-            return await client.post("/v1/chat/completions", json=chat_body())
-
-    response = asyncio.run(main())
-    assert response.status_code == 200, response.text
-    chat = response.json()
-    assert chat["choices"][0]["message"]["content"] == want and chat["usage"]["prompt_tokens"] == prompt_len
+    assert_served_equals_generate(folder, _settings(text, mmproj, tmp_path, engine_process=False))
 
 
 def test_a_quantized_text_gguf_is_packed_and_the_tower_read_from_the_mmproj(pair, tmp_path: Path) -> None:

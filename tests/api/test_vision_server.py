@@ -172,10 +172,16 @@ def test_bad_images_are_a_400_naming_the_part_and_the_server_keeps_serving(model
                                     "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_other_families_equal_generate(family: str, tmp_path: Path) -> None:
     folder = make_tiny_vlm(family, tmp_path / family)
+    assert_served_equals_generate(folder, settings(folder, False))
+
+
+def assert_served_equals_generate(folder: Path, served: Settings) -> None:
+    """A real app serving ``served`` answers :func:`chat_body`'s two-image request with the greedy
+    text and prompt length of :func:`reference` on the Hugging Face ``folder``."""
     want, prompt_len = reference(folder, IMAGE_PARTS, [RED, BLUE])
 
     async def main() -> httpx.Response:
-        async with real_app(settings(folder, False)) as (client, state):
+        async with real_app(served) as (client, state):
             assert state.features.accepts_images
             return await client.post("/v1/chat/completions", json=chat_body())
 
