@@ -14,7 +14,8 @@ included), read after each step.
 
 Printed per mode, one JSON line: the load and unload seconds, ``tpot_ms`` (median gap before the
 load), ``max_gap_during_ms``, ``p99_gap_during_ms``, ``max_gap_ratio`` (max during / median before:
-the issue's target is at most 2), ``median_gap_ratio`` (median during / median before), the nice
+the issue's target is at most 2; with ``--control-s S`` the same figures over S seconds of the stream
+without a load: what the machine and the engine give alone), ``median_gap_ratio`` (median during / median before), the nice
 value B loaded at (``load_nice``, from the engine process's ready line; None in thread mode) and
 the RSS in MB; then the process / thread ratio of the max gap.
 
@@ -103,7 +104,7 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
     # no memory budget: on a machine short of memory it would hold B's load until A's stream ended
     watch = Path(args.gil_watch).with_suffix(f".{mode}.jsonl") if args.gil_watch else None
     server = _serve(["--model", f"{folder}=A", "--model", f"{args.model_b or folder}=B", "--models-max", "2",
-                     "--models-memory-bytes", "0", "--no-compile-decode", "--max-model-len", "2048",
+                     "--models-memory-bytes", "0", "--no-compile-decode", "--max-model-len", str(args.max_model_len),
                      "--engine-process" if mode == "process" else "--no-engine-process"],
                     log_dir / f"models-{mode}.log", watch)
     proc, base = server.process, server.base_url
@@ -119,8 +120,12 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         streamer.start()
         while len(arrivals) < args.warm_chunks:
             time.sleep(0.01)
+        client = httpx.Client(timeout=600)  # made before the load: a client's own start-up is not the load's
         t0 = time.monotonic()
-        httpx.post(f"{base}/models/load", json={"model": "B"}, timeout=600).raise_for_status()
+        if args.control_s:  # the control: the same stream, no load, as long
+            time.sleep(args.control_s)
+        else:
+            client.post(f"{base}/models/load", json={"model": "B"}).raise_for_status()
         t1 = time.monotonic()
         mark = len(arrivals)
         while len(arrivals) < mark + args.after_chunks and streamer.is_alive():
@@ -136,6 +141,9 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         out["tpot_ms"] = round(tpot * 1000, 1)
         out["max_gap_before_ms"] = round(max(before) * 1000, 1)
         out["max_gap_during_ms"] = round(max(during) * 1000, 1) if during else None
+        if during:  # where in the load the largest gap ended: seconds after the load began, before it returned
+            gap, end = max((g, e) for g, e in gaps if t0 <= e <= t1 + 0.001)
+            out["max_gap_at_s"] = [round(end - t0, 2), round(t1 - end, 2)]
         out["p99_gap_during_ms"] = round(during[int(0.99 * (len(during) - 1))] * 1000, 1) if during else None
         out["max_gap_ratio"] = round(max(during) / tpot, 2) if during else None
         out["median_gap_during_ms"] = round(statistics.median(during) * 1000, 1) if during else None
@@ -164,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                              "GGUF under another name, makes B a model of its own files)")
     parser.add_argument("--modes", default="process,thread")
     parser.add_argument("--max-tokens", type=int, default=1500)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--control-s", type=float, default=0.0,
+                        help="no load: the gaps of the stream over this many seconds instead (the control; "
+                             "B is then not loaded and the unload of B is a no-op)")
     parser.add_argument("--warm-chunks", type=int, default=30)
     parser.add_argument("--after-chunks", type=int, default=20)
     parser.add_argument("--log-dir", default="/tmp")

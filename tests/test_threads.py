@@ -10,28 +10,40 @@ import threading
 
 import pytest
 
-from proxy.threads import call_at_nice, lower_thread_priority, start_in_own_thread, thread_nice
+from proxy.threads import call_at_nice, lower_thread_priority, start_in_own_thread, thread_idle, thread_nice
+
+CHILD = "import os; print(os.nice(0), os.sched_getscheduler(0) == os.SCHED_IDLE)"
 
 
-def _nice_of_what_it_starts() -> tuple[int, int, int, int]:
-    """(this thread's nice, a thread's it starts, a child process's, this thread's id)."""
-    seen: list[int] = []
-    worker = threading.Thread(target=lambda: seen.append(thread_nice()))
+def _priority_of_what_it_starts() -> tuple[tuple[int, bool], tuple[int, bool], tuple[int, bool], int]:
+    """(this thread's (nice, SCHED_IDLE), a thread's it starts, a child process's, this thread's id)."""
+    seen: list[tuple[int, bool]] = []
+    worker = threading.Thread(target=lambda: seen.append((thread_nice(), thread_idle())))
     worker.start()
     worker.join()
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], check=True,
-                           capture_output=True, text=True)
-    return thread_nice(), seen[0], int(child.stdout), threading.get_native_id()
+    child = subprocess.run([sys.executable, "-c", CHILD], check=True, capture_output=True, text=True)
+    nice, idle = child.stdout.split()
+    return (thread_nice(), thread_idle()), seen[0], (int(nice), idle == "True"), threading.get_native_id()
 
 
 def test_call_at_nice_lowers_only_its_own_thread_and_what_that_thread_starts() -> None:
     before = thread_nice()
     if before >= 19:
         pytest.skip("the tests already run at nice 19: nothing lower to see")
-    own, started_thread, started_process, tid = call_at_nice(19, _nice_of_what_it_starts)
-    assert (own, started_thread, started_process) == (19, 19, 19)
+    assert not thread_idle()
+    own, started_thread, started_process, tid = call_at_nice(19, _priority_of_what_it_starts)
+    # nice 19 and SCHED_IDLE: a core holding only the load counts as idle to a waking serving thread
+    assert own == started_thread == started_process == (19, True)
     assert tid != threading.get_native_id()
-    assert thread_nice() == before  # the caller (a serving thread) keeps its priority
+    assert (thread_nice(), thread_idle()) == (before, False)  # the caller (a serving thread) keeps its priority
+
+
+def test_lower_thread_priority_sets_sched_idle_only_when_asked() -> None:
+    def lower(idle: bool) -> tuple[bool, int, bool]:
+        return lower_thread_priority(19, idle), thread_nice(), thread_idle()
+
+    assert start_in_own_thread(lower, False).result() == (True, 19, False)  # a grammar compile's
+    assert start_in_own_thread(lower, True).result() == (True, 19, True)
 
 
 def test_call_at_nice_0_runs_here_and_errors_come_back() -> None:

@@ -129,6 +129,9 @@ def read_model_files_ahead(models: Sequence[Settings]) -> None:
 
     forked = [s for s in models if use_engine_process(s)]
     if forked:
+        from proxy.engine.core_proc.lifecycle import start_fork_server
+
+        start_fork_server()  # its interpreter's start now, beside the first load, not beside a stream
         keep_triton_out(forked[0])  # before transformers is imported, as a load does
         MODEL_FILES.preread(ready_model_folder(s) for s in forked)
         freeze_heap()

@@ -24,15 +24,22 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-engine-proc") / "tiny")
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(child) for child in f.read().split()]
+    return out
+
+
 def engine_child_pid(server_pid: int) -> int:
-    """The pid of the server's ``multiprocessing`` spawn child (not its resource tracker)."""
+    """The pid of the server's engine process: the one child of its ``multiprocessing`` fork server
+    (``proxy.engine.core_proc.lifecycle``; not the resource tracker)."""
     found = []
-    for task in os.listdir(f"/proc/{server_pid}/task"):
-        with open(f"/proc/{server_pid}/task/{task}/children") as f:
-            for pid in f.read().split():
-                with open(f"/proc/{pid}/cmdline", "rb") as c:
-                    if b"spawn_main" in c.read():
-                        found.append(int(pid))
+    for pid in _children(server_pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as c:
+            if b"forkserver" in c.read():
+                found += _children(pid)
     assert len(found) == 1, found
     return found[0]
 

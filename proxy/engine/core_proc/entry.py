@@ -15,6 +15,7 @@ both: the API process drains, then sends ``Stop`` (SIGKILL after ``STOP_TIMEOUT_
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from multiprocessing.connection import Connection
@@ -26,9 +27,15 @@ if TYPE_CHECKING:
     from proxy.settings import Settings
 
 
-def engine_process_main(settings: Settings, conn: Connection, load_nice: int = 0) -> None:
-    """Entry point of the engine process: load (at nice ``load_nice`` when above 0, on a thread of its
+def engine_process_main(settings: Settings, conn: Connection, load_nice: int = 0,
+                        environ: dict[str, str] | None = None) -> None:
+    """Entry point of the engine process: take ``environ`` as this process's environment (the API
+    process's at the start: a child of the fork server inherits the fork server's, see
+    ``proxy.engine.core_proc.lifecycle``), load (at nice ``load_nice`` when above 0, on a thread of its
     own), report ready, then serve commands on the main thread until stop or EOF."""
+    if environ is not None:  # before anything that reads it (torch, OpenMP and transformers are not loaded yet)
+        os.environ.clear()
+        os.environ.update(environ)
     # Signals to the whole process group (Ctrl-C, kill -TERM -PGID) reach us too: the API process
     # drains, then stops us with a message; dying here would fail the streams it is draining
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,7 +1,14 @@
 """Starting the engine process and waiting for it to be ready, stopping it, and killing it at exit.
 
-The child is started with multiprocessing's "spawn" method (fork is unsafe with torch/CUDA threads
-already running). Because the child ignores SIGTERM (see ``proxy.engine.core_proc.entry``),
+The child is forked by multiprocessing's fork server (the "forkserver" method; forking the API process
+itself is unsafe once torch/CUDA threads run): a small Python process started at the first engine
+start (:func:`start_fork_server`), before any model serves, that has imported
+:mod:`proxy.engine.core_proc.entry` and nothing heavy (:mod:`proxy.engine.core_proc.fork_server`). Why not "spawn": a spawned child starts a new interpreter at the API process's priority (~150 ms
+of one core: the interpreter, ``site``, the imports, before the load lowers its nice value), and a
+stream of a model already serving lost one step of 150-210 ms to it on two cores (issue 48; measured
+in ``docs/bench/2026-12-06-load-start.md``); a fork of the fork server starts in about a millisecond.
+A forked child has the fork server's environment, so the API process's ``os.environ`` at the start
+travels with it (:func:`proxy.engine.core_proc.entry.engine_process_main` applies it first). Because the child ignores SIGTERM (see ``proxy.engine.core_proc.entry``),
 ``multiprocessing``'s exit handler (SIGTERM, then an unbounded ``join``) could wait for it forever;
 an ``atexit`` hook registered after it SIGKILLs any child still alive first.
 """
@@ -12,6 +19,7 @@ import atexit
 import contextlib
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -22,7 +30,17 @@ from proxy.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-_MP = multiprocessing.get_context("spawn")  # fork is unsafe with torch/CUDA threads already running
+_MP = multiprocessing.get_context("forkserver")  # the module docstring says why
+_MP.set_forkserver_preload(["proxy.engine.core_proc.fork_server"])
+
+
+def start_fork_server() -> None:
+    """Start the fork server now if it does not run (it starts at the first engine start otherwise):
+    a several-model server calls it before any model serves, so that its own start (a new
+    interpreter) never runs beside a stream."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
 STOP_TIMEOUT_S = 10.0  # a serving child gets this long to stop after Stop() before SIGKILL
 _children: set[Any] = set()  # engine processes started and not yet reaped (killed at exit)
 _atexit_registered = False
@@ -70,7 +88,7 @@ def start_child(settings: Settings, on_started: Callable[[Any], None],
     from proxy.models import ModelLoadError
 
     parent_conn, child_conn = _MP.Pipe()
-    proc = _MP.Process(target=engine_process_main, args=(settings, child_conn, load_nice),
+    proc = _MP.Process(target=engine_process_main, args=(settings, child_conn, load_nice, dict(os.environ)),
                        name="streamproxy-engine-core", daemon=True)
     proc.start()
     _track(proc)
