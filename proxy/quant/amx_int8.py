@@ -15,8 +15,8 @@ Numerics: every code is a bf16 value and every product ``code * x`` is exact in 
 computes the file's weights with the bf16 activations; the sums run in another order than the int8
 kernel's, so the last bits differ from it. A row's output is the same bits whatever the other rows of
 the call, the row count and the thread count, and a unit-vector input gives the weight
-``code * scale`` exactly (the layer's ``dequantize``). A layer on this kernel takes it for every call
-of fewer than ``GEMM_ROWS`` bf16 rows, one row included (the batch-invariance promise).
+``code * scale`` exactly (the layer's ``dequantize``). A layer on this kernel takes it for every bf16
+call, one row and a prompt's chunk alike (the batch-invariance promise).
 
 Weights: the layer's own codes, int8 ``[N, K]`` row-major (shared with a tied embedding); the scales
 tiled per block of 16 output features (:func:`pack`): fp32 ``[N / 16, K / group, 16]``, or split as

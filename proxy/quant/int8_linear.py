@@ -46,7 +46,9 @@ except ImportError as _exc:  # not built (a compiler without OpenMP): the torch 
 
 #: output rows dequantized at a time by :func:`q8_matmul_reference` (bounds its fp32 copy)
 REFERENCE_ROWS = 4096
-#: calls with at least this many rows (a prompt's chunk) dequantize and take torch's fp32 GEMM.
+#: calls with at least this many rows (a prompt's chunk) dequantize and take torch's fp32 GEMM (not on
+#: an AMX layer: its kernel was faster at every row count measured, 64-592 rows of the 1.7B shapes,
+#: ``docs/bench/2026-12-06-prefill-1.7b.md``, and one kernel keeps a row's bits batch-independent).
 #: Measured (2-core AVX2 EPYC, 2 threads, kernel / dequantize + GEMM): [4608 x 1536] 128 rows 32.3 /
 #: 43.3 ms, 192 rows 48.5 / 35.8, 512 rows 142.6 / 91.3; [3072 x 576] 128 rows 8.0 / 7.2, 192 rows
 #: 12.0 / 10.3, 512 rows 36.0 / 20.4; [576 x 1536] 128 rows 4.5 / 2.4, 512 rows 17.5 / 8.2.
@@ -188,9 +190,10 @@ class Int8Linear(nn.Module):
         scheme: how the weight was stored, for ``extra_repr`` and the load summary.
 
     ``forward(x)``: ``[..., in_features]`` of any float dtype on the CPU -> ``[..., out_features]``
-    in ``x``'s dtype (computed in fp32, rounded once). Calls of fewer than :data:`GEMM_ROWS` rows:
-    bf16 ones on the AMX int8 kernel where the layer was built for it (``amx``, chosen once at build:
-    :func:`proxy.quant.amx_int8.why_not`), else through the kernel where :func:`kernel_available`
+    in ``x``'s dtype (computed in fp32, rounded once). bf16 calls of any row count on the AMX int8
+    kernel where the layer was built for it (``amx``, chosen once at build:
+    :func:`proxy.quant.amx_int8.why_not`); other calls of fewer than :data:`GEMM_ROWS` rows through
+    the kernel where :func:`kernel_available`
     (group-16 scales that split exactly, ``Q6_K``'s, through its split entry:
     :mod:`proxy.quant.split_scales`, the same bits from fewer bytes); else :func:`q8_matmul_reference`.
     """
@@ -245,7 +248,7 @@ class Int8Linear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
-        if self.amx and x2.dtype == torch.bfloat16 and x2.shape[0] < GEMM_ROWS:
+        if self.amx and x2.dtype == torch.bfloat16:  # every row count (faster than the GEMM path too)
             y = amx_int8.amx_int8_mm(x2, buffers["codes"], buffers["amx_scales"], buffers.get("amx_sub"),
                                      self.six_bit)
             return self._finish(y, x.dtype, lead)
