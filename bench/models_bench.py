@@ -15,7 +15,9 @@ included), read after each step.
 Printed per mode, one JSON line: the load and unload seconds, ``tpot_ms`` (median gap before the
 load), ``max_gap_during_ms``, ``p99_gap_during_ms``, ``max_gap_ratio`` (max during / median before:
 the issue's target is at most 2; with ``--control-s S`` the same figures over S seconds of the stream
-without a load: what the machine and the engine give alone), ``median_gap_ratio`` (median during / median before), the nice
+without a load: what the machine and the engine give alone), ``max_gap_at_s`` (when the largest gap
+ended: seconds after the load began, and before it returned), ``median_gap_ratio`` (median during /
+median before), the nice
 value B loaded at (``load_nice``, from the engine process's ready line; None in thread mode) and
 the RSS in MB; then the process / thread ratio of the max gap.
 
@@ -104,7 +106,8 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
     # no memory budget: on a machine short of memory it would hold B's load until A's stream ended
     watch = Path(args.gil_watch).with_suffix(f".{mode}.jsonl") if args.gil_watch else None
     server = _serve(["--model", f"{folder}=A", "--model", f"{args.model_b or folder}=B", "--models-max", "2",
-                     "--models-memory-bytes", "0", "--no-compile-decode", "--max-model-len", str(args.max_model_len),
+                     "--models-memory-bytes", "0", "--no-compile-decode",
+                     "--max-model-len", str(args.max_model_len),
                      "--engine-process" if mode == "process" else "--no-engine-process"],
                     log_dir / f"models-{mode}.log", watch)
     proc, base = server.process, server.base_url
@@ -141,8 +144,8 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         out["tpot_ms"] = round(tpot * 1000, 1)
         out["max_gap_before_ms"] = round(max(before) * 1000, 1)
         out["max_gap_during_ms"] = round(max(during) * 1000, 1) if during else None
-        if during:  # where in the load the largest gap ended: seconds after the load began, before it returned
-            gap, end = max((g, e) for g, e in gaps if t0 <= e <= t1 + 0.001)
+        if during:  # where in the load the largest gap ended
+            end = max((g, e) for g, e in gaps if t0 <= e <= t1 + 0.001)[1]
             out["max_gap_at_s"] = [round(end - t0, 2), round(t1 - end, 2)]
         out["p99_gap_during_ms"] = round(during[int(0.99 * (len(during) - 1))] * 1000, 1) if during else None
         out["max_gap_ratio"] = round(max(during) / tpot, 2) if during else None

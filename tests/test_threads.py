@@ -35,7 +35,7 @@ def test_call_at_nice_lowers_only_its_own_thread_and_what_that_thread_starts() -
     # nice 19 and SCHED_IDLE: a core holding only the load counts as idle to a waking serving thread
     assert own == started_thread == started_process == (19, True)
     assert tid != threading.get_native_id()
-    assert (thread_nice(), thread_idle()) == (before, False)  # the caller (a serving thread) keeps its priority
+    assert (thread_nice(), thread_idle()) == (before, False)  # the caller (a serving thread) keeps its own
 
 
 def test_lower_thread_priority_sets_sched_idle_only_when_asked() -> None:

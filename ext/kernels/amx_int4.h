@@ -269,6 +269,134 @@ static SP_AMX void sp_amx_int4_run(const uint16_t *x, int64_t M, int64_t M_pad, 
     }
     free(sums);
 }
+
+/* tmm0 / tmm1: A (two row tiles of x), tmm2 / tmm3: B (two output blocks), tmm4-7: C (2 x 2) */
+static inline SP_AMX void sp_amx_configure_2x2(int rows) {
+    sp_tile_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette_id = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = (uint8_t)(t == 2 || t == 3 ? 16 : rows);
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* one output block's B tiles (T of them at bt), decoded with the group's scale and zero applied:
+ * w = bf16(fma(1, zero, fma(code - 8, scale, 0))), rounded to nearest even (the operations of
+ * sp_amx_scale_rows for a unit input: w is the layer's dequantized weight) */
+static inline SP_AMX void sp_amx_decode_block_scaled(const uint8_t *codes, const uint16_t *sb, const uint16_t *zb,
+                                                     int64_t T, int64_t tpg, uint16_t *bt, __m512i lut) {
+    /* lane j of a B-tile row half holds feature j / 2 (lo half) or 8 + j / 2 (hi half) */
+    const __m512i idx_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i idx_hi = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    const __m512 one = _mm512_set1_ps(1.0f), zf = _mm512_setzero_ps();
+    const __m512i half = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
+    for (int64_t t = 0; t < T; t++) {
+        uint16_t *tile = bt + 512 * t;
+        sp_amx_decode_tile(codes + t * 256, tile, lut);
+        const __m512 s = sp_bf16x16_to_ps(sb + (t / tpg) * SP_AMX_NBLOCK);
+        const __m512 z = sp_bf16x16_to_ps(zb + (t / tpg) * SP_AMX_NBLOCK);
+        const __m512 s_lo = _mm512_permutexvar_ps(idx_lo, s), s_hi = _mm512_permutexvar_ps(idx_hi, s);
+        const __m512 z_lo = _mm512_permutexvar_ps(idx_lo, z), z_hi = _mm512_permutexvar_ps(idx_hi, z);
+        for (int r = 0; r < 16; r++) {
+            uint16_t *row = tile + 32 * r;
+            const __m512 lo = _mm512_fmadd_ps(one, z_lo, _mm512_fmadd_ps(sp_bf16x16_to_ps(row), s_lo, zf));
+            const __m512 hi = _mm512_fmadd_ps(one, z_hi, _mm512_fmadd_ps(sp_bf16x16_to_ps(row + 16), s_hi, zf));
+            __m512i u = _mm512_castps_si512(lo), v = _mm512_castps_si512(hi);
+            u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb))), 16);
+            v = _mm512_srli_epi32(_mm512_add_epi32(v, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(v, 16), lsb))), 16);
+            _mm256_store_si256((__m256i *)row, _mm512_cvtepi32_epi16(u));
+            _mm256_store_si256((__m256i *)(row + 16), _mm512_cvtepi32_epi16(v));
+        }
+    }
+}
+
+/* rows [0, mend) of a stored C tile (64-byte rows) rounded to bf16 into y (row stride N) */
+static inline SP_AMX void sp_amx_store_rows(const float *c, int64_t mend, uint16_t *y, int64_t N) {
+    const __m512i half = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
+    for (int64_t m = 0; m < mend; m++) {
+        const __m512i u = _mm512_castps_si512(_mm512_load_ps(c + m * SP_AMX_NBLOCK));
+        const __m512i rr = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half,
+                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb))), 16);
+        _mm256_storeu_si256((__m256i *)(y + m * N), _mm512_cvtepi32_epi16(rr));
+    }
+}
+
+/* The prompt-row product (sp_amx_int4_prompt_matmul; x rows lda elements apart, M_pad of them
+ * readable): per pair of output blocks, their tiles are decoded once with scales and zeros applied
+ * (sp_amx_decode_block_scaled), then each pair of 16-row tiles of x is multiplied with them over the
+ * whole K into four C tiles (fp32, K in order), stored once and rounded to bf16. */
+static SP_AMX void sp_amx_int4_prompt_run(const uint16_t *x, int64_t lda, int64_t M, int64_t M_pad, int64_t K,
+                                          const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
+                                          int64_t N, int64_t group, uint16_t *y, int num_threads) {
+    const int64_t G = K / group, T = K / SP_AMX_KTILE, tpg = group / SP_AMX_KTILE;
+    const int64_t blocks = N / SP_AMX_NBLOCK, pairs = (blocks + 1) / 2;
+    const int rows = M_pad < SP_AMX_MTILE ? (int)M_pad : SP_AMX_MTILE;
+    uint16_t lut_v[32];
+    for (int i = 0; i < 32; i++) {
+        float v = (float)((i & 15) - 8);
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        lut_v[i] = (uint16_t)(u >> 16);
+    }
+    const __m512i lut = _mm512_loadu_si512((const void *)lut_v);
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint16_t *btiles = (uint16_t *)aligned_alloc(64, 2 * 1024 * (size_t)T);
+        float *cbuf = (float *)aligned_alloc(64, 64 * (size_t)SP_AMX_MTILE);
+        if (btiles && cbuf) {
+            sp_amx_configure_2x2(rows);
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < pairs; p++) {
+                const int64_t b = 2 * p;
+                const int both = b + 1 < blocks;
+                for (int64_t j = 0; j < 1 + both; j++)
+                    sp_amx_decode_block_scaled(codes + (b + j) * T * 256, scale + (b + j) * G * SP_AMX_NBLOCK,
+                                               zero + (b + j) * G * SP_AMX_NBLOCK, T, tpg, btiles + j * 512 * T, lut);
+                const uint16_t *b0 = btiles, *b1 = btiles + 512 * T;
+                for (int64_t m0 = 0; m0 < M_pad; m0 += 2 * SP_AMX_MTILE) {
+                    const int two = m0 + SP_AMX_MTILE < M_pad;
+                    const uint16_t *xa = x + m0 * lda, *xb = x + (m0 + SP_AMX_MTILE) * lda;
+                    _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+                    for (int64_t t = 0; t < T; t++) {
+                        _tile_loadd(0, xa + t * SP_AMX_KTILE, lda * 2);
+                        _tile_loadd(2, b0 + 512 * t, 64);
+                        _tile_dpbf16ps(4, 0, 2);
+                        if (both) {
+                            _tile_loadd(3, b1 + 512 * t, 64);
+                            _tile_dpbf16ps(5, 0, 3);
+                        }
+                        if (two) {
+                            _tile_loadd(1, xb + t * SP_AMX_KTILE, lda * 2);
+                            _tile_dpbf16ps(6, 1, 2);
+                            if (both) _tile_dpbf16ps(7, 1, 3);
+                        }
+                    }
+                    const int64_t m1 = M - m0 < rows ? M - m0 : rows; /* rows of the first row tile */
+                    const int64_t m2 = two ? (M - m0 - rows < rows ? M - m0 - rows : rows) : 0;
+                    _tile_stored(4, cbuf, 64);
+                    sp_amx_store_rows(cbuf, m1, y + m0 * N + b * SP_AMX_NBLOCK, N);
+                    if (both) {
+                        _tile_stored(5, cbuf, 64);
+                        sp_amx_store_rows(cbuf, m1, y + m0 * N + (b + 1) * SP_AMX_NBLOCK, N);
+                    }
+                    if (m2 > 0) {
+                        _tile_stored(6, cbuf, 64);
+                        sp_amx_store_rows(cbuf, m2, y + (m0 + rows) * N + b * SP_AMX_NBLOCK, N);
+                        if (both) {
+                            _tile_stored(7, cbuf, 64);
+                            sp_amx_store_rows(cbuf, m2, y + (m0 + rows) * N + (b + 1) * SP_AMX_NBLOCK, N);
+                        }
+                    }
+                }
+            }
+            _tile_release();
+        }
+        free(btiles);
+        free(cbuf);
+    }
+}
 #else
 static int sp_amx_available(void) { return 0; }
 #endif
@@ -291,6 +419,33 @@ static void sp_amx_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const ui
         x = padded;
     }
     sp_amx_int4_run(x, M, M_pad, K, codes, scale, zero, N, group, y, num_threads);
+    free(padded);
+#else
+    (void)x; (void)M; (void)K; (void)codes; (void)scale; (void)zero; (void)N; (void)group; (void)y; (void)num_threads;
+#endif
+}
+
+/* y[M, N] (bf16) = x[M, K] (bf16) @ W^T for a call's prompt rows: the arguments and the padding of
+ * sp_amx_int4_matmul; W as the layer's dequantized bf16 weight (sp_amx_int4_prompt_run), summed over
+ * the whole K in fp32 tile registers: not the bits of sp_amx_int4_matmul, but a row's bits do not
+ * depend on the other rows, the row count or the thread count either. */
+static void sp_amx_int4_prompt_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes,
+                                      const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
+                                      uint16_t *y, int num_threads) {
+#if SP_AMX_X86
+    if (!sp_amx_available() || M <= 0) return;
+    const int64_t M_pad = M <= SP_AMX_MTILE ? M : (M + SP_AMX_MTILE - 1) / SP_AMX_MTILE * SP_AMX_MTILE;
+    /* a copy whose rows are 64 bytes off a multiple of 4 KiB: a row tile's 16 lines would otherwise
+     * share one L1 set (x rows of K = 2048 bf16 values are 4 KiB apart) */
+    const int64_t lda = (K * 2) % 4096 == 0 ? K + 32 : K;
+    uint16_t *padded = NULL;
+    if (M_pad != M || lda != K) {
+        padded = (uint16_t *)calloc((size_t)(M_pad * lda), sizeof(uint16_t));
+        if (!padded) return;
+        for (int64_t m = 0; m < M; m++) memcpy(padded + m * lda, x + m * K, sizeof(uint16_t) * (size_t)K);
+        x = padded;
+    }
+    sp_amx_int4_prompt_run(x, lda, M, M_pad, K, codes, scale, zero, N, group, y, num_threads);
     free(padded);
 #else
     (void)x; (void)M; (void)K; (void)codes; (void)scale; (void)zero; (void)N; (void)group; (void)y; (void)num_threads;

@@ -9,6 +9,9 @@ cdef extern from "amx_int4.h" nogil:
     void sp_amx_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes,
                             const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
                             uint16_t *y, int num_threads)
+    void sp_amx_int4_prompt_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes,
+                                   const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
+                                   uint16_t *y, int num_threads)
     int SP_AMX_MAX_GROUP
 
 
@@ -27,3 +30,13 @@ def amx_int4_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_
     with nogil:
         sp_amx_int4_matmul(<const uint16_t *>x, m, k, <const uint8_t *>codes, <const uint16_t *>scale,
                            <const uint16_t *>zero, n, group, <uint16_t *>out, num_threads)
+
+
+def amx_int4_prompt_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scale, uintptr_t zero,
+                           int64_t n, int64_t group, uintptr_t out, int num_threads) -> None:
+    """As :func:`amx_int4_matmul`, through the prompt-row kernel (the header's
+    ``sp_amx_int4_prompt_matmul``). Unchecked: call it through
+    ``proxy.quant.amx_int4.amx_int4_prompt_mm``."""
+    with nogil:
+        sp_amx_int4_prompt_matmul(<const uint16_t *>x, m, k, <const uint8_t *>codes, <const uint16_t *>scale,
+                                  <const uint16_t *>zero, n, group, <uint16_t *>out, num_threads)

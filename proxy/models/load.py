@@ -33,7 +33,7 @@ from proxy.models.packed_load import load_gguf_dense, load_gguf_packed
 from proxy.models.quantize import apply_quantization, gguf_packed
 from proxy.models.source import mmproj_of, resolve_model_source
 from proxy.models.vision import VisionProcessor, decoder_attention, is_served_vision, load_model_class
-from proxy.quant.apply import add_dense_weights
+from proxy.quant.apply import add_dense_weights, use_prompt_tiles
 from proxy.quant.fuse import fuse_sibling_linears
 from proxy.quant.linear_kernels import LinearKernels
 from proxy.quant.skinny import use_skinny_linears
@@ -84,6 +84,10 @@ def _build(settings: Settings, folder: Any, config: Any, gguf: Any, device: torc
     fused = fuse_sibling_linears(model)
     if fused:
         logger.info("fused %d groups of packed sibling projections (q/k/v, gate/up), one matmul each", fused)
+    if kernels.prompt_tiles and dense_dtype is None:
+        num_tiles = use_prompt_tiles(model)
+        if num_tiles:
+            logger.info("prompt tokens run through the AMX prompt-row kernel in %d packed linears", num_tiles)
     if dense_dtype is not None:
         num_dense = add_dense_weights(model, dense_dtype)
         if num_dense:

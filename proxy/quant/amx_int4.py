@@ -175,6 +175,33 @@ def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
     return out
 
 
+def amx_int4_prompt_mm(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+                       group_size: int) -> torch.Tensor:
+    """``x @ W.T`` for a step's prompt rows, ``W`` the layer's dequantized bf16 weight (the dense
+    prompt copy's values: ``bf16(fma(1, zero, fma(code - 8, scale, 0)))``), summed over the whole
+    ``K`` in fp32 tile registers: ~2x the current kernel's rows a second at prompt sizes
+    (``docs/bench/2026-12-06-prefill-1.7b.md``), other bits than :func:`amx_int4_mm` (whose rows sum
+    each group's product before its scale), so only the rows of one kind (a request's prompt
+    tokens: ``proxy.quant.dense_prefill``) take it.
+
+    Args:
+        x: bf16 ``[M, K]``, contiguous; tiles, scales_and_zeros, group_size: as :func:`amx_int4_mm`
+            (checked by the layer that holds them).
+    Returns:
+        bf16 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
+    """
+    assert _amx_int4 is not None
+    m, k = x.shape
+    n = tiles.shape[0] * N_BLOCK
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    if m and n:
+        sz = scales_and_zeros.data_ptr()
+        zeros = sz + scales_and_zeros.shape[1] * scales_and_zeros.shape[2] * N_BLOCK * 2
+        _amx_int4.amx_int4_prompt_matmul(x.data_ptr(), m, k, tiles.data_ptr(), sz, zeros, n, group_size,
+                                         out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 def _amx_int4_op(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
                  group_size: int) -> torch.Tensor:
     """The op's Python kernel (where ``ext/kernels/torch_ops.cpp``'s is not built:

@@ -87,6 +87,19 @@ def add_dense_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> 
     return count
 
 
+def use_prompt_tiles(model: nn.Module) -> int:
+    """Make every AMX int4 packed linear except the output layer compute a step's prompt tokens
+    through the kernel's prompt-row variant (``PackedLinear.prompt_tiles``; where the execution plan
+    chose it: ``LinearKernels.prompt_tiles``). Returns how many layers take it."""
+    out = output_layer(model)
+    count = 0
+    for module in model.modules():
+        if type(module) is PackedLinear and module is not out and module.amx and module.dense_weight is None:
+            module.prompt_tiles = True
+            count += 1
+    return count
+
+
 def untie_lm_head(model: nn.Module) -> None:
     """Give a tied output layer its own module so that swapping it leaves the embedding dense."""
     out = output_layer(model)

@@ -145,6 +145,9 @@ class PackedLinear(nn.Module):
     """
 
     packed0: torch.Tensor  # buffers registered in __init__: plane 0, and plane 1 of int8
+    #: an AMX layer whose rows an active row plan marks dense (a step's prompt tokens) take the
+    #: kernel's prompt-row variant (``proxy.quant.apply.use_prompt_tiles``); set after the build
+    prompt_tiles: bool = False
     scales_and_zeros0: torch.Tensor
     packed1: torch.Tensor
     scales_and_zeros1: torch.Tensor
@@ -227,7 +230,7 @@ class PackedLinear(nn.Module):
             x2 = x2.contiguous()
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.out_features)
-        plan = current_row_plan() if self.dense_weight is not None else None
+        plan = current_row_plan() if self.dense_weight is not None or self.prompt_tiles else None
         if plan is not None and plan.num_tokens == x2.shape[0]:
             y = self._mixed_rows(x2, xin, plan, x.dtype)
         else:
@@ -260,19 +263,27 @@ class PackedLinear(nn.Module):
     def _mixed_rows(
         self, x2: torch.Tensor, xin: torch.Tensor, plan: RowPlan, dtype: torch.dtype
     ) -> torch.Tensor:
-        """The plan's dense rows through :attr:`dense_weight`, the others through the kernel, each
+        """The plan's dense rows through :attr:`dense_weight` (or, with :attr:`prompt_tiles`, the AMX
+        kernel's prompt-row variant), the others through the kernel, each
         finished (bias, rounding) as it would be alone, so a row's bits do not depend on the mix.
         ``x2`` is the input ``[T, K]`` in the kernel dtype, ``xin`` as it came (the dense rows read
         it when it is in the dense weight's dtype: fp32 activations are not rounded to bf16)."""
-        assert self.dense_weight is not None and self.dense_dtype is not None
-        wdtype, weight = self.dense_dtype, self.dense_weight
-        if weight.dtype != wdtype:  # kept in bf16, widened per call (exact; ~1% of a prompt step)
-            weight = weight.to(wdtype)
-        xd = xin.contiguous() if xin.dtype == wdtype else x2 if x2.dtype == wdtype else x2.to(wdtype)
-        yd = self._finish(dense_rows_mm(xd, weight, plan), dtype)
+        lead = plan.num_leading_packed
+        if self.dense_weight is None:  # prompt_tiles: the prompt-row kernel on the dense rows, any count
+            xd = (x2 if plan.packed_src is None else x2[lead:] if lead is not None
+                  else x2.index_select(0, plan.dense_src))
+            yd = self._finish(amx_int4.amx_int4_prompt_mm(xd, self._buffers["packed0"],  # type: ignore[arg-type]
+                                                          self._buffers["scales_and_zeros0"],  # type: ignore[arg-type]
+                                                          self.group_size), dtype)
+        else:
+            assert self.dense_dtype is not None
+            wdtype, weight = self.dense_dtype, self.dense_weight
+            if weight.dtype != wdtype:  # kept in bf16, widened per call (exact; ~1% of a prompt step)
+                weight = weight.to(wdtype)
+            xd = xin.contiguous() if xin.dtype == wdtype else x2 if x2.dtype == wdtype else x2.to(wdtype)
+            yd = self._finish(dense_rows_mm(xd, weight, plan), dtype)
         if plan.packed_src is None:
             return yd
-        lead = plan.num_leading_packed
         if lead is not None:  # decodes first, then the prompt tokens: slices, one concatenation
             return torch.cat([self._finish(self._packed_mm(x2[:lead]), dtype), yd])
         yp = self._finish(self._packed_mm(x2.index_select(0, plan.packed_src)), dtype)

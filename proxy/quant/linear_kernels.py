@@ -65,12 +65,16 @@ class LinearKernels:
             (``proxy.quant.dense_prefill``), or None: prompt tokens take the packed kernels.
         why_no_dense_prefill: why the default made no copies where the device would take them
             (:data:`DEFAULT_COPY_MAX_BYTES`), for the execution plan's log; ``""`` otherwise.
+        prompt_tiles: with no copies for that reason, prompt tokens of the AMX int4 layers take the
+            kernel's prompt-row variant instead (:func:`proxy.quant.amx_int4.amx_int4_prompt_mm`:
+            the copies' weights, decoded per call, no memory held).
     """
 
     amx_int4: bool
     dense_prefill: torch.dtype | None
     why_no_dense_prefill: str = ""
     amx_int8: bool = False
+    prompt_tiles: bool = False
 
     @classmethod
     def choose(cls, dense_prefill: bool | None, device: torch.device, amx: bool,
@@ -90,7 +94,7 @@ class LinearKernels:
                 why = (f"off by default: the copies would take {copy_bytes / (1 << 20):.0f} MiB, over "
                        f"{DEFAULT_COPY_MAX_BYTES >> 20} MiB (the memory target); --dense-prefill makes them")
         return cls(amx_int4=amx, dense_prefill=dense_weight_dtype(device) if dense_prefill else None,
-                   why_no_dense_prefill=why, amx_int8=amx_int8)
+                   why_no_dense_prefill=why, amx_int8=amx_int8, prompt_tiles=amx and bool(why))
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:

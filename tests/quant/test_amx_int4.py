@@ -153,3 +153,29 @@ def test_turned_off_a_packed_linear_keeps_torchs_kernel(torch_kernel: None) -> N
     assert not layer.amx and "kernel=torch" in repr(layer)
     assert layer.packed0.shape == (64, 64)  # torch's CPU layout: [N, K / 2]
     assert torch.equal(layer.dequantize(), kernel_view([plane], 32, torch.bfloat16))
+
+
+@needs_kernel
+@pytest.mark.parametrize(("n", "k", "group"), [(48, 512, 32), (64, 256, 64), (32, 4096, 32)])
+def test_the_prompt_row_kernel_computes_the_dequantized_weight_and_a_rows_bits_alone(
+        n: int, k: int, group: int) -> None:
+    """``amx_int4_prompt_mm``: unit vectors give the layer's dequantized weight exactly (the dense
+    copy's values); a row's bits do not depend on the other rows, the row count (1, below and above
+    one or two 16-row tiles) or the thread count; K = 4096 takes the copy with rows off 4 KiB."""
+    plane = _plane(n, k, group, seed=n + k)
+    tiles, sz = amx_int4.pack(plane.codes, plane.scale, plane.zero)
+    eye = torch.eye(k, dtype=torch.bfloat16)[:512]
+    want = amx_int4.amx_int4_mm(eye, tiles, sz, group)  # the packed kernel's unit products: the weight
+    assert torch.equal(amx_int4.amx_int4_prompt_mm(eye, tiles, sz, group), want)
+    x = (torch.randn(70, k, generator=torch.Generator().manual_seed(3)) * 0.5).bfloat16()
+    y = amx_int4.amx_int4_prompt_mm(x, tiles, sz, group)
+    weight = kernel_view([plane], group, torch.bfloat16).float()  # [N, K]
+    torch.testing.assert_close(y.float(), x.float() @ weight.t(), rtol=0.02, atol=0.02 * float(y.abs().max()))
+    for rows in (slice(0, 1), slice(3, 8), slice(0, 16), slice(5, 22), slice(30, 70), slice(1, 33)):
+        assert torch.equal(amx_int4.amx_int4_prompt_mm(x[rows].contiguous(), tiles, sz, group), y[rows]), rows
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(amx_int4.amx_int4_prompt_mm(x, tiles, sz, group), y)
+    finally:
+        torch.set_num_threads(threads)

@@ -16,7 +16,8 @@ from proxy.engine.core import EngineCore
 from proxy.engine.execution.choice import PrefillPlan
 from proxy.engine.request import Request
 from proxy.quant import kernel_dtype, kernels, quantize_linears
-from proxy.quant.apply import add_dense_weights
+from proxy.quant import amx_int4
+from proxy.quant.apply import add_dense_weights, use_prompt_tiles
 from proxy.quant.dense_prefill import (
     CALL_ROWS,
     RowPlan,
@@ -159,7 +160,43 @@ def test_a_rows_bits_do_not_depend_on_what_else_the_step_holds() -> None:
         assert torch.equal(layer(decode)[0], decode_alone)  # another row count: the plan is not ours
 
 
-def _tiny_bf16(copies: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+@pytest.mark.skipif(not amx_int4.kernel_available(), reason="the AMX int4 kernel needs AMX-BF16")
+def test_prompt_tiles_rows_take_the_prompt_kernel_and_their_bits_alone() -> None:
+    """With ``prompt_tiles`` (no copy held), the plan's dense rows take ``amx_int4_prompt_mm`` (a
+    row's bits as alone, at any count and place) and the others the packed kernel, each as alone."""
+    torch.manual_seed(0)
+    layer = PackedLinear(quantize_int4(torch.randn(128, 64) * 0.1, 32), torch.randn(128) * 0.1, 32,
+                         torch.device("cpu"), torch.bfloat16, "int4 g32")
+    assert layer.amx and layer.dense_weight is None
+    layer.prompt_tiles = True
+    x = torch.randn(200, 64).bfloat16()
+    buffers = layer._buffers
+
+    def alone(p: int) -> torch.Tensor:
+        y = amx_int4.amx_int4_prompt_mm(x[p:p + 1], buffers["packed0"], buffers["scales_and_zeros0"], 32)[0]
+        return y + layer.bias.to(y.dtype)  # type: ignore[union-attr]
+
+    decode = torch.randn(1, 64).bfloat16()
+    decode_alone = layer(decode)[0]
+    for chunks in ([(0, 200)], [(37, 100), (0, 20)], [(150, 50), (5, 64), (64, 11)]):
+        for with_decode in (False, True):
+            rows = ([decode] if with_decode else []) + [x[s:s + n] for s, n in chunks]
+            parts = ([(500, 1, False)] if with_decode else []) + [(s, n, True) for s, n in chunks]
+            with active_row_plan(plan_rows(*_step(parts), by_position=False)):
+                y = layer(torch.cat(rows))
+            offset = 1 if with_decode else 0
+            if with_decode:
+                assert torch.equal(y[0], decode_alone)
+            for s, n in chunks:
+                for i in range(n):
+                    assert torch.equal(y[offset + i], alone(s + i)), (chunks, with_decode, s + i)
+                offset += n
+    assert not torch.equal(alone(3), layer(x[3:4])[0])  # not the packed kernel's bits: its own kind
+
+
+def _tiny_bf16(copies: torch.dtype | str = torch.bfloat16) -> torch.nn.Module:
+    """The tiny Llama with int4 linears and prompt copies in ``copies``, or ``"tiles"``: no copies,
+    the AMX int4 layers' prompt-row kernel (``proxy.quant.apply.use_prompt_tiles``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -174,18 +211,25 @@ def _tiny_bf16(copies: torch.dtype = torch.bfloat16) -> torch.nn.Module:
                 p.normal_(0.0, 0.15)
     quantize_linears(model, "int4", 32, torch.bfloat16)
     model.to(torch.bfloat16)
-    assert add_dense_weights(model, copies) == 14  # every linear but the lm_head
+    if copies == "tiles":
+        assert use_prompt_tiles(model) == 14  # every linear but the lm_head
+    else:
+        assert add_dense_weights(model, copies) == 14
     model.set_attn_implementation("sdpa")
     return model.eval()
 
 
 @needs_bf16
-@pytest.mark.parametrize("copies", [torch.bfloat16, torch.float32])
-def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(copies: torch.dtype) -> None:
+@pytest.mark.parametrize("copies", [torch.bfloat16, torch.float32, "tiles"])
+def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(copies: torch.dtype | str) -> None:
     if copies == torch.float32 and not _fp32_rows_are_invariant():
         pytest.skip("this CPU's fp32 GEMM gives a row other bits at another place in the call")
+    if copies == "tiles" and not amx_int4.kernel_available():
+        pytest.skip("the AMX int4 kernel needs AMX-BF16")
     model = _tiny_bf16(copies)
-    assert has_dense_weights(model)
+    assert has_dense_weights(model) == (copies != "tiles")
+    plan = (PrefillPlan.prompt_kernel() if copies == "tiles"
+            else PrefillPlan(str(copies).removeprefix("torch."), 64, copies == torch.bfloat16))
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 112, (n,), generator=gen).tolist() for n in (5, 70, 150, 33, 64, 129)]
@@ -194,9 +238,9 @@ def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(co
         core = EngineCore(model, Settings(max_num_batched_tokens=budget, max_prefill_step_ratio=0,
                                           num_kv_blocks=256, block_size=16,
                                           enable_prefix_caching=prefix_caching), [2], 512)
-        assert core.runner.prefill_plan == PrefillPlan(str(copies).removeprefix("torch."), 64,
-                                                       copies == torch.bfloat16)
-        assert core.block_manager.output_blocks_apart and core.scheduler.config.prefill_token_multiple == 64
+        assert core.runner.prefill_plan == plan
+        assert core.block_manager.output_blocks_apart
+        assert core.scheduler.config.prefill_token_multiple == plan.call_rows
         return run_staggered(core, prompts, params, arrivals)
 
     alone = {}

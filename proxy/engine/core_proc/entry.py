@@ -33,7 +33,7 @@ def engine_process_main(settings: Settings, conn: Connection, load_nice: int = 0
     process's at the start: a child of the fork server inherits the fork server's, see
     ``proxy.engine.core_proc.lifecycle``), load (at nice ``load_nice`` when above 0, on a thread of its
     own), report ready, then serve commands on the main thread until stop or EOF."""
-    if environ is not None:  # before anything that reads it (torch, OpenMP and transformers are not loaded yet)
+    if environ is not None:  # before anything reads it (torch, OpenMP, transformers: not loaded yet)
         os.environ.clear()
         os.environ.update(environ)
     # Signals to the whole process group (Ctrl-C, kill -TERM -PGID) reach us too: the API process

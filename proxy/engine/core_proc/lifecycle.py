@@ -1,14 +1,17 @@
 """Starting the engine process and waiting for it to be ready, stopping it, and killing it at exit.
 
-The child is forked by multiprocessing's fork server (the "forkserver" method; forking the API process
-itself is unsafe once torch/CUDA threads run): a small Python process started at the first engine
-start (:func:`start_fork_server`), before any model serves, that has imported
-:mod:`proxy.engine.core_proc.entry` and nothing heavy (:mod:`proxy.engine.core_proc.fork_server`). Why not "spawn": a spawned child starts a new interpreter at the API process's priority (~150 ms
-of one core: the interpreter, ``site``, the imports, before the load lowers its nice value), and a
+The child is forked by multiprocessing's fork server (the "forkserver" method; forking the API
+process itself is unsafe once torch/CUDA threads run): a small Python process started at the first
+engine start (:func:`start_fork_server`), before any model serves, that has imported
+:mod:`proxy.engine.core_proc.entry` and nothing heavy (:mod:`proxy.engine.core_proc.fork_server`).
+Why not "spawn": a spawned child starts a new interpreter at the API process's priority (~150 ms of
+one core: the interpreter, ``site``, the imports, before the load lowers its nice value), and a
 stream of a model already serving lost one step of 150-210 ms to it on two cores (issue 48; measured
 in ``docs/bench/2026-12-06-load-start.md``); a fork of the fork server starts in about a millisecond.
 A forked child has the fork server's environment, so the API process's ``os.environ`` at the start
-travels with it (:func:`proxy.engine.core_proc.entry.engine_process_main` applies it first). Because the child ignores SIGTERM (see ``proxy.engine.core_proc.entry``),
+travels with it (:func:`proxy.engine.core_proc.entry.engine_process_main` applies it first).
+
+Because the child ignores SIGTERM (see ``proxy.engine.core_proc.entry``),
 ``multiprocessing``'s exit handler (SIGTERM, then an unbounded ``join``) could wait for it forever;
 an ``atexit`` hook registered after it SIGKILLs any child still alive first.
 """

@@ -49,11 +49,14 @@ class PrefillPlan:
         rows_by_position: a prompt token at position ``p`` sits in row ``p % call_rows`` of its
             call (bf16: oneDNN's row bits depend on the row's place); False: the step's prompt
             tokens in order (fp32: ``proxy.quant.dense_prefill.plan_rows``' ``by_position``).
+        copies: False: no copies; the AMX int4 layers' prompt-row kernel computes the prompt tokens
+            (``proxy.quant.amx_int4.amx_int4_prompt_mm``, any row count: ``call_rows`` 1).
     """
 
     dtype: str
     call_rows: int
     rows_by_position: bool
+    copies: bool = True
 
     @classmethod
     def of(cls, dtype: torch.dtype) -> PrefillPlan:
@@ -62,13 +65,24 @@ class PrefillPlan:
 
         return cls(str(dtype).removeprefix("torch."), CALL_ROWS, dtype != torch.float32)
 
+    @classmethod
+    def prompt_kernel(cls) -> PrefillPlan:
+        """The plan of the AMX int4 prompt-row kernel (no copies; a row's bits do not depend on the
+        call, so any chunk size and the step's order)."""
+        return cls("bfloat16", 1, False, copies=False)
+
 
 def prefill_plan_of(model: nn.Module) -> PrefillPlan | None:
-    """The :class:`PrefillPlan` of a built model: None when no packed linear holds a dense copy."""
+    """The :class:`PrefillPlan` of a built model: None when no packed linear holds a dense copy nor
+    takes the prompt-row kernel (``proxy.quant.apply.use_prompt_tiles``)."""
     from proxy.quant.dense_prefill import dense_dtype_of
 
     dtype = dense_dtype_of(model)
-    return None if dtype is None else PrefillPlan.of(dtype)
+    if dtype is not None:
+        return PrefillPlan.of(dtype)
+    if any(getattr(m, "prompt_tiles", False) for m in model.modules()):
+        return PrefillPlan.prompt_kernel()
+    return None
 
 
 @dataclass(frozen=True)
@@ -156,7 +170,8 @@ def choose_execution(settings: Settings, device: torch.device, *, switches: Exec
     # one switch turns both AMX kernels off
     amx8 = switches.amx_int4 and device.type == "cpu" and probe.amx_int8 is None
     linears = LinearKernels.choose(settings.dense_prefill, device, amx, _copy_bytes(settings, device), amx8)
-    prefill = None if linears.dense_prefill is None else PrefillPlan.of(linears.dense_prefill)
+    prefill = (PrefillPlan.of(linears.dense_prefill) if linears.dense_prefill is not None
+               else PrefillPlan.prompt_kernel() if linears.prompt_tiles else None)
     return ExecutionChoice(device=str(device), step=step, linears=linears, prefill=prefill,
                            switches=switches, probe=probe)
 

@@ -16,7 +16,8 @@ path is measured):
   (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8 reference``, ``skinny fp32``
   (``proxy.quant.skinny``), ``dense``;
 - **prompt tokens' linears**: dense copies of the packed weights (``proxy.quant.dense_prefill``) in
-  bf16 or fp32, or the packed kernels;
+  bf16 or fp32, the AMX int4 kernel's prompt-row variant where the copies would take too much memory
+  (``int4 amx prompt kernel``: ``proxy.quant.amx_int4.amx_int4_prompt_mm``), or the packed kernels;
 - **rotary positions**: ``1-d`` (each token's cache position) or ``m-rope`` (Qwen2-VL's three rows:
   prompt tokens of a request with images run eager with three rows, every other token with its
   position plus its prompt's rope delta on whatever path the step takes;
@@ -159,8 +160,9 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
             why = amx_int8.why_not(16, 32, 32, False, device)
         off["int8 amx"] = why or "layers with zeros or shapes the AMX int8 kernel does not take"
     prefill = runner.prefill_plan
-    prompt_linears = f"dense {prefill.dtype} copies" if prefill is not None else "as decode"
-    if prefill is None and any(k.startswith(("int4", "int8")) for k in linears):
+    prompt_linears = ("as decode" if prefill is None else f"dense {prefill.dtype} copies" if prefill.copies
+                      else "int4 amx prompt kernel")
+    if (prefill is None or not prefill.copies) and any(k.startswith(("int4", "int8")) for k in linears):
         why = choice.linears.why_no_dense_prefill or "off by default on this device"
         off["dense prompt copies"] = "--no-dense-prefill" if settings.dense_prefill is False else why
     if probe.op_kernels is not None:

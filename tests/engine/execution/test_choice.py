@@ -183,7 +183,13 @@ def test_the_default_makes_no_dense_copies_beyond_the_memory_target(tmp_path: Pa
     assert on.dense_prefill == torch.bfloat16 and on.why_no_dense_prefill == ""
     monkeypatch.setattr(linear_kernels, "DEFAULT_COPY_MAX_BYTES", 2 * 491520 - 1)
     off = choose_execution(settings, CPU, probe=AMX_MACHINE)
-    assert off.prefill is None and off.linears.dense_prefill is None
+    # no copies: the AMX int4 layers' prompt-row kernel takes the prompt tokens instead
+    assert off.linears.dense_prefill is None and off.linears.prompt_tiles
+    assert off.prefill == PrefillPlan.prompt_kernel() == PrefillPlan("bfloat16", 1, False, copies=False)
+    monkeypatch.setenv("STREAMPROXY_AMX_INT4", "0")
+    without_amx = choose_execution(settings, CPU, probe=AMX_MACHINE)
+    assert without_amx.prefill is None and not without_amx.linears.prompt_tiles
+    monkeypatch.delenv("STREAMPROXY_AMX_INT4")
     why = off.linears.why_no_dense_prefill
     assert why.startswith("off by default: the copies would take ") and " MiB, over 0 MiB (" in why, why
     forced = choose_execution(dataclasses.replace(settings, dense_prefill=True), CPU, probe=AMX_MACHINE)
