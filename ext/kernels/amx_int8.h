@@ -250,4 +250,145 @@ static void sp_amx_int8_matmul(const uint16_t *x, int64_t M, int64_t K, const in
 #endif
 }
 
+#if SP_AMX_X86
+/* tmm0 / tmm1: A (two output blocks' 16 features x 32 inputs), tmm2 / tmm3: B (two chunks of x's
+ * rows, 16 input pairs x cols), tmm4-7: C (2 x 2) */
+static inline SP_AMX void sp_a8_configure_2x2(int cols) {
+    sp_tile_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette_id = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = (uint16_t)(t < 2 ? 64 : 4 * cols);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* one block's A tiles for the whole K (T tiles of 16 features x 32 inputs, 1 KiB each, at at):
+ * w = bf16(code * scale) rounded to nearest even, the scale of the input's group (split: block * sub,
+ * in fp32) */
+static inline SP_AMX void sp_a8_decode_block_scaled(const int8_t *codes, int64_t K, const float *scales,
+                                                    const int8_t *sub, int64_t group, int64_t T,
+                                                    uint16_t *at) {
+    const __m512i half = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
+    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    for (int64_t t = 0; t < T; t++) {
+        for (int n = 0; n < 16; n++) {
+            const int8_t *p = codes + n * K + 32 * t;
+            float s[2];
+            for (int h = 0; h < 2; h++) {
+                const int64_t j = group == 16 ? 2 * t + h : t; /* the input's group */
+                s[h] = sub ? scales[(j * 16 / SP_A8_SPLIT) * 16 + n] * (float)sub[j * 16 + n]
+                           : scales[j * 16 + n];
+            }
+            const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))),
+                                            _mm512_set1_ps(s[0]));
+            const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))),
+                                            _mm512_set1_ps(group == 16 ? s[1] : s[0]));
+            __m512i u = _mm512_castps_si512(lo), v = _mm512_castps_si512(hi);
+            u = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb)));
+            v = _mm512_add_epi32(v, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(v, 16), lsb)));
+            /* the high halves of the 32 rounded values, in order */
+            _mm512_store_si512((__m512i *)(at + 512 * t + 32 * n), _mm512_permutex2var_epi16(u, odd, v));
+        }
+    }
+}
+
+/* The prompt-row product (sp_amx_int8_prompt_matmul; xp: x in the group-32 B-tile order of sp_a8_run,
+ * chunks of 16 rows): per pair of output blocks, their A tiles decoded once for the whole K
+ * (sp_a8_decode_block_scaled), then each pair of row chunks multiplied over the whole K into four C
+ * tiles (fp32, K in order), y[m, n] = C[n, m]. */
+static SP_AMX void sp_a8_prompt_run(const uint32_t *xp, int64_t M, int64_t K, const int8_t *codes,
+                                    const float *scales, const int8_t *sub, int64_t group, int64_t N,
+                                    float *y, int num_threads) {
+    const int rows = M < 16 ? (int)M : 16, cols = rows;
+    const int64_t mchunks = (M + 15) / 16, blocks = N / 16, pairs = (blocks + 1) / 2, T = K / 32;
+    const int64_t sblock = group == 16 ? (sub ? K / SP_A8_SPLIT : K / 16) : K / 32; /* scale columns */
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint16_t *abuf = (uint16_t *)aligned_alloc(64, 2 * 1024 * (size_t)T);
+        float *cbuf = (float *)aligned_alloc(64, 1024);
+        if (abuf && cbuf) {
+            sp_a8_configure_2x2(cols);
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < pairs; p++) {
+                const int64_t b = 2 * p;
+                const int both = b + 1 < blocks;
+                for (int64_t j = 0; j < 1 + both; j++)
+                    sp_a8_decode_block_scaled(codes + (b + j) * 16 * K, K, scales + (b + j) * sblock * 16,
+                                              sub ? sub + (b + j) * (K / 16) * 16 : NULL, group, T,
+                                              abuf + j * 512 * T);
+                for (int64_t mc = 0; mc < mchunks; mc += 2) {
+                    const int two = mc + 1 < mchunks;
+                    const uint32_t *x0 = xp + mc * T * 16 * cols, *x1 = xp + (mc + 1) * T * 16 * cols;
+                    _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+                    for (int64_t t = 0; t < T; t++) {
+                        _tile_loadd(2, x0 + t * 16 * cols, 4 * cols);
+                        _tile_loadd(0, abuf + 512 * t, 64);
+                        _tile_dpbf16ps(4, 0, 2);
+                        if (both) {
+                            _tile_loadd(1, abuf + 512 * (T + t), 64);
+                            _tile_dpbf16ps(5, 1, 2);
+                        }
+                        if (two) {
+                            _tile_loadd(3, x1 + t * 16 * cols, 4 * cols);
+                            _tile_dpbf16ps(6, 0, 3);
+                            if (both) _tile_dpbf16ps(7, 1, 3);
+                        }
+                    }
+                    for (int c = 0; c < 4; c++) {
+                        const int64_t bb = b + (c & 1), m0 = (mc + (c >> 1)) * 16;
+                        if ((c & 1) && !both) continue;
+                        if ((c >> 1) && !two) continue;
+                        switch (c) {
+                        case 0: _tile_stored(4, cbuf, 64); break;
+                        case 1: _tile_stored(5, cbuf, 64); break;
+                        case 2: _tile_stored(6, cbuf, 64); break;
+                        default: _tile_stored(7, cbuf, 64); break;
+                        }
+                        const int64_t mend = M - m0 < 16 ? M - m0 : 16;
+                        for (int64_t m = 0; m < mend; m++)
+                            for (int n = 0; n < 16; n++) y[(m0 + m) * N + bb * 16 + n] = cbuf[16 * n + m];
+                    }
+                }
+            }
+            _tile_release();
+        }
+        free(abuf);
+        free(cbuf);
+    }
+}
+#endif
+
+/* y[M, N] (fp32) = x[M, K] (bf16) @ W^T for a step's prompt rows: the arguments of sp_amx_int8_matmul;
+ * W as bf16(code * scale) (sp_a8_decode_block_scaled), summed over the whole K in fp32 tile registers:
+ * not the bits of sp_amx_int8_matmul, but a row's bits do not depend on the other rows, the row count
+ * or the thread count either. x is read from a copy in B-tile order (chunks of 16 rows, zero rows past
+ * M). Computes nothing where sp_amx_available() is 0, the arguments do not fit, or the copy cannot be
+ * allocated. */
+static void sp_amx_int8_prompt_matmul(const uint16_t *x, int64_t M, int64_t K, const int8_t *codes,
+                                      const float *scales, const int8_t *sub, int64_t group, int64_t N, float *y,
+                                      int num_threads) {
+#if SP_AMX_X86
+    if (!sp_amx_available() || M <= 0 || K % 32 || N % 16 || (group != 16 && group != 32) ||
+        (sub && (group != 16 || K % SP_A8_SPLIT)))
+        return;
+    const int64_t rows = M < 16 ? M : 16, cols = rows, mchunks = (M + 15) / 16, pairs = K / 2;
+    uint32_t *xp = (uint32_t *)aligned_alloc(64, (size_t)(4 * mchunks * pairs * cols + 64));
+    if (!xp) return;
+    const uint32_t *x32 = (const uint32_t *)x;
+    for (int64_t mc = 0; mc < mchunks; mc++)
+        for (int64_t p = 0; p < pairs; p++)
+            for (int64_t j = 0; j < cols; j++) {
+                const int64_t m = mc * 16 + j;
+                xp[(mc * pairs + p) * cols + j] = m < M ? x32[m * pairs + p] : 0;
+            }
+    sp_a8_prompt_run(xp, M, K, codes, scales, sub, group, N, y, num_threads);
+    free(xp);
+#else
+    (void)x; (void)M; (void)K; (void)codes; (void)scales; (void)sub; (void)group; (void)N; (void)y; (void)num_threads;
+#endif
+}
+
 #endif

@@ -9,6 +9,9 @@ cdef extern from "amx_int8.h" nogil:
     void sp_amx_int8_matmul(const uint16_t *x, int64_t M, int64_t K, const int8_t *codes, const float *scales,
                             const int8_t *sub, int64_t group, int six_bit, int64_t N, float *y,
                             int num_threads)
+    void sp_amx_int8_prompt_matmul(const uint16_t *x, int64_t M, int64_t K, const int8_t *codes,
+                                   const float *scales, const int8_t *sub, int64_t group, int64_t N, float *y,
+                                   int num_threads)
 
 
 def available() -> bool:
@@ -24,3 +27,13 @@ def amx_int8_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_
     with nogil:
         sp_amx_int8_matmul(<const uint16_t *>x, m, k, <const int8_t *>codes, <const float *>scales,
                            <const int8_t *>sub, group, six_bit, n, <float *>out, num_threads)
+
+
+def amx_int8_prompt_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scales, uintptr_t sub,
+                           int64_t group, int64_t n, uintptr_t out, int num_threads) -> None:
+    """As :func:`amx_int8_matmul`, through the prompt-row kernel (the header's
+    ``sp_amx_int8_prompt_matmul``). Unchecked: call it through
+    ``proxy.quant.amx_int8.amx_int8_prompt_mm``."""
+    with nogil:
+        sp_amx_int8_prompt_matmul(<const uint16_t *>x, m, k, <const int8_t *>codes, <const float *>scales,
+                                  <const int8_t *>sub, group, n, <float *>out, num_threads)

@@ -168,6 +168,32 @@ def _amx_int8_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, sub
     return out
 
 
+def amx_int8_prompt_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                       sub: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T`` for a step's prompt rows, ``W = bf16(code * scale)`` (rounded once per weight),
+    summed over the whole ``K`` in fp32 tile registers: other bits than :func:`amx_int8_mm` (which
+    applies each group's scale to the group's sums), so only rows of one kind (a request's prompt
+    tokens: ``proxy.quant.dense_prefill``) take it; measured in ``docs/bench/2026-12-06-prefill-1.7b.md``.
+
+    Args:
+        x: bf16 ``[M, K]``, contiguous; codes, scales, sub: a layer's, from :func:`pack` (checked when
+            packed).
+    Returns:
+        fp32 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
+    """
+    assert _amx_int8 is not None
+    n, k = codes.shape
+    columns = int((sub if sub is not None else scales).shape[1])  # K / group
+    group = k // columns
+    m = x.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m and n:
+        _amx_int8.amx_int8_prompt_matmul(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(),
+                                         0 if sub is None else sub.data_ptr(), group, n, out.data_ptr(),
+                                         torch.get_num_threads())
+    return out
+
+
 def _amx_int8_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, sub: torch.Tensor | None,
                    group_size: int, six_bit: bool) -> torch.Tensor:
     return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)

@@ -88,14 +88,15 @@ def add_dense_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> 
 
 
 def use_prompt_tiles(model: nn.Module) -> int:
-    """Make every AMX int4 packed linear except the output layer compute a step's prompt tokens
-    through the kernel's prompt-row variant (``PackedLinear.prompt_tiles``; where the execution plan
-    chose it: ``LinearKernels.prompt_tiles``). Returns how many layers take it."""
+    """Make every AMX packed linear (int4: ``PackedLinear``, int8: ``Int8Linear``) except the output
+    layer compute a step's prompt tokens through its kernel's prompt-row variant (``prompt_tiles``;
+    where the execution plan chose it: ``LinearKernels.prompt_tiles``). Returns how many layers take it."""
     out = output_layer(model)
     count = 0
     for module in model.modules():
-        if type(module) is PackedLinear and module is not out and module.amx and module.dense_weight is None:
-            module.prompt_tiles = True
+        int4 = type(module) is PackedLinear and module.amx and module.dense_weight is None
+        if module is not out and (int4 or (type(module) is Int8Linear and module.amx)):
+            setattr(module, "prompt_tiles", True)  # noqa: B010 - PackedLinear's or Int8Linear's
             count += 1
     return count
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -179,6 +179,31 @@ def dense_rows_mm(x: torch.Tensor, weight: torch.Tensor, plan: RowPlan) -> torch
     outs = [F.linear(stacked[i * CALL_ROWS:(i + 1) * CALL_ROWS], weight) for i in range(plan.num_calls)]
     y = outs[0] if plan.num_calls == 1 else torch.cat(outs)
     return y if plan.in_place else y.index_select(0, plan.dense_dst)
+
+
+def dense_rows_of(x: torch.Tensor, plan: RowPlan) -> torch.Tensor:
+    """The rows of ``x`` (``[T, K]``, contiguous) the plan marks dense, in order: ``x`` itself, a slice
+    when they follow the packed rows, else a gathered copy (what a prompt-row kernel computes)."""
+    lead = plan.num_leading_packed
+    if plan.packed_src is None:
+        return x
+    return x[lead:] if lead is not None else x.index_select(0, plan.dense_src)
+
+
+def merge_rows(plan: RowPlan, dense_out: torch.Tensor, x: torch.Tensor,
+               packed: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The step's ``[T, N]`` output: ``dense_out`` (``[D, N]``, the dense rows' finished outputs in
+    order) and ``packed(rows)`` of the other rows of ``x`` (finished as alone), each at its row."""
+    if plan.packed_src is None:
+        return dense_out
+    lead = plan.num_leading_packed
+    if lead is not None:  # decodes first, then the prompt tokens: slices, one concatenation
+        return torch.cat([packed(x[:lead]), dense_out])
+    out = packed(x.index_select(0, plan.packed_src))
+    y = dense_out.new_empty(plan.num_tokens, dense_out.shape[1])
+    y.index_copy_(0, plan.dense_src, dense_out)
+    y.index_copy_(0, plan.packed_src, out)
+    return y
 
 
 def dense_prefill_default(device: torch.device) -> bool:

@@ -6,19 +6,19 @@ Why: the default model's lm_head is its ``Q8_0`` token embedding (tied, 49152 x 
 :class:`~proxy.quant.linear.PackedLinear` it ran as two int4 planes through torch's int4 kernel
 (``_weight_int4pack_mm_for_cpu``), whose cost grows with every row of a batched decode step and
 whose activations are rounded to bf16. ``ext/kernels/q8_matmul.h`` (built into
-``proxy.quant._q8_matmul``, AVX2 + FMA or AVX-512, OpenMP over output features) reads the codes and scales as
-the GGUF stores them and computes in fp32: each weight ``codes[n, k] * scales[n, k / 32]`` is exact
-in fp32, so the layer computes the GGUF's own values with fp32 activations. Measurements:
-``docs/bench/2026-12-03-q8-lm-head.md`` (AVX2) and ``docs/bench/2026-12-04-amx-machine.md``
-(AVX-512). The codes and scales are the same tensors as the
+``proxy.quant._q8_matmul``, AVX2 + FMA or AVX-512) reads the codes and scales as the GGUF stores them
+and computes in fp32 (each weight ``codes[n, k] * scales[n, k / 32]`` exact): the GGUF's own values.
+Measurements: ``docs/bench/2026-12-03-q8-lm-head.md``, ``2026-12-04-amx-machine.md``. The codes and
+scales are the same tensors as the
 :class:`~proxy.quant.embedding.Int8Embedding` of a tied model, held once. On CPUs with AMX-BF16 the
 layers the execution plan builds for it take :mod:`proxy.quant.amx_int8` for bf16 activations instead
-(tile products: cheaper per row at many rows).
+(tile products: cheaper per row at many rows), a step's prompt tokens its prompt-row variant where
+the plan chose it (``prompt_tiles``).
 
 In the kernel a row's output does not depend on the other rows of the call nor on the thread count
-(the kernel's header says why). There is no dense copy: calls of :data:`GEMM_ROWS` rows or more (a
-prompt's chunk) dequantize the weight for the call and take torch's fp32 GEMM, whose bits may differ
-from the kernel's in the last place; a decode step's calls (fewer rows) take the kernel. Where the
+(the kernel's header says why). There is no dense copy: off the AMX kernel, calls of :data:`GEMM_ROWS`
+rows or more (a prompt's chunk) dequantize the weight and take torch's fp32 GEMM (other last bits);
+a decode step's calls (fewer rows) take the kernel. Where the
 extension is not built or the CPU lacks AVX2/FMA (:func:`kernel_available` is False), the loader keeps
 the two-plane :class:`~proxy.quant.linear.PackedLinear`; :func:`q8_matmul_reference` is the torch
 twin (the tests' reference, and the forward of an ``Int8Linear`` built anyway).
@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from proxy.quant import amx_int8
+from proxy.quant.dense_prefill import RowPlan, current_row_plan, dense_rows_of, merge_rows
 from proxy.quant.embedding import GROUP_SIZE, group_of
 from proxy.quant.kernels import define_cpu_op
 from proxy.quant.split_scales import q8_matmul_split, split_scales
@@ -46,9 +47,8 @@ except ImportError as _exc:  # not built (a compiler without OpenMP): the torch 
 
 #: output rows dequantized at a time by :func:`q8_matmul_reference` (bounds its fp32 copy)
 REFERENCE_ROWS = 4096
-#: calls with at least this many rows (a prompt's chunk) dequantize and take torch's fp32 GEMM (not on
-#: an AMX layer: its kernel was faster at every row count measured, 64-592 rows of the 1.7B shapes,
-#: ``docs/bench/2026-12-06-prefill-1.7b.md``, and one kernel keeps a row's bits batch-independent).
+#: calls with at least this many rows (a prompt's chunk) dequantize and take torch's fp32 GEMM (not
+#: an AMX layer: its kernel is faster, ``docs/bench/2026-12-06-prefill-1.7b.md``).
 #: Measured (2-core AVX2 EPYC, 2 threads, kernel / dequantize + GEMM): [4608 x 1536] 128 rows 32.3 /
 #: 43.3 ms, 192 rows 48.5 / 35.8, 512 rows 142.6 / 91.3; [3072 x 576] 128 rows 8.0 / 7.2, 192 rows
 #: 12.0 / 10.3, 512 rows 36.0 / 20.4; [576 x 1536] 128 rows 4.5 / 2.4, 512 rows 17.5 / 8.2.
@@ -198,6 +198,8 @@ class Int8Linear(nn.Module):
     :mod:`proxy.quant.split_scales`, the same bits from fewer bytes); else :func:`q8_matmul_reference`.
     """
 
+    #: the plan's dense rows (prompt tokens) take the prompt-row kernel (``apply.use_prompt_tiles``)
+    prompt_tiles: bool = False
     codes: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor | None
@@ -249,6 +251,9 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
         if self.amx and x2.dtype == torch.bfloat16:  # every row count (faster than the GEMM path too)
+            plan = current_row_plan() if self.prompt_tiles else None
+            if plan is not None and plan.num_tokens == x2.shape[0]:
+                return self._mixed_rows(x2.contiguous(), plan, x.dtype).reshape(*lead, self.out_features)
             y = amx_int8.amx_int8_mm(x2, buffers["codes"], buffers["amx_scales"], buffers.get("amx_sub"),
                                      self.six_bit)
             return self._finish(y, x.dtype, lead)
@@ -261,6 +266,15 @@ class Int8Linear(nn.Module):
             mm = self._mm if x2.shape[0] < GEMM_ROWS else q8_matmul_reference
             y = mm(x2, buffers["codes"], buffers["scales"], buffers["zeros"])
         return self._finish(y, x.dtype, lead)
+
+    def _mixed_rows(self, x2: torch.Tensor, plan: RowPlan, dtype: torch.dtype) -> torch.Tensor:
+        """The plan's dense rows (prompt tokens) through :func:`~proxy.quant.amx_int8.amx_int8_prompt_mm`,
+        the others through the kernel, each finished as alone: ``[T, out_features]`` in ``dtype``."""
+        b: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
+        codes, scales, sub, six = b["codes"], b["amx_scales"], b.get("amx_sub"), self.six_bit
+        yd = amx_int8.amx_int8_prompt_mm(dense_rows_of(x2, plan), codes, scales, sub)
+        return merge_rows(plan, self._finish(yd, dtype, yd.shape[:1]), x2, lambda x: self._finish(
+            amx_int8.amx_int8_mm(x, codes, scales, sub, six), dtype, x.shape[:1]))
 
     def _finish(self, y: torch.Tensor, dtype: torch.dtype, lead: torch.Size) -> torch.Tensor:
         """The fp32 product ``y`` plus the bias (in fp32), rounded once to ``dtype``, shaped ``lead``."""

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from proxy.quant import amx_int4, kernels
-from proxy.quant.dense_prefill import RowPlan, current_row_plan, dense_rows_mm
+from proxy.quant.dense_prefill import RowPlan, current_row_plan, dense_rows_mm, dense_rows_of, merge_rows
 
 
 @dataclass
@@ -145,8 +145,7 @@ class PackedLinear(nn.Module):
     """
 
     packed0: torch.Tensor  # buffers registered in __init__: plane 0, and plane 1 of int8
-    #: an AMX layer whose rows an active row plan marks dense (a step's prompt tokens) take the
-    #: kernel's prompt-row variant (``proxy.quant.apply.use_prompt_tiles``); set after the build
+    #: the plan's dense rows (prompt tokens) take the prompt-row kernel (``apply.use_prompt_tiles``)
     prompt_tiles: bool = False
     scales_and_zeros0: torch.Tensor
     packed1: torch.Tensor
@@ -264,33 +263,23 @@ class PackedLinear(nn.Module):
         self, x2: torch.Tensor, xin: torch.Tensor, plan: RowPlan, dtype: torch.dtype
     ) -> torch.Tensor:
         """The plan's dense rows through :attr:`dense_weight` (or, with :attr:`prompt_tiles`, the AMX
-        kernel's prompt-row variant), the others through the kernel, each
-        finished (bias, rounding) as it would be alone, so a row's bits do not depend on the mix.
-        ``x2`` is the input ``[T, K]`` in the kernel dtype, ``xin`` as it came (the dense rows read
-        it when it is in the dense weight's dtype: fp32 activations are not rounded to bf16)."""
-        lead = plan.num_leading_packed
-        if self.dense_weight is None:  # prompt_tiles: the prompt-row kernel on the dense rows, any count
-            xd = (x2 if plan.packed_src is None else x2[lead:] if lead is not None
-                  else x2.index_select(0, plan.dense_src))
-            yd = self._finish(amx_int4.amx_int4_prompt_mm(xd, self._buffers["packed0"],  # type: ignore[arg-type]
-                                                          self._buffers["scales_and_zeros0"],  # type: ignore[arg-type]
-                                                          self.group_size), dtype)
+        kernel's prompt-row variant), the others through the kernel, each finished (bias, rounding)
+        as it would be alone, so a row's bits do not depend on the mix. ``x2`` is the input ``[T, K]``
+        in the kernel dtype, ``xin`` as it came (the dense rows read it when it is in the dense
+        weight's dtype: fp32 activations are not rounded to bf16)."""
+        buffers: dict[str, torch.Tensor] = self._buffers  # type: ignore[assignment]  # all registered
+        if self.dense_weight is None:  # prompt_tiles: the prompt-row kernel, any row count
+            yd = amx_int4.amx_int4_prompt_mm(dense_rows_of(x2, plan), buffers["packed0"],
+                                             buffers["scales_and_zeros0"], self.group_size)
         else:
             assert self.dense_dtype is not None
             wdtype, weight = self.dense_dtype, self.dense_weight
             if weight.dtype != wdtype:  # kept in bf16, widened per call (exact; ~1% of a prompt step)
                 weight = weight.to(wdtype)
             xd = xin.contiguous() if xin.dtype == wdtype else x2 if x2.dtype == wdtype else x2.to(wdtype)
-            yd = self._finish(dense_rows_mm(xd, weight, plan), dtype)
-        if plan.packed_src is None:
-            return yd
-        if lead is not None:  # decodes first, then the prompt tokens: slices, one concatenation
-            return torch.cat([self._finish(self._packed_mm(x2[:lead]), dtype), yd])
-        yp = self._finish(self._packed_mm(x2.index_select(0, plan.packed_src)), dtype)
-        y = yd.new_empty(plan.num_tokens, self.out_features)
-        y.index_copy_(0, plan.dense_src, yd)
-        y.index_copy_(0, plan.packed_src, yp)
-        return y
+            yd = dense_rows_mm(xd, weight, plan)
+        return merge_rows(plan, self._finish(yd, dtype), x2,
+                          lambda rows: self._finish(self._packed_mm(rows), dtype))
 
     def set_dense_weight(self, weight: torch.Tensor, dtype: torch.dtype | None = None) -> None:
         """Keep ``weight`` (``[out_features, in_features]``, bf16 or fp32) for the rows an active

@@ -215,3 +215,53 @@ def test_arguments_that_do_not_fit_are_refused() -> None:
     with pytest.raises(RuntimeError):
         amx_int8.amx_int8_mm(_x(2, 224), codes, packed, sub, six_bit)
     assert amx_int8.amx_int8_mm(_x(0, 256), codes, packed, sub, six_bit).shape == (0, 32)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("n", "k", "group", "split"), [(48, 512, 32, False), (64, 512, 16, True),
+                                                        (32, 256, 16, False), (16, 4096, 16, True)])
+def test_the_prompt_row_kernel_computes_bf16_weights_and_a_rows_bits_alone(n: int, k: int, group: int,
+                                                                           split: bool) -> None:
+    """``amx_int8_prompt_mm``: unit vectors give ``bf16(code * scale)``; rows agree with the bf16
+    weight's product; a row's bits do not depend on the other rows, the row count or the threads."""
+    codes, scales = _weights(n, k, group, seed=n + k)
+    packed, sub, _ = amx_int8.pack(codes, scales)
+    if not split and sub is not None:  # the same scales, not split
+        packed, sub = amx_int8._tiled(scales), None
+    assert (sub is not None) == split
+    weight = _exact(codes, scales).bfloat16()  # [N, K]
+    eye = torch.eye(k, dtype=torch.bfloat16)[:256]
+    assert torch.equal(amx_int8.amx_int8_prompt_mm(eye, codes, packed, sub), weight[:, :256].t().float())
+    x = _x(70, k, seed=k)
+    y = amx_int8.amx_int8_prompt_mm(x, codes, packed, sub)
+    want = x.float() @ weight.float().t()
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4 * float(y.abs().max()))
+    for rows in (slice(0, 1), slice(3, 8), slice(0, 16), slice(5, 22), slice(30, 70), slice(1, 33)):
+        alone = amx_int8.amx_int8_prompt_mm(x[rows].contiguous(), codes, packed, sub)
+        assert torch.equal(alone, y[rows]), rows
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(amx_int8.amx_int8_prompt_mm(x, codes, packed, sub), y)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_an_int8_layer_with_prompt_tiles_takes_the_prompt_kernel_for_the_plans_dense_rows() -> None:
+    from proxy.quant.dense_prefill import active_row_plan, plan_rows
+
+    codes, scales = _weights(64, 512, 16)
+    bias = torch.randn(64)
+    layer = Int8Linear(codes, scales, bias, "Q6_K as int8 g16")
+    layer.prompt_tiles = True
+    x = _x(30, 512)
+    positions = torch.cat([torch.tensor([400, 90]), torch.arange(0, 20), torch.arange(50, 58)])
+    dense = torch.tensor([False, False] + [True] * 28)
+    with active_row_plan(plan_rows(positions, dense, by_position=False)):
+        y = layer(x)
+    buffers = layer._buffers
+    prompt = amx_int8.amx_int8_prompt_mm(x[2:], codes, buffers["amx_scales"], buffers.get("amx_sub"))
+    assert torch.equal(y[2:], (prompt + bias).bfloat16())
+    assert torch.equal(y[:2], layer(x[:2]))  # the decodes: the kernel's bits, as alone
+    assert not torch.equal(y[2:], layer(x[2:]))  # prompt rows are their own kind

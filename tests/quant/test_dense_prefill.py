@@ -15,8 +15,7 @@ from proxy.engine.block_manager import BlockManager
 from proxy.engine.core import EngineCore
 from proxy.engine.execution.choice import PrefillPlan
 from proxy.engine.request import Request
-from proxy.quant import kernel_dtype, kernels, quantize_linears
-from proxy.quant import amx_int4
+from proxy.quant import amx_int4, kernel_dtype, kernels, quantize_linears
 from proxy.quant.apply import add_dense_weights, use_prompt_tiles
 from proxy.quant.dense_prefill import (
     CALL_ROWS,
@@ -209,9 +208,13 @@ def _tiny_bf16(copies: torch.dtype | str = torch.bfloat16) -> torch.nn.Module:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.15)
-    quantize_linears(model, "int4", 32, torch.bfloat16)
-    model.to(torch.bfloat16)
-    if copies == "tiles":
+    if copies == "tiles8":  # Int8Linear keeps fp32 scales: cast the model before, not after
+        model.to(torch.bfloat16)
+        quantize_linears(model, "int8", 32, torch.bfloat16)
+    else:
+        quantize_linears(model, "int4", 32, torch.bfloat16)
+        model.to(torch.bfloat16)
+    if copies in ("tiles", "tiles8"):
         assert use_prompt_tiles(model) == 14  # every linear but the lm_head
     else:
         assert add_dense_weights(model, copies) == 14
@@ -220,15 +223,17 @@ def _tiny_bf16(copies: torch.dtype | str = torch.bfloat16) -> torch.nn.Module:
 
 
 @needs_bf16
-@pytest.mark.parametrize("copies", [torch.bfloat16, torch.float32, "tiles"])
-def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(copies: torch.dtype | str) -> None:
+@pytest.mark.parametrize("copies", [torch.bfloat16, torch.float32, "tiles", "tiles8"])
+def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(
+        copies: torch.dtype | str) -> None:
     if copies == torch.float32 and not _fp32_rows_are_invariant():
         pytest.skip("this CPU's fp32 GEMM gives a row other bits at another place in the call")
-    if copies == "tiles" and not amx_int4.kernel_available():
-        pytest.skip("the AMX int4 kernel needs AMX-BF16")
+    tiles = copies in ("tiles", "tiles8")  # the prompt-row kernels of the int4 / int8 AMX layers
+    if tiles and not amx_int4.kernel_available():
+        pytest.skip("the AMX kernels need AMX-BF16")
     model = _tiny_bf16(copies)
-    assert has_dense_weights(model) == (copies != "tiles")
-    plan = (PrefillPlan.prompt_kernel() if copies == "tiles"
+    assert has_dense_weights(model) == (not tiles)
+    plan = (PrefillPlan.prompt_kernel() if tiles
             else PrefillPlan(str(copies).removeprefix("torch."), 64, copies == torch.bfloat16))
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(1)
