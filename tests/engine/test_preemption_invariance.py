@@ -27,7 +27,7 @@ from proxy.engine.core import EngineCore
 from proxy.engine.execution import compiled_step
 from proxy.engine.execution.attention import register
 from proxy.quant import amx_int4
-from proxy.quant.apply import add_dense_weights, quantize_linears
+from proxy.quant.apply import add_dense_weights, quantize_linears, use_prompt_tiles
 from proxy.quant.fuse import fuse_sibling_linears
 from proxy.sampling import SamplingParams
 from proxy.settings import Settings
@@ -42,14 +42,19 @@ pytestmark = pytest.mark.skipif(
 EOS = 2
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
-    """The tiny llama served as the default model is (module docstring), and a cache folder whose
-    compiled step every engine of this module shares (compiled once)."""
+@pytest.fixture(scope="module", params=["copies", "tiles"])
+def served(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    """The tiny llama served as the default model is (module docstring), or as a GGUF too large for
+    the copies is (``tiles``: the AMX prompt-row kernels), and a cache folder whose compiled step
+    every engine of this module shares (compiled once)."""
     model = copy.deepcopy(build_model("llama")).to(torch.bfloat16)
     assert quantize_linears(model, "int4", 32, torch.bfloat16)["int4 g32"] > 0
     fuse_sibling_linears(model)
-    assert add_dense_weights(model, torch.bfloat16) > 0
+    if request.param == "tiles":
+        assert use_prompt_tiles(model) > 0
+    else:
+        assert add_dense_weights(model, torch.bfloat16) > 0
     model.set_attn_implementation(register())
     yield model, tmp_path_factory.mktemp("compiled")
     compiled_step.forget(model)
