@@ -116,6 +116,18 @@ static inline SP_AMX __m512 sp_bf16x16_to_ps(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* lut[i] = bf16(i - 8) for the 16 codes, twice (small integers: exact) */
+static inline SP_AMX __m512i sp_amx_code_lut(void) {
+    uint16_t lut_v[32];
+    for (int i = 0; i < 32; i++) {
+        float v = (float)((i & 15) - 8);
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        lut_v[i] = (uint16_t)(u >> 16);
+    }
+    return _mm512_loadu_si512((const void *)lut_v);
+}
+
 /* the codes of one 32-input tile (256 bytes) as a B tile of bf16 (code - 8) values (1 KiB at dst) */
 static inline SP_AMX void sp_amx_decode_tile(const uint8_t *src, uint16_t *dst, __m512i lut) {
     const __m512i mask = _mm512_set1_epi16(15);
@@ -192,15 +204,7 @@ static SP_AMX void sp_amx_int4_run(const uint16_t *x, int64_t M, int64_t M_pad, 
     if (chunk < 1) chunk = 1;
     float *sums = (float *)malloc(sizeof(float) * (size_t)(M * G));
     if (!sums) return;
-    /* lut[i] = bf16(i - 8) for the 16 codes (small integers: exact) */
-    uint16_t lut_v[32];
-    for (int i = 0; i < 32; i++) {
-        float v = (float)((i & 15) - 8);
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        lut_v[i] = (uint16_t)(u >> 16);
-    }
-    const __m512i lut = _mm512_loadu_si512((const void *)lut_v);
+    const __m512i lut = sp_amx_code_lut();
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static)
@@ -333,14 +337,7 @@ static SP_AMX void sp_amx_int4_prompt_run(const uint16_t *x, int64_t lda, int64_
     const int64_t G = K / group, T = K / SP_AMX_KTILE, tpg = group / SP_AMX_KTILE;
     const int64_t blocks = N / SP_AMX_NBLOCK, pairs = (blocks + 1) / 2;
     const int rows = M_pad < SP_AMX_MTILE ? (int)M_pad : SP_AMX_MTILE;
-    uint16_t lut_v[32];
-    for (int i = 0; i < 32; i++) {
-        float v = (float)((i & 15) - 8);
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        lut_v[i] = (uint16_t)(u >> 16);
-    }
-    const __m512i lut = _mm512_loadu_si512((const void *)lut_v);
+    const __m512i lut = sp_amx_code_lut();
 #pragma omp parallel num_threads(num_threads)
     {
         uint16_t *btiles = (uint16_t *)aligned_alloc(64, 2 * 1024 * (size_t)T);

@@ -213,6 +213,25 @@ static SP_AMX void sp_a8_run(const uint32_t *xp, int64_t M, int64_t K, const int
 }
 #endif
 
+/* x[M, K] (bf16) copied in the B-tile order of sp_a8_run for ``group`` (chunks of 16 rows, or of 8
+ * rows with each row's tile halves in two columns for group 16; zero rows past M), or NULL where it
+ * cannot be allocated; the caller frees it */
+static uint32_t *sp_a8_pack_x(const uint16_t *x, int64_t M, int64_t K, int64_t group) {
+    const int64_t per = group == 16 ? 8 : 16, rows = M < per ? M : per, cols = group == 16 ? 2 * rows : rows;
+    const int64_t mchunks = (M + per - 1) / per, pairs = K / 2;
+    uint32_t *xp = (uint32_t *)aligned_alloc(64, (size_t)(4 * mchunks * pairs * cols + 64));
+    if (!xp) return NULL;
+    const uint32_t *x32 = (const uint32_t *)x;
+    for (int64_t mc = 0; mc < mchunks; mc++)
+        for (int64_t p = 0; p < pairs; p++)
+            for (int64_t j = 0; j < cols; j++) {
+                const int64_t m = mc * per + (group == 16 ? j / 2 : j);
+                const int keep = m < M && (group == 32 || (p % 16) / 8 == j % 2);
+                xp[(mc * pairs + p) * cols + j] = keep ? x32[m * pairs + p] : 0;
+            }
+    return xp;
+}
+
 /* y[M, N] (fp32) = x[M, K] (bf16) @ W^T in the layouts above; K % 32 == 0, N % 16 == 0, group 16 or 32
  * (split scales: group 16 and K % 256 == 0); six_bit: every code is in [-32, 31] (a faster widening,
  * the same values). Threads (OpenMP, num_threads) take contiguous ranges of the N / 16 output blocks.
@@ -230,18 +249,8 @@ static void sp_amx_int8_matmul(const uint16_t *x, int64_t M, int64_t K, const in
         sp_a8_run((const uint32_t *)x, M, K, codes, scales, sub, group, six_bit, N, y, num_threads);
         return;
     }
-    const int64_t per = group == 16 ? 8 : 16, rows = M < per ? M : per, cols = group == 16 ? 2 * rows : rows;
-    const int64_t mchunks = (M + per - 1) / per, pairs = K / 2;
-    uint32_t *xp = (uint32_t *)aligned_alloc(64, (size_t)(4 * mchunks * pairs * cols + 64));
+    uint32_t *xp = sp_a8_pack_x(x, M, K, group);
     if (!xp) return;
-    const uint32_t *x32 = (const uint32_t *)x;
-    for (int64_t mc = 0; mc < mchunks; mc++)
-        for (int64_t p = 0; p < pairs; p++)
-            for (int64_t j = 0; j < cols; j++) {
-                const int64_t m = mc * per + (group == 16 ? j / 2 : j);
-                const int keep = m < M && (group == 32 || (p % 16) / 8 == j % 2);
-                xp[(mc * pairs + p) * cols + j] = keep ? x32[m * pairs + p] : 0;
-            }
     sp_a8_run(xp, M, K, codes, scales, sub, group, six_bit, N, y, num_threads);
     free(xp);
 #else
@@ -374,16 +383,8 @@ static void sp_amx_int8_prompt_matmul(const uint16_t *x, int64_t M, int64_t K, c
     if (!sp_amx_available() || M <= 0 || K % 32 || N % 16 || (group != 16 && group != 32) ||
         (sub && (group != 16 || K % SP_A8_SPLIT)))
         return;
-    const int64_t rows = M < 16 ? M : 16, cols = rows, mchunks = (M + 15) / 16, pairs = K / 2;
-    uint32_t *xp = (uint32_t *)aligned_alloc(64, (size_t)(4 * mchunks * pairs * cols + 64));
+    uint32_t *xp = sp_a8_pack_x(x, M, K, 32); /* the group-32 order: a column a row */
     if (!xp) return;
-    const uint32_t *x32 = (const uint32_t *)x;
-    for (int64_t mc = 0; mc < mchunks; mc++)
-        for (int64_t p = 0; p < pairs; p++)
-            for (int64_t j = 0; j < cols; j++) {
-                const int64_t m = mc * 16 + j;
-                xp[(mc * pairs + p) * cols + j] = m < M ? x32[m * pairs + p] : 0;
-            }
     sp_a8_prompt_run(xp, M, K, codes, scales, sub, group, N, y, num_threads);
     free(xp);
 #else

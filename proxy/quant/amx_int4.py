@@ -161,17 +161,19 @@ def amx_int4_mm_checked(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: 
 
 
 def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
-         group_size: int) -> torch.Tensor:
-    """The kernel on checked, contiguous arguments (the kernel pads a call's last partial row tile)."""
+         group_size: int, prompt: bool = False) -> torch.Tensor:
+    """The kernel (``prompt``: its prompt-row variant) on checked, contiguous arguments (the kernel pads
+    a call's last partial row tile)."""
     assert _amx_int4 is not None
     m, k = x.shape
     n = tiles.shape[0] * N_BLOCK
     out = torch.empty(m, n, dtype=torch.bfloat16)
     if m and n:
         sz = scales_and_zeros.data_ptr()
-        _amx_int4.amx_int4_matmul(x.data_ptr(), m, k, tiles.data_ptr(), sz, sz + scales_and_zeros.shape[1]
-                                  * scales_and_zeros.shape[2] * N_BLOCK * 2, n, group_size, out.data_ptr(),
-                                  torch.get_num_threads())
+        zeros = sz + scales_and_zeros.shape[1] * scales_and_zeros.shape[2] * N_BLOCK * 2
+        run = _amx_int4.amx_int4_prompt_matmul if prompt else _amx_int4.amx_int4_matmul
+        run(x.data_ptr(), m, k, tiles.data_ptr(), sz, zeros, n, group_size, out.data_ptr(),
+            torch.get_num_threads())
     return out
 
 
@@ -190,16 +192,7 @@ def amx_int4_prompt_mm(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: t
     Returns:
         bf16 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
     """
-    assert _amx_int4 is not None
-    m, k = x.shape
-    n = tiles.shape[0] * N_BLOCK
-    out = torch.empty(m, n, dtype=torch.bfloat16)
-    if m and n:
-        sz = scales_and_zeros.data_ptr()
-        zeros = sz + scales_and_zeros.shape[1] * scales_and_zeros.shape[2] * N_BLOCK * 2
-        _amx_int4.amx_int4_prompt_matmul(x.data_ptr(), m, k, tiles.data_ptr(), sz, zeros, n, group_size,
-                                         out.data_ptr(), torch.get_num_threads())
-    return out
+    return _run(x, tiles, scales_and_zeros, group_size, prompt=True)
 
 
 def _amx_int4_op(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
