@@ -16,8 +16,9 @@ path is measured):
   (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8 reference``, ``skinny fp32``
   (``proxy.quant.skinny``), ``dense``;
 - **prompt tokens' linears**: dense copies of the packed weights (``proxy.quant.dense_prefill``) in
-  bf16 or fp32, the AMX int4 kernel's prompt-row variant where the copies would take too much memory
-  (``int4 amx prompt kernel``: ``proxy.quant.amx_int4.amx_int4_prompt_mm``), or the packed kernels;
+  bf16 or fp32, the AMX kernels' prompt-row variants where the copies would take too much memory
+  (``amx prompt kernels``: ``amx_int4_prompt_mm``, ``amx_int8_prompt_mm`` of ``proxy.quant``), or the
+  packed kernels;
 - **rotary positions**: ``1-d`` (each token's cache position) or ``m-rope`` (Qwen2-VL's three rows:
   prompt tokens of a request with images run eager with three rows, every other token with its
   position plus its prompt's rope delta on whatever path the step takes;
@@ -161,7 +162,7 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
         off["int8 amx"] = why or "layers with zeros or shapes the AMX int8 kernel does not take"
     prefill = runner.prefill_plan
     prompt_linears = ("as decode" if prefill is None else f"dense {prefill.dtype} copies" if prefill.copies
-                      else "int4 amx prompt kernel")
+                      else "amx prompt kernels")
     if (prefill is None or not prefill.copies) and any(k.startswith(("int4", "int8")) for k in linears):
         why = choice.linears.why_no_dense_prefill or "off by default on this device"
         off["dense prompt copies"] = "--no-dense-prefill" if settings.dense_prefill is False else why
