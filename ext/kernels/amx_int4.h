@@ -116,6 +116,14 @@ static inline SP_AMX __m512 sp_bf16x16_to_ps(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* 16 fp32 values rounded to nearest even to bf16 (its inverse above; no NaN among them) */
+static inline SP_AMX __m256i sp_ps_to_bf16x16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16),
+                                                                                      _mm512_set1_epi32(1)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, bias), 16));
+}
+
 /* lut[i] = bf16(i - 8) for the 16 codes, twice (small integers: exact) */
 static inline SP_AMX __m512i sp_amx_code_lut(void) {
     uint16_t lut_v[32];
@@ -188,6 +196,13 @@ static inline SP_AMX __attribute__((always_inline)) void sp_amx_scale_rows(
 #endif
 #define SP_AMX_FEW_ROWS 4
 
+/* rows [0, mend) of fp32 rows 64 bytes apart (a stored C tile, a block's accumulators) rounded to bf16
+ * into y (row stride N) */
+static inline SP_AMX void sp_amx_store_rows(const float *c, int64_t mend, uint16_t *y, int64_t N) {
+    for (int64_t m = 0; m < mend; m++)
+        _mm256_storeu_si256((__m256i *)(y + m * N), sp_ps_to_bf16x16(_mm512_load_ps(c + m * SP_AMX_NBLOCK)));
+}
+
 /* The whole product (arguments as sp_amx_int4_matmul; M_pad rows of x readable, M_pad = M rounded up
  * to 16 when M > 16, else M). Per output block: the codes of a chunk of groups are decoded into B
  * tiles, then each 16-row tile of x is multiplied group by group (two sets of tile registers in turn,
@@ -256,14 +271,7 @@ static SP_AMX void sp_amx_int4_run(const uint16_t *x, int64_t M, int64_t M_pad, 
                         }
                     }
                 }
-                for (int64_t m = 0; m < M; m++) {
-                    const __m512i u = _mm512_castps_si512(_mm512_load_ps(acc + m * SP_AMX_NBLOCK));
-                    /* round to nearest even to bf16 */
-                    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-                    const __m512i rr = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-                    _mm256_storeu_si256((__m256i *)(y + m * N + b * SP_AMX_NBLOCK), _mm512_cvtepi32_epi16(rr));
-                }
+                sp_amx_store_rows(acc, M, y + b * SP_AMX_NBLOCK, N);
             }
             _tile_release();
         }
@@ -295,7 +303,6 @@ static inline SP_AMX void sp_amx_decode_block_scaled(const uint8_t *codes, const
     const __m512i idx_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i idx_hi = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
     const __m512 one = _mm512_set1_ps(1.0f), zf = _mm512_setzero_ps();
-    const __m512i half = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
     for (int64_t t = 0; t < T; t++) {
         uint16_t *tile = bt + 512 * t;
         sp_amx_decode_tile(codes + t * 256, tile, lut);
@@ -307,23 +314,9 @@ static inline SP_AMX void sp_amx_decode_block_scaled(const uint8_t *codes, const
             uint16_t *row = tile + 32 * r;
             const __m512 lo = _mm512_fmadd_ps(one, z_lo, _mm512_fmadd_ps(sp_bf16x16_to_ps(row), s_lo, zf));
             const __m512 hi = _mm512_fmadd_ps(one, z_hi, _mm512_fmadd_ps(sp_bf16x16_to_ps(row + 16), s_hi, zf));
-            __m512i u = _mm512_castps_si512(lo), v = _mm512_castps_si512(hi);
-            u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb))), 16);
-            v = _mm512_srli_epi32(_mm512_add_epi32(v, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(v, 16), lsb))), 16);
-            _mm256_store_si256((__m256i *)row, _mm512_cvtepi32_epi16(u));
-            _mm256_store_si256((__m256i *)(row + 16), _mm512_cvtepi32_epi16(v));
+            _mm256_store_si256((__m256i *)row, sp_ps_to_bf16x16(lo));
+            _mm256_store_si256((__m256i *)(row + 16), sp_ps_to_bf16x16(hi));
         }
-    }
-}
-
-/* rows [0, mend) of a stored C tile (64-byte rows) rounded to bf16 into y (row stride N) */
-static inline SP_AMX void sp_amx_store_rows(const float *c, int64_t mend, uint16_t *y, int64_t N) {
-    const __m512i half = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
-    for (int64_t m = 0; m < mend; m++) {
-        const __m512i u = _mm512_castps_si512(_mm512_load_ps(c + m * SP_AMX_NBLOCK));
-        const __m512i rr = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half,
-                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb))), 16);
-        _mm256_storeu_si256((__m256i *)(y + m * N), _mm512_cvtepi32_epi16(rr));
     }
 }
 

@@ -279,9 +279,6 @@ static inline SP_AMX void sp_a8_configure_2x2(int cols) {
 static inline SP_AMX void sp_a8_decode_block_scaled(const int8_t *codes, int64_t K, const float *scales,
                                                     const int8_t *sub, int64_t group, int64_t T,
                                                     uint16_t *at) {
-    const __m512i half = _mm512_set1_epi32(0x7fff), lsb = _mm512_set1_epi32(1);
-    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
-                                         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     for (int64_t t = 0; t < T; t++) {
         for (int n = 0; n < 16; n++) {
             const int8_t *p = codes + n * K + 32 * t;
@@ -295,11 +292,9 @@ static inline SP_AMX void sp_a8_decode_block_scaled(const int8_t *codes, int64_t
                                             _mm512_set1_ps(s[0]));
             const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16)))),
                                             _mm512_set1_ps(group == 16 ? s[1] : s[0]));
-            __m512i u = _mm512_castps_si512(lo), v = _mm512_castps_si512(hi);
-            u = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), lsb)));
-            v = _mm512_add_epi32(v, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(v, 16), lsb)));
-            /* the high halves of the 32 rounded values, in order */
-            _mm512_store_si512((__m512i *)(at + 512 * t + 32 * n), _mm512_permutex2var_epi16(u, odd, v));
+            uint16_t *row = at + 512 * t + 32 * n;
+            _mm256_store_si256((__m256i *)row, sp_ps_to_bf16x16(lo));
+            _mm256_store_si256((__m256i *)(row + 16), sp_ps_to_bf16x16(hi));
         }
     }
 }

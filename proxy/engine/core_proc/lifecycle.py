@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 _MP = multiprocessing.get_context("forkserver")  # the module docstring says why
 _MP.set_forkserver_preload(["proxy.engine.core_proc.fork_server"])
 
+STOP_TIMEOUT_S = 10.0  # a serving child gets this long to stop after Stop() before SIGKILL
+_children: set[Any] = set()  # engine processes started and not yet reaped (killed at exit)
+_atexit_registered = False
+
 
 def start_fork_server() -> None:
     """Start the fork server now if it does not run (it starts at the first engine start otherwise):
@@ -44,9 +48,6 @@ def start_fork_server() -> None:
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
-STOP_TIMEOUT_S = 10.0  # a serving child gets this long to stop after Stop() before SIGKILL
-_children: set[Any] = set()  # engine processes started and not yet reaped (killed at exit)
-_atexit_registered = False
 
 
 def _kill_children_at_exit() -> None:
