@@ -17,7 +17,8 @@ load), ``max_gap_during_ms``, ``p99_gap_during_ms``, ``max_gap_ratio`` (max duri
 the issue's target is at most 2; with ``--control-s S`` the same figures over S seconds of the stream
 without a load: what the machine and the engine give alone), ``max_gap_at_s`` (when the largest gap
 ended: seconds after the load began, and before it returned), ``median_gap_ratio`` (median during /
-median before), the nice
+median before), ``stream_outlived_load`` (False: the stream of ``--max-tokens`` ended before the
+load did, and the gaps miss the load's end: a load starved by the stream reads so), the nice
 value B loaded at (``load_nice``, from the engine process's ready line; None in thread mode) and
 the RSS in MB; then the process / thread ratio of the max gap.
 
@@ -107,7 +108,7 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
     watch = Path(args.gil_watch).with_suffix(f".{mode}.jsonl") if args.gil_watch else None
     server = _serve(["--model", f"{folder}=A", "--model", f"{args.model_b or folder}=B", "--models-max", "2",
                      "--models-memory-bytes", "0", "--no-compile-decode",
-                     "--max-model-len", str(args.max_model_len),
+                     "--max-model-len", str(args.max_model_len), *args.serve_arg,
                      "--engine-process" if mode == "process" else "--no-engine-process"],
                     log_dir / f"models-{mode}.log", watch)
     proc, base = server.process, server.base_url
@@ -130,12 +131,14 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         else:
             client.post(f"{base}/models/load", json={"model": "B"}).raise_for_status()
         t1 = time.monotonic()
+        outlived = streamer.is_alive()  # False: the stream ended first, "during" missed the load's end
         mark = len(arrivals)
         while len(arrivals) < mark + args.after_chunks and streamer.is_alive():
             time.sleep(0.01)
         stop.set()
         streamer.join(600)
         out["load_b_during_stream_s"] = round(t1 - t0, 2)
+        out["stream_outlived_load"] = outlived
         gaps = [(b - a, b) for a, b in itertools.pairwise(arrivals)]
         before = [g for g, end in gaps if end < t0]
         during = sorted(g for g, end in gaps if t0 <= end <= t1 + 0.001)
@@ -183,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-chunks", type=int, default=20)
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument of the server's command line (repeat: "
+                             "--serve-arg=--num-kv-blocks --serve-arg=256)")
     parser.add_argument("--gil-watch", default=None, metavar="PATH",
                         help="run the server under bench/gil_watch.py (events in PATH.<mode>.jsonl) and "
                              "print the events of B's load")

@@ -86,6 +86,9 @@ async def _off_loop(fn: Callable[[Settings], Any], settings: Settings) -> Any:
     return await asyncio.wrap_future(start_in_own_thread(fn, settings, name="streamproxy-load"))
 
 
+LOAD_RESERVED_CORES = 1  # CPU cores the serving engines leave to a model loading beside them
+
+
 def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: ServerState,
                    factory: EngineFactory, embed_factory: EmbeddingFactory,
                    yielding_factory: EngineFactory | None = None) -> ModelRegistry:
@@ -93,16 +96,38 @@ def build_registry(settings: Settings, entries: tuple[ModelEntry, ...], state: S
     loads with ``yielding_factory`` (a load at a lower priority: ``proxy.api.app.on_demand_engine_factory``)
     when another model is loaded (it serves, and the load must not stall it), else with ``factory``
     (nothing of this server to yield to: a load at the server's priority is not slowed by the
-    machine's other work)."""
+    machine's other work). While such a load runs, every loaded model steps with
+    ``LOAD_RESERVED_CORES`` fewer CPU threads (``EngineClient.reserve_cores``): a load at idle
+    priority gets only the cores the serving engines leave, and a 2-thread step on 2 cores leaves
+    none (``docs/bench/2026-12-06-load-reserve.md``)."""
     registry: ModelRegistry | None = None
+    yielding_loads = 0  # loads with yielding_factory under way
+
+    def reserve(cores: int) -> None:
+        for other in registry.slots if registry is not None else ():
+            if other.status == "loaded" and other.client is not None:
+                other.client.reserve_cores(cores)
 
     async def load(slot: ModelSlot) -> Loaded:
+        nonlocal yielding_loads
         s = slot.settings
         if slot.entry.kind == "embedding":  # served by /v1/embeddings only, loaded now
             return None, await _off_loop(lambda s: embed_factory(s, ModelInfo("", 0)), s)
         serving = registry is not None and any(o is not slot and o.status == "loaded" for o in registry.slots)
-        client = await _off_loop(yielding_factory if serving and yielding_factory else factory, s)
+        if not (serving and yielding_factory):
+            client = await _off_loop(factory, s)
+        else:
+            yielding_loads += 1
+            reserve(LOAD_RESERVED_CORES)
+            try:
+                client = await _off_loop(yielding_factory, s)
+            finally:
+                yielding_loads -= 1
+                if yielding_loads == 0:
+                    reserve(0)
         client.start()
+        if yielding_loads:  # another load still runs: this model leaves it a core as the others do
+            client.reserve_cores(LOAD_RESERVED_CORES)
         if state.fault_injector is not None:
             client.fault_injector = state.fault_injector
         try:

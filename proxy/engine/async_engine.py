@@ -27,7 +27,14 @@ from collections.abc import Callable, Sequence
 from proxy.engine import admission
 from proxy.engine.client import EngineStats, OutputsHandler, deliver_outputs
 from proxy.engine.core import EngineCore
-from proxy.engine.core_proc.messages import AbortRequests, AddRequest, CoreStats, EngineCommand, Stop
+from proxy.engine.core_proc.messages import (
+    AbortRequests,
+    AddRequest,
+    CoreStats,
+    EngineCommand,
+    ReserveCores,
+    Stop,
+)
 from proxy.engine.driver import CoreDriver
 from proxy.engine.request import RequestOutput
 from proxy.errors import EngineDeadError
@@ -153,6 +160,12 @@ class AsyncEngine:
         self._live.difference_update(ended)
         if ended:
             self._commands.append(AbortRequests(ended))
+        self._wake.set()
+
+    def reserve_cores(self, cores: int) -> None:
+        """Leave ``cores`` CPU cores to a model loading beside this one (0: none); see
+        ``proxy.engine.driver.CoreDriver.reserve_cores``."""
+        self._commands.append(ReserveCores(cores))
         self._wake.set()
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:

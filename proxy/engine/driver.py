@@ -17,9 +17,15 @@ from proxy.engine.core_proc.messages import (
     AddRequest,
     CompileGrammar,
     EngineCommand,
+    ReserveCores,
     Stop,
 )
-from proxy.engine.execution.cpu_threads import adaptive_threads_for, apply_thread_count, builder_thread_count
+from proxy.engine.execution.cpu_threads import (
+    AdaptiveThreads,
+    adaptive_threads_for,
+    apply_thread_count,
+    builder_thread_count,
+)
 from proxy.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -54,6 +60,7 @@ class CoreDriver:
         runner = getattr(core, "runner", None)  # None: a core on no device (tests' scripted cores)
         self.device = runner.device if runner is not None else None
         self.num_threads = builder_thread_count(self.device) if self.device is not None else None
+        self._adaptive: AdaptiveThreads | None = None
 
     def run(self, receive: Receive, publish: Publish) -> list[RequestOutput]:
         """Serve until a :class:`Stop`: ``receive(block)``, apply, step, ``publish(outputs)`` (every
@@ -66,7 +73,7 @@ class CoreDriver:
         apply_thread_count(self.num_threads)
         threads = None
         if self.adaptive_threads and self.device is not None:
-            threads = adaptive_threads_for(self.device)
+            threads = self._adaptive = adaptive_threads_for(self.device)
         while True:
             outputs: list[RequestOutput] = []
             if self.apply(receive(not core.has_unfinished()), outputs):
@@ -99,6 +106,24 @@ class CoreDriver:
                         logger.error("a grammar compile reached an engine without a compile thread")
                     else:
                         self.compile_grammar(command)
+                case ReserveCores(cores):
+                    self.reserve_cores(cores)
                 case Stop():
                     return True
         return False
+
+    def reserve_cores(self, cores: int) -> None:
+        """Step with at most ``num_threads - cores`` intra-op threads (at least one) until the next
+        call; 0: the full count (under the adaptive rule, which keeps working below the cap). Why: a
+        model loading beside this one on a machine of few cores (``proxy.api.multi``) gets cores
+        only when the serving engines leave them: a torch team's workers spin between the ops of a
+        step and hold every core they have, so a load at idle priority beside a 2-thread step on 2
+        cores made no progress until the stream ended. No effect off the CPU; a row's bits do not
+        depend on the thread count (``proxy.engine.execution.cpu_threads``)."""
+        if self.num_threads is None:
+            return
+        cap = max(1, self.num_threads - max(0, cores))
+        if self._adaptive is not None:
+            self._adaptive.cap(cap, f"{cores} core(s) left to a model loading" if cores > 0 else "no load")
+        else:
+            apply_thread_count(cap)

@@ -135,6 +135,7 @@ class FakeEngine:
     submitted: list[tuple[str, list[int], SamplingParams]] = field(default_factory=list)
     images: list[Any] = field(default_factory=list)  # the PromptImages (or None) of each add_request
     aborted: list[str] = field(default_factory=list)
+    reserved_cores: list[int] = field(default_factory=list)
 
     on_outputs: OutputsHandler | None = None
 
@@ -167,6 +168,9 @@ class FakeEngine:
         r = _Running(request_id, list(prompt_token_ids), params, script)
         self.running[request_id] = r
         r.task = asyncio.get_running_loop().create_task(self._run(r))
+
+    def reserve_cores(self, cores: int) -> None:
+        self.reserved_cores.append(cores)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for request_id in request_ids:

@@ -217,3 +217,41 @@ def test_a_loaded_model_serves_only_once_the_read_ahead_has_ended() -> None:
     # the read-ahead of the models' files holds the interpreter lock: no stream may run beside it
     seen = asyncio.run(_statuses_while_before_serving_runs())
     assert seen[-6:] == ["loading"] * 5 + ["loaded"]
+
+
+async def _reserved_while_loading(tmp: Path) -> tuple[list[int], list[int], list[int]]:
+    farm = Farm(gates={"b": threading.Event(), "c": threading.Event()})
+    for name in ("a", "b", "c"):
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text("{}")
+    settings = Settings(model=str(tmp / "a"), extra_models=(str(tmp / "b"), str(tmp / "c")),
+                        models_memory_bytes=0)
+    registry = multi.build_registry(settings, build_catalog(settings), ServerState(settings), farm.factory,
+                                    lambda s, m: None, farm.factory)
+    farm.gates["a"] = threading.Event()
+    farm.gates["a"].set()
+    await registry.ensure_loaded(registry.find("a"))
+    a = farm.engines["a"]
+    assert a.reserved_cores == []  # the first load has nothing to yield to
+    b_load = asyncio.ensure_future(registry.ensure_loaded(registry.find("b")))
+    c_load = asyncio.ensure_future(registry.ensure_loaded(registry.find("c")))
+    while sorted(farm.loads) != ["a", "b", "c"]:
+        await asyncio.sleep(0.02)
+    during = list(a.reserved_cores)  # b and c load beside a
+    farm.gates["b"].set()
+    await b_load
+    b_during = list(farm.engines["b"].reserved_cores)  # b loaded while c still loads
+    farm.gates["c"].set()
+    await c_load
+    await registry.close()
+    return during, b_during, a.reserved_cores
+
+
+def test_loaded_models_leave_a_core_to_the_loads_beside_them_until_the_last_ends(tmp_path: Path) -> None:
+    """While a model loads beside loaded ones, each loaded one steps with a core fewer
+    (``EngineClient.reserve_cores``, ``proxy.api.multi.LOAD_RESERVED_CORES``); a model that finishes
+    loading while another still loads does too; the last load's end gives the cores back."""
+    during, b_during, a_all = asyncio.run(_reserved_while_loading(tmp_path))
+    assert during == [1, 1]
+    assert b_during == [1]
+    assert a_all[-1] == 0 and a_all.count(0) == 1

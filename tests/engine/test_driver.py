@@ -19,6 +19,7 @@ from proxy.engine.core_proc.messages import (
     LoadFailed,
     Progress,
     ReadyInfo,
+    ReserveCores,
     StepResult,
     Stop,
 )
@@ -126,6 +127,43 @@ def test_driver_steps_with_the_thread_count_of_the_thread_that_built_it() -> Non
     assert CoreDriver(ScriptedCore()).num_threads is None  # no runner (not on a device): untouched
 
 
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_reserve_cores_steps_with_fewer_threads_until_given_back(adaptive: bool) -> None:
+    """``ReserveCores`` (a several-model server's load beside this engine): the full count less the
+    cores, at least one, until ``ReserveCores(0)``; under the adaptive rule and without it."""
+    import types
+    from typing import ClassVar
+
+    import torch
+
+    from proxy.threads import run_in_own_thread
+
+    class CountingCore(ScriptedCore):
+        runner = types.SimpleNamespace(device=torch.device("cpu"))
+        seen: ClassVar[list[int]] = []
+
+        def step(self) -> list[RequestOutput]:
+            self.seen.append(torch.get_num_threads())
+            return super().step()
+
+    def build() -> CoreDriver:
+        torch.set_num_threads(3)
+        return CoreDriver(CountingCore(), adaptive_threads=adaptive)
+
+    def add(rid: str) -> AddRequest:
+        return AddRequest(rid, [1], SamplingParams())
+
+    before = torch.get_num_threads()
+    try:
+        driver = run_in_own_thread(build)
+        receive, _ = scripted([[add("a")], [ReserveCores(1), add("b")], [ReserveCores(5), add("c")],
+                               [ReserveCores(0), add("d")], [Stop()]])
+        run_in_own_thread(driver.run, receive, lambda outputs: None)
+    finally:
+        torch.set_num_threads(before)
+    assert CountingCore.seen == [3, 2, 1, 3]
+
+
 def test_driver_hands_grammar_compiles_to_its_compile_thread() -> None:
     got: list[CompileGrammar] = []
     driver = CoreDriver(ScriptedCore(), got.append)
@@ -181,6 +219,7 @@ def test_every_message_kind_round_trips_through_pickle() -> None:
         AbortRequests(["r", "s"]),
         CompileGrammar(7, StructuredOutputParams("regex", "a+"), "guided_regex"),
         Stop(),
+        ReserveCores(1),
         Progress("loading"),
         LoadFailed("OSError: gone"),
         ReadyInfo("/m", "m", 128, (2,), 100, "float32", "none", 1.5, ""),

@@ -7,11 +7,13 @@ again and ``streamproxy:engine_restarts_total`` is 1. SIGTERM still drains and e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -319,3 +321,59 @@ def test_a_dead_engine_says_whether_retrying_here_can_help():
     assert "could not be restarted" in client._down_message() and "retry" not in client._down_message()
     client._draining = True
     assert "shutting down" in client._down_message()
+
+
+def _modules_of_a_child(conn: Any) -> None:
+    import sys
+
+    conn.send({name: name in sys.modules for name in ("torch", "transformers.modeling_utils",
+                                                       "proxy.engine.loading", "proxy.engine.core")})
+    conn.close()
+
+
+def _wait_for_eof(conn: Any) -> None:
+    with contextlib.suppress(EOFError):
+        conn.recv()
+
+
+def test_the_fork_server_preloads_a_loads_imports_and_is_replaced_when_their_environment_changes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """Engine processes are forked with torch, transformers' modeling code and the engine imported
+    (``proxy.engine.core_proc.fork_server``: a load beside serving models starts at once); a change of
+    a variable those imports read replaces the fork server when no engine process runs, and is only
+    warned about while one does (its exit status travels through the fork server)."""
+    from multiprocessing import forkserver
+
+    from proxy.engine.core_proc import lifecycle
+
+    server: Any = forkserver._forkserver
+    lifecycle.start_fork_server()
+    first = server._forkserver_pid
+    ours, theirs = lifecycle._MP.Pipe()
+    child = lifecycle._MP.Process(target=_modules_of_a_child, args=(theirs,))
+    child.start()
+    theirs.close()
+    assert ours.recv() == {"torch": True, "transformers.modeling_utils": True, "proxy.engine.loading": True,
+                           "proxy.engine.core": True}
+    child.join(30)
+    policy = "ACTIVE" if os.environ.get("OMP_WAIT_POLICY") == "PASSIVE" else "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    lifecycle.start_fork_server()
+    second = server._forkserver_pid
+    assert second not in (None, first)
+    ours, theirs = lifecycle._MP.Pipe()
+    holder = lifecycle._MP.Process(target=_wait_for_eof, args=(theirs,))
+    holder.start()
+    theirs.close()
+    lifecycle._track(holder)
+    try:
+        monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE" if policy == "PASSIVE" else "PASSIVE")
+        with caplog.at_level("WARNING", logger="proxy.engine.core_proc.lifecycle"):
+            lifecycle.start_fork_server()
+        assert server._forkserver_pid == second
+        assert "(OMP_WAIT_POLICY); kept while its engine processes run" in caplog.text
+    finally:
+        ours.close()
+        holder.join(30)
+        lifecycle.untrack(holder)

@@ -117,6 +117,10 @@ class AsyncEngineClient:
             raise
         return Generation(mailbox, added, len(prompt), self._abort)
 
+    def reserve_cores(self, cores: int) -> None:
+        """See :meth:`EngineClient.reserve_cores`."""
+        self.core.reserve_cores(cores)
+
     def abort_all(self, message: str, code: str) -> int:
         ended = self._processor.fail_all(message, code)
         if ended:

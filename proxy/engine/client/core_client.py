@@ -98,4 +98,8 @@ class EngineCoreClient(Protocol):
 
     def abort_requests(self, request_ids: Sequence[str]) -> None: ...
 
+    def reserve_cores(self, cores: int) -> None:
+        """Leave ``cores`` CPU cores to a model loading beside this one until the next call (0: none;
+        ``proxy.engine.driver.CoreDriver.reserve_cores``)."""
+
     def stats(self) -> EngineStats: ...

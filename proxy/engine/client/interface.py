@@ -84,6 +84,10 @@ class EngineClient(Protocol):
     def abort_all(self, message: str, code: str) -> int:
         """End every open generation with an error (shutdown); returns how many requests ran."""
 
+    def reserve_cores(self, cores: int) -> None:
+        """Step with ``cores`` fewer CPU threads (at least one) until the next call, 0: the full
+        count; a several-model server leaves a core to a model loading (``proxy.api.multi``)."""
+
     def stats(self) -> EngineStats: ...
 
     async def prepare_structured_output(self, so: StructuredOutputParams, param: str) -> None:

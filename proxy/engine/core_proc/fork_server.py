@@ -1,6 +1,6 @@
 """What the fork server that starts engine processes imports before its first fork
 (``proxy.engine.core_proc.lifecycle``: multiprocessing's "forkserver" preload). Imported by that
-process only: importing it sets SIGTERM to be ignored there.
+process only: importing it sets SIGTERM to be ignored there and runs :func:`preload`.
 
 Why ignore SIGTERM: a signal to the whole process group (``kill -TERM -PGID``, a supervisor's
 control group) reaches the fork server too; multiprocessing's fork server keeps SIGTERM's default
@@ -13,7 +13,41 @@ closes). The engine processes it forks set their own handlers (``proxy.engine.co
 from __future__ import annotations
 
 import signal
+import sys
 
 import proxy.engine.core_proc.entry  # noqa: F401 - imported once here, not in every engine process
 
+# what a load imports (``proxy.engine.loading.build_core``'s imports reach transformers' modeling
+# code and xgrammar: ~2 s of the ~2.5 s alone), and the default model's architecture
+PRELOAD_MODULES = ["transformers", "transformers.modeling_utils", "transformers.models.llama.modeling_llama",
+                   "proxy.engine.core_proc.child", "proxy.engine.loading", "proxy.engine.core",
+                   "proxy.engine.selfcheck_record", "proxy.engine.structured", "proxy.models.load"]
+
+
+def preload() -> list[str]:
+    """Import here, once, what every engine process's load imports (torch, transformers, the engine),
+    so that a child forked later starts its load at once: a load on a several-model server runs at
+    idle priority beside the models serving, and these imports (~2 s of a core alone) took 35-40 s
+    of its 45 there (``docs/bench/2026-12-06-load-start.md``). Returns the modules imported.
+
+    Only with a CPU build of torch (``torch.version.cuda`` and ``.hip`` None): there ``triton`` is
+    marked absent first as ``proxy.models.device.keep_triton_out`` does for a CPU server. With a GPU
+    build only torch itself is imported (importing it touches no device; whether triton stays out
+    depends on each model's ``--device``, which the child decides). Nothing here runs a torch
+    operation: a parallel region would start OpenMP's threads, which a fork does not copy."""
+    import torch
+
+    done = ["torch"]
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        if "triton" not in sys.modules:
+            sys.modules["triton"] = None  # type: ignore[assignment]
+        import importlib
+
+        for name in PRELOAD_MODULES:
+            importlib.import_module(name)
+        done += PRELOAD_MODULES
+    return done
+
+
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+PRELOADED = preload()

@@ -2,14 +2,19 @@
 
 The child is forked by multiprocessing's fork server (the "forkserver" method; forking the API
 process itself is unsafe once torch/CUDA threads run): a small Python process started at the first
-engine start (:func:`start_fork_server`), before any model serves, that has imported
-:mod:`proxy.engine.core_proc.entry` and nothing heavy (:mod:`proxy.engine.core_proc.fork_server`).
+engine start (:func:`start_fork_server`), before any model serves, that has imported what every
+load imports (torch, transformers, the engine: :mod:`proxy.engine.core_proc.fork_server`), so a
+load starts at once rather than importing them at idle priority beside the models serving.
 Why not "spawn": a spawned child starts a new interpreter at the API process's priority (~150 ms of
 one core: the interpreter, ``site``, the imports, before the load lowers its nice value), and a
 stream of a model already serving lost one step of 150-210 ms to it on two cores (issue 48; measured
 in ``docs/bench/2026-12-06-load-start.md``); a fork of the fork server starts in about a millisecond.
 A forked child has the fork server's environment, so the API process's ``os.environ`` at the start
-travels with it (:func:`proxy.engine.core_proc.entry.engine_process_main` applies it first).
+travels with it (:func:`proxy.engine.core_proc.entry.engine_process_main` applies it first); what
+the preloaded imports read at import time (OpenMP's variables, Hugging Face's paths:
+``IMPORT_ENV_PREFIXES``) is the fork server's, so a fork server whose such variables differ from
+the API process's at an engine start is replaced first when none of its children runs (their exit
+statuses travel through it), else kept with a warning naming the variables.
 
 Because the child ignores SIGTERM (see ``proxy.engine.core_proc.entry``),
 ``multiprocessing``'s exit handler (SIGTERM, then an unbounded ``join``) could wait for it forever;
@@ -39,15 +44,42 @@ _MP.set_forkserver_preload(["proxy.engine.core_proc.fork_server"])
 STOP_TIMEOUT_S = 10.0  # a serving child gets this long to stop after Stop() before SIGKILL
 _children: set[Any] = set()  # engine processes started and not yet reaped (killed at exit)
 _atexit_registered = False
+# the variables torch, OpenMP, oneDNN/MKL, Hugging Face's libraries and triton read when imported
+# (the dynamic loader's, at the fork server's start); streamproxy reads its own at use
+IMPORT_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_", "TORCH", "PYTORCH_",
+                       "CUDA_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TRITON_", "XDG_",
+                       "LD_")
+# read at every use, and set by importing torch._inductor (proxy.engine.execution.compiled_step)
+_READ_AT_USE = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+_fork_server_env: dict[str, str] = {}  # those variables when the fork server of this pid started
+_fork_server_pid: int | None = None
 
 
 def start_fork_server() -> None:
     """Start the fork server now if it does not run (it starts at the first engine start otherwise):
     a several-model server calls it before any model serves, so that its own start (a new
-    interpreter) never runs beside a stream."""
+    interpreter and its imports) never runs beside a stream. Replaces a running one whose
+    import-time variables differ from ``os.environ``'s when no child of it runs (module docs)."""
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()
+    global _fork_server_env, _fork_server_pid
+    env = {k: v for k, v in os.environ.items() if k.startswith(IMPORT_ENV_PREFIXES)
+           and k not in _READ_AT_USE}
+    server: Any = forkserver._forkserver  # multiprocessing's one fork server of this process
+    old = _fork_server_env
+    if server._forkserver_pid is not None and server._forkserver_pid == _fork_server_pid and env != old:
+        changed = sorted(k for k in env.keys() | old.keys() if env.get(k) != old.get(k))
+        if any(proc.is_alive() for proc in _children):
+            logger.warning("the environment changed since the engine processes' fork server started (%s); "
+                           "kept while its engine processes run: their imports read the old values",
+                           ", ".join(changed))
+            return
+        logger.info("the environment changed since the fork server started (%s): starting a new one",
+                    ", ".join(changed))
+        server._stop()
+    forkserver.ensure_running()  # (re)starts it when it does not run
+    if server._forkserver_pid != _fork_server_pid:
+        _fork_server_env, _fork_server_pid = env, server._forkserver_pid
 
 
 def _kill_children_at_exit() -> None:
@@ -91,6 +123,7 @@ def start_child(settings: Settings, on_started: Callable[[Any], None],
     """
     from proxy.models import ModelLoadError
 
+    start_fork_server()
     parent_conn, child_conn = _MP.Pipe()
     proc = _MP.Process(target=engine_process_main, args=(settings, child_conn, load_nice, dict(os.environ)),
                        name="streamproxy-engine-core", daemon=True)

@@ -4,8 +4,9 @@ Receivers dispatch on the message's type (``match msg: case AddRequest(): ...``)
 ``EngineCoreRequestType`` names each kind; nothing is read by position.
 
 - parent -> child (the engine core's commands; :class:`~proxy.engine.driver.CoreDriver` applies the
-  first three, in-process too): :class:`AddRequest`, :class:`AbortRequests`, :class:`Stop`, and
-  :class:`CompileGrammar` (engine process only).
+  first three and :class:`ReserveCores`, in-process too): :class:`AddRequest`,
+  :class:`AbortRequests`, :class:`Stop`, :class:`ReserveCores`, and :class:`CompileGrammar` (engine
+  process only).
 - child -> parent: :class:`Progress` and then one :class:`ReadyInfo` or :class:`LoadFailed` while
   loading; then a :class:`StepResult` after every engine step and after commands that change the
   counters (an abort frees blocks), and a :class:`Compiled` when a compile finished.
@@ -64,7 +65,16 @@ class CompileGrammar:
     param: str
 
 
-EngineCommand = AddRequest | AbortRequests | Stop | CompileGrammar
+@dataclass(frozen=True)
+class ReserveCores:
+    """Leave ``cores`` CPU cores to other work of this server (another model loading beside this
+    one): step with at most the full intra-op thread count less ``cores`` (at least one), until the
+    next ``ReserveCores``; 0 gives the full count back (``proxy.engine.driver.CoreDriver``)."""
+
+    cores: int
+
+
+EngineCommand = AddRequest | AbortRequests | Stop | CompileGrammar | ReserveCores
 """What the parent sends (``EngineProcClient``) and the child's engine loop receives."""
 
 

@@ -30,6 +30,7 @@ from proxy.engine.core_proc.messages import (
     CoreStats,
     EngineCommand,
     ReadyInfo,
+    ReserveCores,
     StepResult,
 )
 from proxy.engine.request import RequestOutput
@@ -70,8 +71,7 @@ class EngineProcClient:
         self.load_nice = load_nice
         self.max_waiting = settings.max_waiting
         self.max_num_seqs = settings.max_num_seqs
-        # The test hook runs in the engine's forward pass; a callable does not cross processes, so in
-        # this mode it is accepted and ignored (fault tests run with the in-process engine).
+        # the test hook (a callable: it does not cross processes) is accepted and ignored here
         self.fault_injector: FaultInjector | None = None
         self.num_restarts = 0
         self._live: set[str] = set()
@@ -266,6 +266,12 @@ class EngineProcClient:
                 self._send(AbortRequests(ended))
             except OSError:  # the child is dying; its requests are gone with it
                 pass
+
+    def reserve_cores(self, cores: int) -> None:
+        """``CoreDriver.reserve_cores`` in the child; not sent while it is down (it restarts at full)."""
+        if self._state is ClientState.UP and self._conn is not None:
+            with contextlib.suppress(OSError):  # the child is dying
+                self._send(ReserveCores(cores))
 
     async def compile_grammar(self, so: StructuredOutputParams, param: str) -> None:
         """Have the child compile (and cache) the grammar of ``so``; returns when it has (event loop).

@@ -76,6 +76,8 @@ class AdaptiveThreads:
 
     Attributes:
         threads: the count in use now.
+        max_threads: the count the rule returns to: ``full_threads`` (the argument) unless
+            :meth:`cap` lowered it.
         changes: how many times the count changed (for logs and tests).
     """
 
@@ -98,7 +100,7 @@ class AdaptiveThreads:
         ticks_per_s: float = 100.0,
         idle_gap_s: float = 1.0,
     ) -> None:
-        self.max_threads = max_threads
+        self.full_threads = self.max_threads = max_threads
         self.threads = max_threads
         self._wait_ns = wait_ns
         self._set_threads = set_threads
@@ -174,6 +176,9 @@ class AdaptiveThreads:
                 self._apply(self.max_threads, "probing whether the cores are free again")
             self._reset_window()
             return
+        if self.max_threads < 2:  # one thread (capped): nothing to drop to
+            self._reset_window()
+            return
         if not self._probing and (self._busy_s < self.window_s or self._steps < self.min_steps):
             return  # a probe is judged on its first step: under contention a step at the full
             # count is the slow kind (it may be a whole prompt's prefill)
@@ -190,6 +195,19 @@ class AdaptiveThreads:
             self._probing = False
             self._probe_gap = self.probe_after_s
             logger.info("engine threads stay at %d: the cores are free again", self.threads)
+
+    def cap(self, limit: int, why: str) -> None:
+        """Run at most ``limit`` threads (at least 1, at most the full count) until the next call: the
+        count the rule returns to, applied now where fewer run; the full count lifts the cap and is
+        applied now (a reduced count starts over from it, as at the start)."""
+        limit = max(1, min(limit, self.full_threads))
+        self.max_threads = limit
+        self._free_since, self._others, self._reads = None, 0, 0
+        self._probing, self._probe_gap, self._next_probe = False, self.probe_after_s, 0.0
+        self._last_done = None
+        self._reset_window()
+        now = limit if limit == self.full_threads else min(limit, self.threads)
+        self._apply(now, f"at most {limit}: {why}")
 
     def _reset_window(self) -> None:
         self._busy_s = 0.0

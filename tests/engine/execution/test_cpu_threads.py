@@ -252,3 +252,29 @@ def test_rule_applies_on_cpu_with_threads_only() -> None:
         assert rule is None
     else:
         assert isinstance(rule, AdaptiveThreads) and rule.max_threads == 2
+
+
+def test_a_cap_lowers_the_count_the_rule_works_below_it_and_its_lift_returns_the_full_count() -> None:
+    """``cap`` (a several-model server leaving a core to a load, ``CoreDriver.reserve_cores``)."""
+    m = FakeMachine()
+    rule = make(m, max_threads=4)
+    rule.cap(3, "a load")
+    assert rule.threads == 3 and rule.max_threads == 3 and m.applied == [3]
+    m.wait_fraction = 0.34
+    m.steps(rule, 8)  # one full window of waiting: below the cap, as below the full count
+    assert rule.threads == 2 and m.applied == [3, 2]
+    rule.cap(3, "a second load")  # a cap never raises a reduced count
+    assert rule.threads == 2
+    rule.cap(4, "no load")  # lifted: the full count now
+    assert rule.threads == 4 and rule.max_threads == 4 and m.applied == [3, 2, 4]
+
+
+def test_a_cap_of_one_thread_is_kept_while_steps_wait() -> None:
+    m = FakeMachine()
+    rule = make(m)
+    rule.cap(1, "a load")
+    m.wait_fraction = 0.5
+    m.steps(rule, 40)  # nothing below one thread, and no probe of the full count while capped
+    assert rule.threads == 1 and m.applied == [1]
+    rule.cap(0, "below one")
+    assert rule.threads == 1 and rule.max_threads == 1
