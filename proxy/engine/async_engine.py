@@ -63,6 +63,7 @@ class AsyncEngine:
         self._on_outputs: OutputsHandler | None = None
         self._driver = CoreDriver(core, adaptive_threads=core.settings.adaptive_threads)
         self._num_adds_sent = 0  # written on the event loop only (the driver counts those taken)
+        self._reserves_sent = 0  # ReserveCores queued (event loop only; the driver counts those applied)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -166,7 +167,12 @@ class AsyncEngine:
         """Leave ``cores`` CPU cores to a model loading beside this one (0: none); see
         ``proxy.engine.driver.CoreDriver.reserve_cores``."""
         self._commands.append(ReserveCores(cores))
+        self._reserves_sent += 1
         self._wake.set()
+
+    def cores_reserved(self) -> bool:
+        """Every ``reserve_cores`` so far applied by the engine thread."""
+        return self._driver.num_reserves_taken >= self._reserves_sent
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Event-loop side of one step's hand-off."""

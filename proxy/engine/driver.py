@@ -46,6 +46,7 @@ class CoreDriver:
     Attributes:
         num_adds_taken: ``AddRequest`` commands taken so far, counted before the core queues each
             (``proxy.engine.admission.num_waiting``); written by the driver's thread only.
+        num_reserves_taken: ``ReserveCores`` commands applied so far (the sender's acknowledgement).
         num_threads: torch intra-op threads of the thread that built the driver (the one that
             loaded the model), applied on the thread that runs it
             (``proxy.engine.execution.cpu_threads.builder_thread_count``); None off the CPU.
@@ -57,6 +58,7 @@ class CoreDriver:
         self.compile_grammar = compile_grammar
         self.adaptive_threads = adaptive_threads
         self.num_adds_taken = 0
+        self.num_reserves_taken = 0
         runner = getattr(core, "runner", None)  # None: a core on no device (tests' scripted cores)
         self.device = runner.device if runner is not None else None
         self.num_threads = builder_thread_count(self.device) if self.device is not None else None
@@ -108,6 +110,7 @@ class CoreDriver:
                         self.compile_grammar(command)
                 case ReserveCores(cores):
                     self.reserve_cores(cores)
+                    self.num_reserves_taken += 1
                 case Stop():
                     return True
         return False

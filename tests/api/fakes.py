@@ -172,6 +172,9 @@ class FakeEngine:
     def reserve_cores(self, cores: int) -> None:
         self.reserved_cores.append(cores)
 
+    def cores_reserved(self) -> bool:
+        return True
+
     def abort_requests(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             r = self.running.pop(request_id, None)

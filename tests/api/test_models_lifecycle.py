@@ -219,7 +219,7 @@ def test_a_loaded_model_serves_only_once_the_read_ahead_has_ended() -> None:
     assert seen[-6:] == ["loading"] * 5 + ["loaded"]
 
 
-async def _reserved_while_loading(tmp: Path) -> tuple[list[int], list[int], list[int]]:
+async def _reserved_while_loading(tmp: Path) -> tuple[list[int], list[int], list[int], list[int]]:
     farm = Farm(gates={"b": threading.Event(), "c": threading.Event()})
     for name in ("a", "b", "c"):
         (tmp / name).mkdir()
@@ -233,6 +233,13 @@ async def _reserved_while_loading(tmp: Path) -> tuple[list[int], list[int], list
     await registry.ensure_loaded(registry.find("a"))
     a = farm.engines["a"]
     assert a.reserved_cores == []  # the first load has nothing to yield to
+    polls: list[int] = []  # loads started when a was asked whether it applied the reservation
+
+    def applied_at_the_third_ask() -> bool:
+        polls.append(len(farm.loads))
+        return len(polls) >= 3
+
+    a.cores_reserved = applied_at_the_third_ask  # type: ignore[method-assign]
     b_load = asyncio.ensure_future(registry.ensure_loaded(registry.find("b")))
     c_load = asyncio.ensure_future(registry.ensure_loaded(registry.find("c")))
     while sorted(farm.loads) != ["a", "b", "c"]:
@@ -244,14 +251,16 @@ async def _reserved_while_loading(tmp: Path) -> tuple[list[int], list[int], list
     farm.gates["c"].set()
     await c_load
     await registry.close()
-    return during, b_during, a.reserved_cores
+    return during, b_during, a.reserved_cores, polls
 
 
 def test_loaded_models_leave_a_core_to_the_loads_beside_them_until_the_last_ends(tmp_path: Path) -> None:
     """While a model loads beside loaded ones, each loaded one steps with a core fewer
     (``EngineClient.reserve_cores``, ``proxy.api.multi.LOAD_RESERVED_CORES``); a model that finishes
-    loading while another still loads does too; the last load's end gives the cores back."""
-    during, b_during, a_all = asyncio.run(_reserved_while_loading(tmp_path))
+    loading while another still loads does too; the last load's end gives the cores back. A load
+    starts once the loaded engines say they applied it (``EngineClient.cores_reserved``)."""
+    during, b_during, a_all, polls = asyncio.run(_reserved_while_loading(tmp_path))
+    assert polls[:2] == [1, 1]  # b's and c's loads waited for a
     assert during == [1, 1]
     assert b_during == [1]
     assert a_all[-1] == 0 and a_all.count(0) == 1

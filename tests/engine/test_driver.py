@@ -162,6 +162,7 @@ def test_reserve_cores_steps_with_fewer_threads_until_given_back(adaptive: bool)
     finally:
         torch.set_num_threads(before)
     assert CountingCore.seen == [3, 2, 1, 3]
+    assert driver.num_reserves_taken == 3  # the sender's acknowledgement (CoreStats.num_reserves_taken)
 
 
 def test_driver_hands_grammar_compiles_to_its_compile_thread() -> None:

@@ -7,6 +7,7 @@ again and ``streamproxy:engine_restarts_total`` is 1. SIGTERM still drains and e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -156,6 +157,17 @@ def test_an_on_demand_load_runs_at_nice_19_and_the_serving_thread_keeps_its_prio
         assert (client.info.load_nice, client.info.serve_nice) == (19, start)
         assert client.pid is not None
         assert os.getpriority(os.PRIO_PROCESS, client.pid) == start  # the child's main thread
+
+        async def reserve() -> None:
+            client.start(lambda outputs: None)  # the step messages are read (the acknowledgement)
+            assert client.cores_reserved()
+            client.reserve_cores(1)  # a later load beside it (proxy.api.multi)
+            deadline = time.monotonic() + 20
+            while not client.cores_reserved():  # the idle child applies it at once and says so
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+
+        asyncio.run(reserve())
     finally:
         client.shutdown()
 

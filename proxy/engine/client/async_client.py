@@ -121,6 +121,10 @@ class AsyncEngineClient:
         """See :meth:`EngineClient.reserve_cores`."""
         self.core.reserve_cores(cores)
 
+    def cores_reserved(self) -> bool:
+        """See :meth:`EngineClient.cores_reserved`."""
+        return self.core.cores_reserved()
+
     def abort_all(self, message: str, code: str) -> int:
         ended = self._processor.fail_all(message, code)
         if ended:

@@ -102,4 +102,7 @@ class EngineCoreClient(Protocol):
         """Leave ``cores`` CPU cores to a model loading beside this one until the next call (0: none;
         ``proxy.engine.driver.CoreDriver.reserve_cores``)."""
 
+    def cores_reserved(self) -> bool:
+        """Every ``reserve_cores`` call so far applied by the engine (it steps with that count)."""
+
     def stats(self) -> EngineStats: ...

@@ -88,6 +88,9 @@ class EngineClient(Protocol):
         """Step with ``cores`` fewer CPU threads (at least one) until the next call, 0: the full
         count; a several-model server leaves a core to a model loading (``proxy.api.multi``)."""
 
+    def cores_reserved(self) -> bool:
+        """Every :meth:`reserve_cores` so far applied (the engine steps with that count now)."""
+
     def stats(self) -> EngineStats: ...
 
     async def prepare_structured_output(self, so: StructuredOutputParams, param: str) -> None:

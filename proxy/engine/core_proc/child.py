@@ -129,7 +129,7 @@ def serve(driver: CoreDriver, conn: Connection, send: Send) -> None:
         return commands
 
     def publish(outputs: list[RequestOutput]) -> None:
-        send(StepResult(outputs, CoreStats.of(driver.core, driver.num_adds_taken)))
+        send(StepResult(outputs, CoreStats.of(driver.core, driver.num_adds_taken, driver.num_reserves_taken)))
 
     driver.run(receive, publish)
     driver.core.fail_all("the engine shut down")

@@ -140,6 +140,8 @@ class CoreStats:
         prefix_cache_queries, prefix_cache_hits: prompt tokens looked up / found, since start.
         num_adds_taken: ``AddRequest`` commands the core has taken so far (the sender counts the
             ones sent; the difference is waiting too, see ``proxy.engine.admission``).
+        num_reserves_taken: :class:`ReserveCores` commands applied so far (the sender counts the
+            ones sent: all applied when equal, ``EngineProcClient.cores_reserved``).
     """
 
     num_running: int
@@ -151,13 +153,14 @@ class CoreStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_adds_taken: int
+    num_reserves_taken: int = 0
 
     @classmethod
-    def of(cls, core: Any, num_adds_taken: int) -> CoreStats:
+    def of(cls, core: Any, num_adds_taken: int, num_reserves_taken: int = 0) -> CoreStats:
         """The counters of ``core`` (an ``EngineCore``) now."""
         return cls(core.num_running, core.num_waiting, core.kv_cache_usage, core.num_free_blocks,
                    core.num_total_blocks, core.scheduler.num_preemptions, core.prefix_cache_queries,
-                   core.prefix_cache_hits, num_adds_taken)
+                   core.prefix_cache_hits, num_adds_taken, num_reserves_taken)
 
     def engine_stats(self, num_waiting: int, num_engine_restarts: int = 0) -> EngineStats:
         """These counters as ``EngineStats``, with the client's ``num_waiting`` (adds in flight

@@ -2,8 +2,8 @@
 
 It starts the child (``lifecycle``), reads its step messages on a reader thread and hands each step's
 outputs to the event loop, restarts a child that died (unless shutdown has begun), keeps the child's
-last counters for ``stats()`` and the 429 rule, and sends adds, aborts and grammar compiles.
-"""
+last counters for ``stats()`` and the 429 rule, and sends adds, aborts, grammar compiles and core
+reservations."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class EngineProcClient:
         self.num_restarts = 0
         self._live: set[str] = set()
         self._stats: CoreStats = NO_STATS
-        self._adds_sent = 0
+        self._adds_sent = self._reserves_sent = 0
         self._on_outputs: OutputsHandler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._state = ClientState.UP
@@ -97,7 +97,7 @@ class EngineProcClient:
         finally:
             self._launching = None
         self._proc, self._conn = proc, conn
-        self._adds_sent = 0
+        self._adds_sent = self._reserves_sent = 0
         self._stats = info.stats or NO_STATS  # its KV blocks before the first step
         return info
 
@@ -171,7 +171,7 @@ class EngineProcClient:
             self._state = ClientState.DEAD
             return
         if self._state is ClientState.STOPPED or self._draining:
-            self._stop_child()
+            stop_child(self._proc, self._conn, self._send)
             return
         self._start_reader()
         self._state = ClientState.UP
@@ -182,10 +182,9 @@ class EngineProcClient:
         self._draining = True
 
     def shutdown(self) -> None:
-        """Stop the child (it fails its requests; here they end with an error); later adds raise.
-
-        A child still loading (a restart) is killed; one serving gets ``Stop()`` and
-        ``STOP_TIMEOUT_S`` seconds before SIGKILL (it ignores SIGTERM)."""
+        """Stop the child (it fails its requests; here they end with an error); later adds raise. A
+        child still loading (a restart) is killed; one serving gets ``Stop()`` and ``STOP_TIMEOUT_S``
+        seconds before SIGKILL (it ignores SIGTERM)."""
         if self._state is ClientState.STOPPED:
             return
         self._state = ClientState.STOPPED
@@ -195,9 +194,6 @@ class EngineProcClient:
         launching = self._launching
         if launching is not None and launching.is_alive():
             launching.kill()  # the restart thread sees it die and gives up
-        self._stop_child()
-
-    def _stop_child(self) -> None:
         stop_child(self._proc, self._conn, self._send)
 
     @property
@@ -209,8 +205,6 @@ class EngineProcClient:
     def pid(self) -> int | None:
         """The engine process's pid (tests kill it)."""
         return None if self._proc is None else int(self._proc.pid)
-
-    # ---- counters ---------------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
         """The child's counters as of its last step message."""
@@ -272,6 +266,11 @@ class EngineProcClient:
         if self._state is ClientState.UP and self._conn is not None:
             with contextlib.suppress(OSError):  # the child is dying
                 self._send(ReserveCores(cores))
+                self._reserves_sent += 1
+
+    def cores_reserved(self) -> bool:
+        """Every ``reserve_cores`` sent to this child applied (true of a child that is not up)."""
+        return self._state is not ClientState.UP or self._stats.num_reserves_taken >= self._reserves_sent
 
     async def compile_grammar(self, so: StructuredOutputParams, param: str) -> None:
         """Have the child compile (and cache) the grammar of ``so``; returns when it has (event loop).
