@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pickle
+import types
 from collections.abc import Iterable, Sequence
 
 import pytest
+import torch
 
 from proxy.engine import admission
 from proxy.engine.core_proc.messages import (
@@ -27,6 +29,7 @@ from proxy.engine.driver import CoreDriver
 from proxy.engine.request import RequestOutput, TokenLogprob
 from proxy.errors import RateLimitError
 from proxy.sampling import SamplingParams, StructuredOutputParams
+from proxy.threads import run_in_own_thread
 
 
 class ScriptedCore:
@@ -89,41 +92,46 @@ def test_driver_applies_steps_and_publishes_each_turn_until_stop() -> None:
     assert driver.num_adds_taken == 4
 
 
-def test_driver_steps_with_the_thread_count_of_the_thread_that_built_it() -> None:
-    """torch gives a new thread its intra-op count from the last ``set_num_threads`` of any thread
-    (the embedding worker sets 1 for itself): the engine thread must not inherit that."""
-    import threading
-    import types
-    from typing import ClassVar
+class CountingCore(ScriptedCore):
+    """A core on the CPU that records torch's intra-op thread count at each step."""
 
-    import torch
+    runner = types.SimpleNamespace(device=torch.device("cpu"))
 
-    from proxy.threads import run_in_own_thread
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
 
-    class CountingCore(ScriptedCore):
-        runner = types.SimpleNamespace(device=torch.device("cpu"))
-        seen: ClassVar[list[int]] = []
+    def step(self) -> list[RequestOutput]:
+        self.seen.append(torch.get_num_threads())
+        return super().step()
 
-        def step(self) -> list[RequestOutput]:
-            self.seen.append(torch.get_num_threads())
-            return super().step()
 
+def run_built_at_3_threads(turns: list[list[EngineCommand]], adaptive: bool = True,
+                           other_thread_sets: int | None = None) -> CoreDriver:
+    """A driver built on a thread with 3 intra-op threads, run on another thread through ``turns``
+    (after another thread set ``other_thread_sets``, when given); torch's process-wide count restored."""
     def build() -> CoreDriver:
         torch.set_num_threads(3)
-        return CoreDriver(CountingCore())
+        return CoreDriver(CountingCore(), adaptive_threads=adaptive)
 
     before = torch.get_num_threads()
     try:
         driver = run_in_own_thread(build)
         assert driver.num_threads == 3
-        run_in_own_thread(torch.set_num_threads, 1)  # as the embedding worker's thread does
-        receive, _ = scripted([[AddRequest("a", [1], SamplingParams())], [Stop()]])
-        stepper = threading.Thread(target=driver.run, args=(receive, lambda outputs: None))
-        stepper.start()
-        stepper.join()
+        if other_thread_sets is not None:
+            run_in_own_thread(torch.set_num_threads, other_thread_sets)
+        receive, _ = scripted(turns)
+        run_in_own_thread(driver.run, receive, lambda outputs: None)
     finally:  # the process-wide value later threads start from
         torch.set_num_threads(before)
-    assert CountingCore.seen == [3]
+    return driver
+
+
+def test_driver_steps_with_the_thread_count_of_the_thread_that_built_it() -> None:
+    """torch gives a new thread its intra-op count from the last ``set_num_threads`` of any thread
+    (the embedding worker sets 1 for itself): the engine thread must not inherit that."""
+    driver = run_built_at_3_threads([[AddRequest("a", [1], SamplingParams())], [Stop()]], other_thread_sets=1)
+    assert driver.core.seen == [3]
     assert CoreDriver(ScriptedCore()).num_threads is None  # no runner (not on a device): untouched
 
 
@@ -131,37 +139,12 @@ def test_driver_steps_with_the_thread_count_of_the_thread_that_built_it() -> Non
 def test_reserve_cores_steps_with_fewer_threads_until_given_back(adaptive: bool) -> None:
     """``ReserveCores`` (a several-model server's load beside this engine): the full count less the
     cores, at least one, until ``ReserveCores(0)``; under the adaptive rule and without it."""
-    import types
-    from typing import ClassVar
-
-    import torch
-
-    from proxy.threads import run_in_own_thread
-
-    class CountingCore(ScriptedCore):
-        runner = types.SimpleNamespace(device=torch.device("cpu"))
-        seen: ClassVar[list[int]] = []
-
-        def step(self) -> list[RequestOutput]:
-            self.seen.append(torch.get_num_threads())
-            return super().step()
-
-    def build() -> CoreDriver:
-        torch.set_num_threads(3)
-        return CoreDriver(CountingCore(), adaptive_threads=adaptive)
-
     def add(rid: str) -> AddRequest:
         return AddRequest(rid, [1], SamplingParams())
 
-    before = torch.get_num_threads()
-    try:
-        driver = run_in_own_thread(build)
-        receive, _ = scripted([[add("a")], [ReserveCores(1), add("b")], [ReserveCores(5), add("c")],
-                               [ReserveCores(0), add("d")], [Stop()]])
-        run_in_own_thread(driver.run, receive, lambda outputs: None)
-    finally:
-        torch.set_num_threads(before)
-    assert CountingCore.seen == [3, 2, 1, 3]
+    driver = run_built_at_3_threads([[add("a")], [ReserveCores(1), add("b")], [ReserveCores(5), add("c")],
+                                     [ReserveCores(0), add("d")], [Stop()]], adaptive)
+    assert driver.core.seen == [3, 2, 1, 3]
     assert driver.num_reserves_taken == 3  # the sender's acknowledgement (CoreStats.num_reserves_taken)
 
 
