@@ -40,8 +40,11 @@ def engine_process_main(settings: Settings, conn: Connection, load_nice: int = 0
     # drains, then stops us with a message; dying here would fail the streams it is draining
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # several models' engine processes log to one terminal: each line names its model
+    name = settings.served_model_name or os.path.basename(str(settings.model or "").rstrip("/")) or "default"
+    name = name.replace("%", "%%")
     logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s [engine process]: %(message)s")
+                        format=f"%(asctime)s %(levelname)s %(name)s [engine process {name}]: %(message)s")
     start = time.monotonic()
 
     def load() -> Any:
