@@ -11,6 +11,7 @@ import torch
 from proxy.quant import amx_int4
 from proxy.quant.kernels import cpu_flags
 from proxy.quant.linear import Int4Plane, PackedLinear, kernel_view, quantize_int4
+from tests.quant.invariance import PROMPT_ROWS, assert_rows_and_threads_invariant
 
 CPU = torch.device("cpu")
 needs_kernel = pytest.mark.skipif(
@@ -108,15 +109,8 @@ def test_a_row_is_the_same_bits_in_any_batch_and_at_any_thread_count() -> None:
     tiles, sz = amx_int4.pack(plane.codes, plane.scale, plane.zero)
     x = _x(49, 576)
     full = amx_int4.amx_int4_mm(x, tiles, sz, 32)
-    for m in (1, 2, 15, 16, 17, 31, 33, 48):
-        assert torch.equal(amx_int4.amx_int4_mm(x[:m], tiles, sz, 32), full[:m]), m
-    assert torch.equal(amx_int4.amx_int4_mm(x[20:21], tiles, sz, 32), full[20:21])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(amx_int4.amx_int4_mm(x, tiles, sz, 32), full)
-    finally:
-        torch.set_num_threads(threads)
+    rows = [slice(0, m) for m in (1, 2, 15, 16, 17, 31, 33, 48)] + [slice(20, 21)]
+    assert_rows_and_threads_invariant(lambda xs: amx_int4.amx_int4_mm(xs, tiles, sz, 32), x, full, rows)
 
 
 @needs_kernel
@@ -171,11 +165,5 @@ def test_the_prompt_row_kernel_computes_the_dequantized_weight_and_a_rows_bits_a
     y = amx_int4.amx_int4_prompt_mm(x, tiles, sz, group)
     weight = kernel_view([plane], group, torch.bfloat16).float()  # [N, K]
     torch.testing.assert_close(y.float(), x.float() @ weight.t(), rtol=0.02, atol=0.02 * float(y.abs().max()))
-    for rows in (slice(0, 1), slice(3, 8), slice(0, 16), slice(5, 22), slice(30, 70), slice(1, 33)):
-        assert torch.equal(amx_int4.amx_int4_prompt_mm(x[rows].contiguous(), tiles, sz, group), y[rows]), rows
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(amx_int4.amx_int4_prompt_mm(x, tiles, sz, group), y)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_and_threads_invariant(lambda xs: amx_int4.amx_int4_prompt_mm(xs, tiles, sz, group), x, y,
+                                      PROMPT_ROWS)

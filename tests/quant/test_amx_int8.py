@@ -14,6 +14,7 @@ from proxy.quant import amx_int8
 from proxy.quant.gguf_types import int8_codes
 from proxy.quant.int8_linear import GEMM_ROWS, Int8Linear
 from proxy.quant.kernels import cpu_flags
+from tests.quant.invariance import PROMPT_ROWS, assert_rows_and_threads_invariant
 from tests.quant.test_gguf_types import random_blocks
 
 CPU = torch.device("cpu")
@@ -134,15 +135,8 @@ def test_a_row_is_the_same_bits_in_any_batch_and_at_any_thread_count(group: int)
     codes, scales = _weights(80, 512, group)
     x = _x(49, 512)
     full = _mm(x, codes, scales)
-    for m in (1, 2, 3, 15, 16, 17, 31, 33, 48):
-        assert torch.equal(_mm(x[:m], codes, scales), full[:m]), m
-    assert torch.equal(_mm(x[20:21], codes, scales), full[20:21])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(_mm(x, codes, scales), full)
-    finally:
-        torch.set_num_threads(threads)
+    rows = [slice(0, m) for m in (1, 2, 3, 15, 16, 17, 31, 33, 48)] + [slice(20, 21)]
+    assert_rows_and_threads_invariant(lambda xs: _mm(xs, codes, scales), x, full, rows)
 
 
 @needs_kernel
@@ -236,15 +230,8 @@ def test_the_prompt_row_kernel_computes_bf16_weights_and_a_rows_bits_alone(n: in
     y = amx_int8.amx_int8_prompt_mm(x, codes, packed, sub)
     want = x.float() @ weight.float().t()
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4 * float(y.abs().max()))
-    for rows in (slice(0, 1), slice(3, 8), slice(0, 16), slice(5, 22), slice(30, 70), slice(1, 33)):
-        alone = amx_int8.amx_int8_prompt_mm(x[rows].contiguous(), codes, packed, sub)
-        assert torch.equal(alone, y[rows]), rows
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(amx_int8.amx_int8_prompt_mm(x, codes, packed, sub), y)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_and_threads_invariant(lambda xs: amx_int8.amx_int8_prompt_mm(xs, codes, packed, sub), x, y,
+                                      PROMPT_ROWS)
 
 
 @needs_kernel

@@ -11,6 +11,7 @@ import torch
 from proxy.quant import amx_int8, int8_linear
 from proxy.quant.int8_linear import Int8Linear, kernel_available, q8_matmul, q8_matmul_reference
 from proxy.quant.kernels import cpu_flags
+from tests.quant.invariance import assert_rows_and_threads_invariant
 
 needs_kernel = pytest.mark.skipif(
     not kernel_available(), reason="the Q8_0 kernel needs x86-64 with AVX2 and FMA"
@@ -101,16 +102,9 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_the_threads(group: int, isa: 
     codes, scales = _weights(200, 576, group=group)
     x = torch.randn(19, 576, generator=torch.Generator().manual_seed(2))
     whole = q8_matmul(x, codes, scales)
-    for i in (0, 7, 8, 15, 16, 18):  # tiles: 8 rows (AVX2), 16 (AVX-512); the tail
-        assert torch.equal(q8_matmul(x[i:i + 1], codes, scales), whole[i:i + 1])
-    assert torch.equal(q8_matmul(x[3:12], codes, scales), whole[3:12])
-    assert torch.equal(q8_matmul(x[2:19], codes, scales), whole[2:19])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(q8_matmul(x, codes, scales), whole)
-    finally:
-        torch.set_num_threads(threads)
+    # tiles: 8 rows (AVX2), 16 (AVX-512); the tail
+    rows = [slice(i, i + 1) for i in (0, 7, 8, 15, 16, 18)] + [slice(3, 12), slice(2, 19)]
+    assert_rows_and_threads_invariant(lambda xs: q8_matmul(xs, codes, scales), x, whole, rows)
 
 
 @needs_kernel
