@@ -87,14 +87,19 @@ def keep_triton_out(settings: Settings) -> bool:
     torch (``torch.utils._triton.has_triton_package``) and transformers (``is_triton_available``)
     ask. Not done where CUDA will be used, nor when triton is imported already.
     """
-    import sys
-
-    if "triton" in sys.modules:
-        return False
     device = settings.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not device.startswith("cpu"):
+    return device.startswith("cpu") and mark_triton_absent()
+
+
+def mark_triton_absent() -> bool:
+    """``sys.modules["triton"] = None`` unless triton is imported already (then False): the step of
+    :func:`keep_triton_out` once the server is known to run on the CPU (the engine processes' fork
+    server does it on a CPU build of torch, ``proxy.engine.core_proc.fork_server``)."""
+    import sys
+
+    if "triton" in sys.modules:
         return False
     sys.modules["triton"] = None  # type: ignore[assignment]
     return True

@@ -41,7 +41,9 @@ def engine_process_main(settings: Settings, conn: Connection, load_nice: int = 0
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # several models' engine processes log to one terminal: each line names its model
-    name = settings.served_model_name or os.path.basename(str(settings.model or "").rstrip("/")) or "default"
+    from proxy.catalog import model_id_of
+
+    name = settings.served_model_name or (model_id_of(settings.model) if settings.model else "default")
     name = name.replace("%", "%%")
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s [engine process {name}]: %(message)s")

@@ -12,8 +12,8 @@ closes). The engine processes it forks set their own handlers (``proxy.engine.co
 
 from __future__ import annotations
 
+import importlib
 import signal
-import sys
 
 import proxy.engine.core_proc.entry  # noqa: F401 - imported once here, not in every engine process
 
@@ -24,30 +24,26 @@ PRELOAD_MODULES = ["transformers", "transformers.modeling_utils", "transformers.
                    "proxy.engine.selfcheck_record", "proxy.engine.structured", "proxy.models.load"]
 
 
-def preload() -> list[str]:
+def preload() -> None:
     """Import here, once, what every engine process's load imports (torch, transformers, the engine),
     so that a child forked later starts its load at once: a load on a several-model server runs at
     idle priority beside the models serving, and these imports (~2 s of a core alone) took 35-40 s
-    of its 45 there (``docs/bench/2026-12-06-load-start.md``). Returns the modules imported.
+    of its 45 there (``docs/bench/2026-12-06-load-reserve.md``).
 
     Only with a CPU build of torch (``torch.version.cuda`` and ``.hip`` None): there ``triton`` is
-    marked absent first as ``proxy.models.device.keep_triton_out`` does for a CPU server. With a GPU
+    marked absent first (``proxy.models.device.mark_triton_absent``, as for a CPU server). With a GPU
     build only torch itself is imported (importing it touches no device; whether triton stays out
     depends on each model's ``--device``, which the child decides). Nothing here runs a torch
     operation: a parallel region would start OpenMP's threads, which a fork does not copy."""
     import torch
 
-    done = ["torch"]
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
-        if "triton" not in sys.modules:
-            sys.modules["triton"] = None  # type: ignore[assignment]
-        import importlib
+        from proxy.models.device import mark_triton_absent
 
+        mark_triton_absent()  # before transformers imports torch._dynamo
         for name in PRELOAD_MODULES:
             importlib.import_module(name)
-        done += PRELOAD_MODULES
-    return done
 
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-PRELOADED = preload()
+preload()
