@@ -338,8 +338,11 @@ def test_a_dead_engine_says_whether_retrying_here_can_help():
 def _modules_of_a_child(conn: Any) -> None:
     import sys
 
-    conn.send({name: name in sys.modules for name in ("torch", "transformers.modeling_utils",
-                                                       "proxy.engine.loading", "proxy.engine.core")})
+    found = {name: name in sys.modules for name in ("torch", "transformers.modeling_utils", "proxy.engine.loading",
+                                                    "proxy.engine.core", "torch._inductor.codecache")}
+    isa = sys.modules.get("torch._inductor.cpu_vec_isa")
+    found["vec_isa_probed"] = isa is not None and isa.valid_vec_isa_list.cache_info().currsize == 1
+    conn.send(found)
     conn.close()
 
 
@@ -351,8 +354,9 @@ def _wait_for_eof(conn: Any) -> None:
 def test_the_fork_server_preloads_a_loads_imports_and_is_replaced_when_their_environment_changes(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
-    """Engine processes are forked with torch, transformers' modeling code and the engine imported
-    (``proxy.engine.core_proc.fork_server``: a load beside serving models starts at once); a change of
+    """Engine processes are forked with torch, transformers' modeling code, the engine and inductor's
+    loading side imported, its vector-ISA probe done (``proxy.engine.core_proc.fork_server``: a load
+    beside serving models starts at once, a saved decode step loads without the probe); a change of
     a variable those imports read replaces the fork server when no engine process runs, and is only
     warned about while one does (its exit status travels through the fork server)."""
     from multiprocessing import forkserver
@@ -367,7 +371,7 @@ def test_the_fork_server_preloads_a_loads_imports_and_is_replaced_when_their_env
     child.start()
     theirs.close()
     assert ours.recv() == {"torch": True, "transformers.modeling_utils": True, "proxy.engine.loading": True,
-                           "proxy.engine.core": True}
+                           "proxy.engine.core": True, "torch._inductor.codecache": True, "vec_isa_probed": True}
     child.join(30)
     policy = "ACTIVE" if os.environ.get("OMP_WAIT_POLICY") == "PASSIVE" else "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", policy)

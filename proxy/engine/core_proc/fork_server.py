@@ -20,15 +20,22 @@ import proxy.engine.core_proc.entry  # noqa: F401 - imported once here, not in e
 # what a load imports (``proxy.engine.loading.build_core``'s imports reach transformers' modeling
 # code and xgrammar: ~2 s of the ~2.5 s alone), and the default model's architecture
 PRELOAD_MODULES = ["transformers", "transformers.modeling_utils", "transformers.models.llama.modeling_llama",
-                   "proxy.engine.core_proc.child", "proxy.engine.loading", "proxy.engine.core",
-                   "proxy.engine.selfcheck_record", "proxy.engine.structured", "proxy.models.load"]
+                   "gguf", "proxy.engine.core_proc.child", "proxy.engine.loading", "proxy.engine.core",
+                   "proxy.engine.selfcheck_record", "proxy.engine.structured", "proxy.models.load",
+                   # what loading the saved compiled decode step imports (torch.compiler.load_compiled_function)
+                   "torch._dynamo.aot_compile", "torch._functorch._aot_autograd.aot_autograd_result",
+                   "torch._inductor.compile_fx", "torch._inductor.codecache", "torch._inductor.output_code"]
 
 
 def preload() -> None:
-    """Import here, once, what every engine process's load imports (torch, transformers, the engine),
-    so that a child forked later starts its load at once: a load on a several-model server runs at
-    idle priority beside the models serving, and these imports (~2 s of a core alone) took 35-40 s
-    of its 45 there (``docs/bench/2026-12-06-load-reserve.md``).
+    """Import here, once, what every engine process's load imports (torch, transformers, the engine,
+    inductor's side of loading the compiled decode step), so that a child forked later starts its load
+    at once: a load on a several-model server runs at idle priority beside the models serving, and
+    these imports (~2 s of a core alone) took 35-40 s of its 45 there
+    (``docs/bench/2026-12-06-load-reserve.md``). Inductor's probe of the vector instruction sets its
+    C++ can use runs here too (``valid_vec_isa_list``: a library built and loaded in a child process
+    per set, the answer cached for the process), as every child's first step load would
+    (``docs/bench/2026-12-06-load-warm.md``).
 
     Only with a CPU build of torch (``torch.version.cuda`` and ``.hip`` None): there ``triton`` is
     marked absent first (``proxy.models.device.mark_triton_absent``, as for a CPU server). With a GPU
@@ -43,6 +50,9 @@ def preload() -> None:
         mark_triton_absent()  # before transformers imports torch._dynamo
         for name in PRELOAD_MODULES:
             importlib.import_module(name)
+        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+        valid_vec_isa_list()  # inductor's probe of the vector ISAs its C++ can use, cached for the process
 
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
