@@ -80,6 +80,10 @@ def gguf_tensors(path: Path) -> tuple[str, dict[str, GGUFTensor]]:
             pos += 12
             if etype in _SCALAR_SIZES:
                 pos += count * _SCALAR_SIZES[etype]
+            elif etype == _STRING:  # a vocabulary: step over each string by its length, not decoded
+                unpack = struct.Struct("<Q").unpack_from
+                for _ in range(count):
+                    pos += 8 + unpack(buf, pos)[0]
             else:
                 for _ in range(count):
                     skip_value(etype)
