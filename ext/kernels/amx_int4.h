@@ -12,9 +12,11 @@
  * other rows of the call (AMX computes each C row alone), on M or on the thread count (threads split
  * the output blocks), so a row's result is the same bits in any batch.
  *
- * Weight layout (sp_amx_int4_pack_index): codes [N / 16][K / 32][8][32] bytes; in tile (b, t), byte i
- * of pair p holds in its low nibble the code of B-tile row 2p element i and in its high nibble that of
- * row 2p + 1, where B-tile row r element i is W[16 b + i / 2, 32 t + 2 r + i % 2] (AMX's VNNI pairs).
+ * Weight layout (proxy/quant/amx_int4.py pack): codes [N / 16][K / 32][4][32][2] bytes; in tile
+ * (b, t), bytes (q, j, h) hold in their low nibble the code of B-tile row 4q + 2h element j and in their
+ * high nibble that of row 4q + 2h + 1 (the 16-bit word (q, j) holds rows 4q .. 4q + 3 of element j,
+ * lowest nibble first), where B-tile row r element i is W[16 b + i / 2, 32 t + 2 r + i % 2] (AMX's
+ * VNNI pairs).
  * scale and zero: bf16 [N / 16][G][16].
  */
 #ifndef STREAMPROXY_AMX_INT4_H
@@ -136,15 +138,16 @@ static inline SP_AMX __m512i sp_amx_code_lut(void) {
     return _mm512_loadu_si512((const void *)lut_v);
 }
 
-/* the codes of one 32-input tile (256 bytes) as a B tile of bf16 (code - 8) values (1 KiB at dst) */
+/* the codes of one 32-input tile (256 bytes) as a B tile of bf16 (code - 8) values (1 KiB at dst):
+ * each 64 bytes read as 32 words give four tile rows, nibble i of word j being row element j of the
+ * i-th row (vpermw reads an index's low 5 bits, and the table holds the 16 values twice: no mask) */
 static inline SP_AMX void sp_amx_decode_tile(const uint8_t *src, uint16_t *dst, __m512i lut) {
-    const __m512i mask = _mm512_set1_epi16(15);
-    for (int p = 0; p < 8; p++) {
-        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + 32 * p)));
-        const __m512i lo = _mm512_permutexvar_epi16(_mm512_and_si512(w, mask), lut);
-        const __m512i hi = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
-        _mm512_store_si512((__m512i *)(dst + 64 * p), lo);
-        _mm512_store_si512((__m512i *)(dst + 64 * p + 32), hi);
+    for (int q = 0; q < 4; q++) {
+        const __m512i w = _mm512_loadu_si512((const void *)(src + 64 * q));
+        _mm512_store_si512((__m512i *)(dst + 128 * q), _mm512_permutexvar_epi16(w, lut));
+        _mm512_store_si512((__m512i *)(dst + 128 * q + 32), _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut));
+        _mm512_store_si512((__m512i *)(dst + 128 * q + 64), _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 8), lut));
+        _mm512_store_si512((__m512i *)(dst + 128 * q + 96), _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 12), lut));
     }
 }
 

@@ -106,8 +106,11 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[
     """
     n, k = codes.shape
     c = codes.to(torch.uint8).reshape(n // N_BLOCK, N_BLOCK, k // K_TILE, K_TILE // 2, 2)
-    rows = c.permute(0, 2, 3, 1, 4).reshape(n // N_BLOCK, k // K_TILE, K_TILE // 4, 2, 2 * N_BLOCK)
-    tiles = (rows[:, :, :, 0] | (rows[:, :, :, 1] << 4)).reshape(n // N_BLOCK, k // K_TILE, 256)
+    # the B-tile rows (VNNI pairs), 4 at a time as [q, h, nibble, element j]; byte (q, j, h) holds
+    # rows 4q + 2h (low nibble) and 4q + 2h + 1 (high), so the word (q, j) holds rows 4q .. 4q + 3
+    rows = c.permute(0, 2, 3, 1, 4).reshape(n // N_BLOCK, k // K_TILE, 4, 2, 2, 2 * N_BLOCK)
+    pairs = rows[:, :, :, :, 0] | (rows[:, :, :, :, 1] << 4)  # [N / 16, K / 32, q, h, j]
+    tiles = pairs.permute(0, 1, 2, 4, 3).reshape(n // N_BLOCK, k // K_TILE, 256)
     g = scale.shape[1]
     sz = torch.stack([scale, zero]).to(torch.bfloat16)  # [2, N, G]
     sz = sz.reshape(2, n // N_BLOCK, N_BLOCK, g).permute(0, 1, 3, 2)
@@ -117,8 +120,8 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[
 def unpack_codes(tiles: torch.Tensor) -> torch.Tensor:
     """The uint8 codes ``[N, K]`` of :func:`pack`'s tiles (its inverse)."""
     nb, t, _ = tiles.shape
-    pairs = tiles.reshape(nb, t, K_TILE // 4, 2 * N_BLOCK)
-    rows = torch.stack([pairs & 15, pairs >> 4], dim=3)  # [nb, t, 8, 2, 32]
+    pairs = tiles.reshape(nb, t, 4, 2 * N_BLOCK, 2)  # [nb, t, q, j, h]
+    rows = torch.stack([pairs & 15, pairs >> 4], dim=5).permute(0, 1, 2, 4, 5, 3)  # [nb, t, q, h, nibble, j]
     c = rows.reshape(nb, t, K_TILE // 2, N_BLOCK, 2).permute(0, 3, 1, 2, 4)
     return c.reshape(nb * N_BLOCK, t * K_TILE).contiguous()
 

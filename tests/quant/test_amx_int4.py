@@ -55,10 +55,10 @@ def test_pack_and_unpack_are_inverse() -> None:
     assert tiles.shape == (3, 4, 256) and tiles.dtype == torch.uint8
     assert sz.shape == (2, 3, 4, 16) and sz.dtype == torch.bfloat16
     assert torch.equal(amx_int4.unpack_codes(tiles), plane.codes)
-    # B-tile row r element i of tile (b, t) is W[16 b + i / 2, 32 t + 2 r + i % 2]; rows 2p and 2p + 1
-    # share byte i of pair p (low and high nibble)
-    b, t, r, i = 2, 3, 5, 9
-    byte = int(tiles[b, t, 32 * (r // 2) + i])
+    # B-tile row r element i of tile (b, t) is W[16 b + i / 2, 32 t + 2 r + i % 2]; the 16-bit word i of
+    # the tile's 64 bytes q holds rows 4q .. 4q + 3 of element i, lowest nibble first
+    b, t, r, i = 2, 3, 6, 9
+    byte = int(tiles[b, t, 64 * (r // 4) + 2 * i + (r % 4) // 2])
     code = byte >> 4 if r % 2 else byte & 15
     assert code == int(plane.codes[16 * b + i // 2, 32 * t + 2 * r + i % 2])
     assert float(sz[1, b, t, 7]) == float(plane.zero[16 * b + 7, t].bfloat16())
