@@ -50,6 +50,7 @@ def torch_ops_extension() -> Extension | None:
     return Extension(
         "proxy.quant._torch_ops",
         ["ext/kernels/torch_ops.cpp"],
+        depends=sorted(str(p) for p in Path("ext/kernels").glob("*.h")),  # rebuilt when a kernel header changes
         include_dirs=["ext/kernels", *cpp_extension.include_paths()],
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch_cpu"],
