@@ -26,7 +26,8 @@ Nothing of llama.cpp is committed: builds and venvs live in ``--scratch`` (defau
 /tmp/streamproxy-peers) and are reused by later runs. A peer that fails to build or start is skipped
 with a message; the table says so. Output (``--out``, default bench/out/compare): one folder of
 serve_bench JSON per server, ``compare.md`` (the table), ``compare.png`` (CDFs + throughput vs
-concurrency of all servers), ``machine.txt``, and the server logs under the scratch folder.
+concurrency of all servers), ``machine.txt``, and each server's log (``PEER/server.log``; also under the
+scratch folder until the next run).
 
 Usage (CPU, the issue's sweep)::
 
@@ -983,6 +984,8 @@ def bench_one(peer: Peer, args: argparse.Namespace, scratch: Path, out: Path, po
             profiler.kill()
             profiler.wait(timeout=10)
         stop(proc)
+        if (out / peer.name).is_dir():  # kept beside the run's results: the next run reuses the scratch log
+            shutil.copyfile(logf, out / peer.name / "server.log")
         log(f"{peer.name} stopped (log {logf})")
 
 
