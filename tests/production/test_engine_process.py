@@ -338,8 +338,9 @@ def test_a_dead_engine_says_whether_retrying_here_can_help():
 def _modules_of_a_child(conn: Any) -> None:
     import sys
 
-    found = {name: name in sys.modules for name in ("torch", "transformers.modeling_utils", "proxy.engine.loading",
-                                                    "proxy.engine.core", "torch._inductor.codecache")}
+    names = ("torch", "transformers.modeling_utils", "proxy.engine.loading", "proxy.engine.core",
+             "torch._inductor.codecache")
+    found = {name: name in sys.modules for name in names}
     isa = sys.modules.get("torch._inductor.cpu_vec_isa")
     found["vec_isa_probed"] = isa is not None and isa.valid_vec_isa_list.cache_info().currsize == 1
     conn.send(found)
@@ -371,7 +372,8 @@ def test_the_fork_server_preloads_a_loads_imports_and_is_replaced_when_their_env
     child.start()
     theirs.close()
     assert ours.recv() == {"torch": True, "transformers.modeling_utils": True, "proxy.engine.loading": True,
-                           "proxy.engine.core": True, "torch._inductor.codecache": True, "vec_isa_probed": True}
+                           "proxy.engine.core": True, "torch._inductor.codecache": True,
+                           "vec_isa_probed": True}
     child.join(30)
     policy = "ACTIVE" if os.environ.get("OMP_WAIT_POLICY") == "PASSIVE" else "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", policy)

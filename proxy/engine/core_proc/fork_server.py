@@ -12,6 +12,7 @@ closes). The engine processes it forks set their own handlers (``proxy.engine.co
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import signal
 
@@ -22,7 +23,7 @@ import proxy.engine.core_proc.entry  # noqa: F401 - imported once here, not in e
 PRELOAD_MODULES = ["transformers", "transformers.modeling_utils", "transformers.models.llama.modeling_llama",
                    "gguf", "proxy.engine.core_proc.child", "proxy.engine.loading", "proxy.engine.core",
                    "proxy.engine.selfcheck_record", "proxy.engine.structured", "proxy.models.load",
-                   # what loading the saved compiled decode step imports (torch.compiler.load_compiled_function)
+                   # what loading the saved compiled decode step imports (load_compiled_function)
                    "torch._dynamo.aot_compile", "torch._functorch._aot_autograd.aot_autograd_result",
                    "torch._inductor.compile_fx", "torch._inductor.codecache", "torch._inductor.output_code"]
 
@@ -52,7 +53,10 @@ def preload() -> None:
             importlib.import_module(name)
         from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-        valid_vec_isa_list()  # inductor's probe of the vector ISAs its C++ can use, cached for the process
+        # inductor's probe of the vector ISAs its C++ can use, cached for the process; where it fails,
+        # a child's own load probes again and says what failed
+        with contextlib.suppress(Exception):
+            valid_vec_isa_list()
 
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
