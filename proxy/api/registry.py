@@ -229,7 +229,9 @@ class ModelRegistry:
 
     async def unload(self, slot: ModelSlot, why: str) -> None:
         """Unload ``slot`` once its requests in flight have ended (a no-op when it is not loaded);
-        a load under way is awaited first."""
+        a load under way is awaited first. The log line gives the unload's own time and, when it
+        waited, how long."""
+        asked = time.monotonic()
         if slot.status == "loading" and slot.task is not None:
             await asyncio.shield(slot.task)
         while slot.status == "loaded" and slot.in_flight > 0:
@@ -244,7 +246,9 @@ class ModelRegistry:
             await self._unload(slot)
         finally:
             slot.client, slot.embedder, slot.features = None, None, ModelFeatures()
-        log.info("model '%s' unloaded in %.1f s (%s)", slot.id, time.monotonic() - start, why)
+        waited = f"; after {start - asked:.1f} s waiting for its load or requests in flight" \
+            if start - asked >= 0.05 else ""
+        log.info("model '%s' unloaded in %.1f s (%s%s)", slot.id, time.monotonic() - start, why, waited)
 
     def start(self) -> None:
         """Start the idle-unload loop (``model_ttl_s``); call on the event loop."""

@@ -264,3 +264,32 @@ def test_loaded_models_leave_a_core_to_the_loads_beside_them_until_the_last_ends
     assert during == [1, 1]
     assert b_during == [1]
     assert a_all[-1] == 0 and a_all.count(0) == 1
+
+
+async def _unload_beside_a_request() -> None:
+    async def load(_: Any) -> tuple[None, None]:
+        return None, None
+
+    async def unload(_: Any) -> None:
+        return None
+
+    registry = ModelRegistry((ModelEntry("A", "/nowhere"),), lambda e: Settings(), load, unload,
+                             lambda exc, slot: str(exc))
+    slot = registry.find("A")
+    await registry.ensure_loaded(slot)
+    slot.in_flight = 1
+    unloading = asyncio.create_task(registry.unload(slot, "POST /models/unload"))
+    await asyncio.sleep(0.3)
+    assert slot.status == "loaded"  # the request in flight ends first
+    slot.in_flight = 0
+    await unloading
+    assert slot.status == "unloaded"
+
+
+def test_an_unloads_log_line_says_how_long_it_waited_for_the_requests_in_flight(caplog: Any) -> None:
+    with caplog.at_level("INFO", logger="proxy.api"):
+        asyncio.run(_unload_beside_a_request())
+    line = next(r.getMessage() for r in caplog.records if "unloaded in" in r.getMessage())
+    assert line.startswith("model 'A' unloaded in 0.0 s (POST /models/unload; after 0.")
+    assert line.endswith(" s waiting for its load or requests in flight)")
+
