@@ -190,15 +190,20 @@ def test_a_load_yields_the_cores_only_while_another_model_serves(tmp_path: Path)
     assert used == [("a", "plain"), ("b", "yielding"), ("b", "plain")]
 
 
-async def _statuses_while_before_serving_runs() -> list[str]:
+def _registry_of_a() -> ModelRegistry:
+    """One model, ``A``, whose load and unload do nothing."""
     async def load(_: Any) -> tuple[None, None]:
         return None, None
 
     async def unload(_: Any) -> None:
         return None
 
-    registry = ModelRegistry((ModelEntry("A", "/nowhere"),), lambda e: Settings(), load, unload,
-                             lambda exc, slot: str(exc))
+    return ModelRegistry((ModelEntry("A", "/nowhere"),), lambda e: Settings(), load, unload,
+                         lambda exc, slot: str(exc))
+
+
+async def _statuses_while_before_serving_runs() -> list[str]:
+    registry = _registry_of_a()
     ahead: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     registry.before_serving = ahead
     slot = registry.find("A")
@@ -267,14 +272,7 @@ def test_loaded_models_leave_a_core_to_the_loads_beside_them_until_the_last_ends
 
 
 async def _unload_beside_a_request() -> None:
-    async def load(_: Any) -> tuple[None, None]:
-        return None, None
-
-    async def unload(_: Any) -> None:
-        return None
-
-    registry = ModelRegistry((ModelEntry("A", "/nowhere"),), lambda e: Settings(), load, unload,
-                             lambda exc, slot: str(exc))
+    registry = _registry_of_a()
     slot = registry.find("A")
     await registry.ensure_loaded(slot)
     slot.in_flight = 1
