@@ -356,19 +356,20 @@ SP_AVX512 void decode_item_bf16_avx512(const DecodeArgs& a, const at::BFloat16* 
         const at::BFloat16* qr = query + b * a.q_row_stride + (h * G + g) * a.q_head_stride;
         for (int c = 0; c < NK; ++c) q[g][c] = bf16x16_to_f32(qr + c * kLanes);
     }
-    for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j)  // the first keys' K and V rows
-        prefetch_row(k_pool + row_slots[j] * a.k_slot_stride + h * a.k_head_stride, NK);
-    for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j)
-        prefetch_row(v_pool + row_slots[j] * a.v_slot_stride + h * a.v_head_stride, NV);
+    // key j's K and V rows of this head
+    const auto k_row = [&](int64_t j) { return k_pool + row_slots[j] * a.k_slot_stride + h * a.k_head_stride; };
+    const auto v_row = [&](int64_t j) { return v_pool + row_slots[j] * a.v_slot_stride + h * a.v_head_stride; };
+    for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j) {  // the first keys' rows
+        prefetch_row(k_row(j), NK);
+        prefetch_row(v_row(j), NV);
+    }
     const __m512 scale = _mm512_set1_ps(a.scale);
     alignas(64) __m512 dots[G][kLanes];
     for (int64_t j0 = 0; j0 < ctx; j0 += kLanes) {  // scores
         const int n = static_cast<int>(std::min<int64_t>(kLanes, ctx - j0));
         for (int jj = 0; jj < n; ++jj) {
-            if (j0 + jj + SP_ATTN_PREFETCH < ctx)
-                prefetch_row(k_pool + row_slots[j0 + jj + SP_ATTN_PREFETCH] * a.k_slot_stride + h * a.k_head_stride,
-                             NK);
-            const at::BFloat16* kr = k_pool + row_slots[j0 + jj] * a.k_slot_stride + h * a.k_head_stride;
+            if (j0 + jj + SP_ATTN_PREFETCH < ctx) prefetch_row(k_row(j0 + jj + SP_ATTN_PREFETCH), NK);
+            const at::BFloat16* kr = k_row(j0 + jj);
             __m512 k[NK];
             for (int c = 0; c < NK; ++c) k[c] = bf16x16_to_f32(kr + c * kLanes);
             for (int g = 0; g < G; ++g) {
@@ -409,9 +410,8 @@ SP_AVX512 void decode_item_bf16_avx512(const DecodeArgs& a, const at::BFloat16* 
     for (int g = 0; g < G; ++g)
         for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < ctx; ++j) {  // numerators @ v
-        if (j + SP_ATTN_PREFETCH < ctx)
-            prefetch_row(v_pool + row_slots[j + SP_ATTN_PREFETCH] * a.v_slot_stride + h * a.v_head_stride, NV);
-        const at::BFloat16* vr = v_pool + row_slots[j] * a.v_slot_stride + h * a.v_head_stride;
+        if (j + SP_ATTN_PREFETCH < ctx) prefetch_row(v_row(j + SP_ATTN_PREFETCH), NV);
+        const at::BFloat16* vr = v_row(j);
         __m512 v[NV];
         for (int c = 0; c < NV; ++c) v[c] = bf16x16_to_f32(vr + c * kLanes);
         for (int g = 0; g < G; ++g) {
