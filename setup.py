@@ -26,6 +26,7 @@ extensions += [
     Extension(
         f"proxy.quant._{src.stem}",
         [str(src)],
+        depends=sorted(str(p) for p in Path("ext/kernels").glob("*.h")),  # headers include headers
         include_dirs=["ext/kernels"],
         extra_compile_args=["-O3", "-fopenmp"],
         extra_link_args=["-fopenmp"],

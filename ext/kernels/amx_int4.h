@@ -445,4 +445,24 @@ static void sp_amx_int4_prompt_matmul(const uint16_t *x, int64_t M, int64_t K, c
 #endif
 }
 
+#include "avx2_int4.h"
+
+/* the variant sp_int4_matmul runs here: 2 this header's AMX kernel, 1 avx2_int4.h's, 0 none. The two sum a
+ * tile in other orders, so a process uses one (the same in every call: checked once a process). */
+static int sp_int4_isa(void) {
+    static int cached = -1;
+    if (cached < 0) cached = sp_amx_available() ? 2 : sp_avx2_int4_available() ? 1 : 0;
+    return cached;
+}
+
+/* y[M, N] (bf16) = x[M, K] (bf16) @ W^T on this CPU's variant (sp_int4_isa): sp_amx_int4_matmul's
+ * arguments and conditions (avx2_int4.h takes any group that is a multiple of 32). */
+static void sp_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes, const uint16_t *scale,
+                           const uint16_t *zero, int64_t N, int64_t group, uint16_t *y, int num_threads) {
+    if (sp_int4_isa() == 2)
+        sp_amx_int4_matmul(x, M, K, codes, scale, zero, N, group, y, num_threads);
+    else
+        sp_avx2_int4_matmul(x, M, K, codes, scale, zero, N, group, y, num_threads);
+}
+
 #endif

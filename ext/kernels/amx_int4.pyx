@@ -13,6 +13,13 @@ cdef extern from "amx_int4.h" nogil:
                                    const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
                                    uint16_t *y, int num_threads)
     int SP_AMX_MAX_GROUP
+    int sp_int4_isa()
+    void sp_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes,
+                        const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
+                        uint16_t *y, int num_threads)
+    void sp_avx2_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes,
+                             const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
+                             uint16_t *y, int num_threads)
 
 
 def available() -> bool:
@@ -21,6 +28,29 @@ def available() -> bool:
 
 
 MAX_GROUP = SP_AMX_MAX_GROUP
+
+
+def isa() -> int:
+    """The variant ``int4_matmul`` runs here: 2 AMX (``amx_int4.h``), 1 AVX2 (``avx2_int4.h``), 0 none."""
+    return sp_int4_isa()
+
+
+def int4_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scale, uintptr_t zero,
+                int64_t n, int64_t group, uintptr_t out, int num_threads) -> None:
+    """As :func:`amx_int4_matmul`, on this CPU's variant (:func:`isa`). Unchecked: call it through
+    ``proxy.quant.amx_int4.amx_int4_mm``."""
+    with nogil:
+        sp_int4_matmul(<const uint16_t *>x, m, k, <const uint8_t *>codes, <const uint16_t *>scale,
+                       <const uint16_t *>zero, n, group, <uint16_t *>out, num_threads)
+
+
+def avx2_int4_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scale, uintptr_t zero,
+                     int64_t n, int64_t group, uintptr_t out, int num_threads) -> None:
+    """As :func:`amx_int4_matmul`, through the AVX2 variant (``avx2_int4.h``) on any CPU with AVX2 and
+    FMA (tests compare it on AMX machines too). Unchecked."""
+    with nogil:
+        sp_avx2_int4_matmul(<const uint16_t *>x, m, k, <const uint8_t *>codes, <const uint16_t *>scale,
+                            <const uint16_t *>zero, n, group, <uint16_t *>out, num_threads)
 
 
 def amx_int4_matmul(uintptr_t x, int64_t m, int64_t k, uintptr_t codes, uintptr_t scale, uintptr_t zero,

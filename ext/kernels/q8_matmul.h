@@ -142,11 +142,57 @@ static inline SP_AVX2 __attribute__((always_inline)) void sp_q8_tile(
     for (int r = 0; r < MB; r++) y[r * ldy] = sp_hsum8(acc[r]);
 }
 
+/* sp_q8_tile for one row of x and 4 consecutive weight rows (row j at q + j * K, its scales at
+ * d + j * G, sub-scales sub + j * (K / 16), outputs y[j]; no zeros): the same operations in the same
+ * order per weight row, so the same bits. A weight row's sum is one chain of dependent multiply-adds
+ * (4 a group: 16 cycles of latency for 32 weights); 4 chains in flight keep the FMA units busy. */
+static inline SP_AVX2 void sp_q8_row_x4(const float *x, int64_t K, const int8_t *q, int64_t G, const float *d,
+                                        const int gs, const int8_t *sub, float *y) {
+    const __m256 zf = _mm256_setzero_ps(); /* sp_q8_tile's zero without zeros: fma(code, s, +0) */
+    __m256 a[4] = {zf, zf, zf, zf};
+    float split[4][SP_Q8_SPLIT / 16];
+    for (int64_t g = 0; g < K / SP_Q8_GROUP; g++) {
+        const float *xg = x + g * SP_Q8_GROUP;
+        const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+        const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+#define SP_Q8_ROW(j)                                                                                          \
+    do {                                                                                                      \
+        const float *dg = d + (j) * G + g * gs;                                                               \
+        if (sub) dg = sp_q8_split_scales(sub + (j) * (K / 16), d + (j) * G, g, split[j]);                     \
+        const __m256 s = _mm256_set1_ps(dg[0]), s1 = _mm256_set1_ps(dg[gs - 1]);                              \
+        const int8_t *qg = q + (j) * K + g * SP_Q8_GROUP;                                                     \
+        if (SP_Q8_PREFETCH && !(g & 1)) _mm_prefetch((const char *)qg + SP_Q8_PREFETCH, _MM_HINT_T0);         \
+        __m256 v = a[j];                                                                                      \
+        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg), s, zf), x0, v);                                   \
+        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg + 8), s, zf), x1, v);                               \
+        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg + 16), s1, zf), x2, v);                             \
+        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg + 24), s1, zf), x3, v);                             \
+        a[j] = v;                                                                                             \
+    } while (0)
+        SP_Q8_ROW(0); SP_Q8_ROW(1); SP_Q8_ROW(2); SP_Q8_ROW(3);
+#undef SP_Q8_ROW
+    }
+    y[0] = sp_hsum8(a[0]); y[1] = sp_hsum8(a[1]); y[2] = sp_hsum8(a[2]); y[3] = sp_hsum8(a[3]);
+}
+
 /* The whole product with AVX2 (arguments as sp_q8_matmul). */
 static SP_AVX2 void sp_q8_matmul_avx2(const float *x, int64_t M, int64_t K, const int8_t *codes,
                                       const float *scales, const float *zeros, const int gs,
                                       const int8_t *subs, int64_t N, float *y, int num_threads) {
     const int64_t G = subs ? K / SP_Q8_SPLIT : K / SP_Q8_GROUP * gs;
+    if (M == 1 && !zeros) { /* 4 weight rows at a time (sp_q8_row_x4), the last N % 4 alone */
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+        for (int64_t c = 0; c < (N + 3) / 4; c++) {
+            const int64_t n = 4 * c;
+            if (n + 4 <= N) {
+                sp_q8_row_x4(x, K, codes + n * K, G, scales + n * G, gs, subs ? subs + n * (K / 16) : 0, y + n);
+                continue;
+            }
+            for (int64_t j = n; j < N; j++)
+                sp_q8_tile(1, x, K, codes + j * K, scales + j * G, 0, gs, subs ? subs + j * (K / 16) : 0, N, y + j);
+        }
+        return;
+    }
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const int8_t *q = codes + n * K;

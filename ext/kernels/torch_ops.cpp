@@ -45,15 +45,15 @@ at::Tensor amx_int4_mm(const at::Tensor& x_in, const at::Tensor& tiles, const at
                 "amx_int4_mm: shapes do not fit (x ", x_in.sizes(), ", tiles ", tiles.sizes(),
                 ", scales_and_zeros ", scales_and_zeros.sizes(), ", group ", group_size, ")");
     TORCH_CHECK(tiles.is_contiguous() && scales_and_zeros.is_contiguous(), "amx_int4_mm takes contiguous weights");
-    TORCH_CHECK(sp_amx_available(), "the AMX int4 kernel does not run on this CPU");
+    TORCH_CHECK(sp_int4_isa() != 0, "the int4 kernel does not run on this CPU (neither AMX-BF16 nor AVX2)");
     at::Tensor x = x_in.contiguous();
     at::Tensor out = at::empty({m, n}, x.options());
     if (m && n) {
         const auto* sz = static_cast<const uint16_t*>(scales_and_zeros.const_data_ptr());
-        sp_amx_int4_matmul(static_cast<const uint16_t*>(x.const_data_ptr()), m, k,
-                           static_cast<const uint8_t*>(tiles.const_data_ptr()), sz,
-                           sz + blocks * (k / group_size) * SP_AMX_NBLOCK, n, group_size,
-                           static_cast<uint16_t*>(out.mutable_data_ptr()), at::get_num_threads());
+        sp_int4_matmul(static_cast<const uint16_t*>(x.const_data_ptr()), m, k,
+                       static_cast<const uint8_t*>(tiles.const_data_ptr()), sz,
+                       sz + blocks * (k / group_size) * SP_AMX_NBLOCK, n, group_size,
+                       static_cast<uint16_t*>(out.mutable_data_ptr()), at::get_num_threads());
     }
     return out;
 }

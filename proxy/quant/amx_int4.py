@@ -1,5 +1,6 @@
-"""The int4 layers of a :class:`~proxy.quant.linear.PackedLinear` on this project's AMX kernel, on CPUs
-with AMX-BF16 (:func:`kernel_available`); torch's int4 kernel elsewhere.
+"""The int4 layers of a :class:`~proxy.quant.linear.PackedLinear` on this project's int4 kernel: its AMX
+variant on CPUs with AMX-BF16, its AVX2 variant on the others with AVX2 and FMA (:func:`kernel_isa`);
+torch's int4 kernel elsewhere.
 
 Why: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) costs about one more weight pass per
 activation row: a 16-stream decode step spent 20.5 ms of ~46 ms in it on a 2-core AMX Xeon, against
@@ -21,6 +22,14 @@ Weights: codes in the header's tile order, uint8 ``[N / 16, K / 32, 256]``; scal
 to bf16 (as torch's bf16 kernel reads them), ``[2, N / 16, G, 16]``. Both
 concatenate along output blocks (``PackedLinear.concat``). Only one-plane (int4) layers in bf16 take
 the kernel; an int8 layer has :class:`~proxy.quant.int8_linear.Int8Linear`.
+
+The AVX2 variant (``ext/kernels/avx2_int4.h``, the same weights) sums each group's products with fp32
+fused multiply-adds in 8 lanes, in the order its header gives, then applies scale and zero as above:
+the same promises (a row's bits do not depend on the batch or the thread count; a unit-vector input
+gives the dense copy's weight), other last bits than the AMX variant's; a process runs one of the
+two. Why: torch's int4 kernel widens each weight for every row and was the floor of an AVX2 decode
+step (``docs/bench/2026-12-03-avx2-decode-step.md``); measured: ``docs/bench/2026-12-06-avx2-int4.md``.
+The prompt-row variant (:func:`amx_int4_prompt_mm`) is AMX only.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from types import ModuleType
 
 import torch
 
+from proxy.quant import kernels
 from proxy.quant.kernels import define_cpu_op
 from proxy.settings import AMX_INT4_ENV
 
@@ -58,9 +68,21 @@ _ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("amx_int4_enable
 
 
 def kernel_available() -> bool:
-    """Whether the compiled kernel is built and this CPU and OS run it (AMX-BF16, AVX-512 BW; Linux
-    granted the process the tile data)."""
-    return _amx_int4 is not None and bool(_amx_int4.available())
+    """Whether the compiled kernel is built and this CPU and OS run a variant of it
+    (:func:`kernel_isa`)."""
+    return kernel_isa() is not None
+
+
+def amx_available() -> bool:
+    """Whether this process runs the AMX variant (the prompt-row kernel, :func:`amx_int4_prompt_mm`,
+    is AMX only)."""
+    return kernel_isa() == "amx"
+
+
+def kernel_isa() -> str | None:
+    """The variant this process runs: ``"amx"`` (AMX-BF16 and AVX-512 BW; Linux granted the process
+    the tile data), else ``"avx2"`` (AVX2 and FMA), else None (or the extension is not built)."""
+    return None if _amx_int4 is None else {2: "amx", 1: "avx2"}.get(_amx_int4.isa())
 
 
 def in_use() -> bool:
@@ -91,7 +113,7 @@ def why_not(out_features: int, in_features: int, group_size: int, num_planes: in
         return (f"shape {out_features} x {in_features}, group {group_size}: the AMX kernel needs N % "
                 f"{N_BLOCK} == 0 and a group size that is a multiple of {K_TILE} up to {MAX_GROUP}")
     if not kernel_available():
-        return f"the AMX kernel does not run here ({KERNEL_IMPORT_ERROR or 'no AMX-BF16'})"
+        return f"the int4 kernel does not run here ({KERNEL_IMPORT_ERROR or 'neither AMX-BF16 nor AVX2'})"
     return None
 
 
@@ -148,8 +170,21 @@ def amx_int4_mm(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Te
                          f"{tuple(tiles.shape)}, scales_and_zeros {tuple(scales_and_zeros.shape)}, "
                          f"group {group_size}")
     if not kernel_available():
-        raise RuntimeError(f"the AMX int4 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AMX'})")
+        raise RuntimeError(f"the int4 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AMX or AVX2'})")
     return amx_int4_mm_checked(x.contiguous(), tiles, scales_and_zeros, group_size)
+
+
+def avx2_int4_mm(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
+                 group_size: int) -> torch.Tensor:
+    """:func:`amx_int4_mm` through the AVX2 variant whatever this CPU runs (tests and benchmarks
+    compare the variants on AMX machines too). Arguments as :func:`amx_int4_mm`, unchecked.
+
+    Raises:
+        RuntimeError: the extension is not built or this CPU lacks AVX2 and FMA.
+    """
+    if _amx_int4 is None or "avx2" not in kernels.cpu_flags() or "fma" not in kernels.cpu_flags():
+        raise RuntimeError(f"the AVX2 int4 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AVX2'})")
+    return _run(x.contiguous(), tiles, scales_and_zeros, group_size, isa="avx2")
 
 
 def amx_int4_mm_checked(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
@@ -164,9 +199,10 @@ def amx_int4_mm_checked(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: 
 
 
 def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
-         group_size: int, prompt: bool = False) -> torch.Tensor:
-    """The kernel (``prompt``: its prompt-row variant) on checked, contiguous arguments (the kernel pads
-    a call's last partial row tile)."""
+         group_size: int, prompt: bool = False, isa: str | None = None) -> torch.Tensor:
+    """The kernel (``prompt``: the AMX prompt-row variant; ``isa="avx2"``: the AVX2 variant, whatever
+    this CPU runs; else this CPU's, :func:`kernel_isa`) on checked, contiguous arguments (the AMX
+    kernel pads a call's last partial row tile)."""
     assert _amx_int4 is not None
     m, k = x.shape
     n = tiles.shape[0] * N_BLOCK
@@ -174,7 +210,8 @@ def _run(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Tensor,
     if m and n:
         sz = scales_and_zeros.data_ptr()
         zeros = sz + scales_and_zeros.shape[1] * scales_and_zeros.shape[2] * N_BLOCK * 2
-        run = _amx_int4.amx_int4_prompt_matmul if prompt else _amx_int4.amx_int4_matmul
+        run = (_amx_int4.amx_int4_prompt_matmul if prompt else _amx_int4.avx2_int4_matmul if isa == "avx2"
+               else _amx_int4.int4_matmul)
         run(x.data_ptr(), m, k, tiles.data_ptr(), sz, zeros, n, group_size, out.data_ptr(),
             torch.get_num_threads())
     return out

@@ -57,8 +57,8 @@ class LinearKernels:
     """The kernels a model's linears are built for.
 
     Attributes:
-        amx_int4: one-plane int4 layers take the AMX int4 kernel where their shape allows
-            (``proxy.quant.amx_int4``); False: torch's int4 kernel.
+        amx_int4: one-plane int4 layers take this project's int4 kernel (its AMX or AVX2 variant,
+            ``proxy.quant.amx_int4``) where their shape allows; False: torch's int4 kernel.
         amx_int8: int8 layers take the AMX int8 kernel for bf16 activations where their shape allows
             (``proxy.quant.amx_int8``); False: the int8 fp32 kernel (``proxy.quant.int8_linear``).
         dense_prefill: packed linears get dense copies for prompt tokens computed in this dtype
@@ -78,14 +78,16 @@ class LinearKernels:
 
     @classmethod
     def choose(cls, dense_prefill: bool | None, device: torch.device, amx: bool,
-               copy_bytes: int | None = None, amx_int8: bool = False) -> LinearKernels:
+               copy_bytes: int | None = None, amx_int8: bool = False,
+               amx_prompt: bool | None = None) -> LinearKernels:
         """The kernels for ``device``: ``dense_prefill`` is ``Settings.dense_prefill`` (None: on where
         :func:`~proxy.quant.dense_prefill.dense_prefill_default` says and the copies' bytes,
         ``copy_bytes`` (:func:`gguf_copy_bytes`; None: unknown), are at most
         :data:`DEFAULT_COPY_MAX_BYTES`), the copies in
         :func:`~proxy.quant.dense_prefill.dense_weight_dtype`; ``amx``: the AMX kernel where a
         layer's shape allows, ``amx_int8`` the AMX int8 kernel (the caller checked the switch and
-        that each runs here)."""
+        that each runs here); ``amx_prompt``: whether the int4 kernel runs its AMX variant, which alone
+        has the prompt-row kernels (None: ``amx``)."""
         why = ""
         if dense_prefill is None:
             dense_prefill = dense_prefill_default(device)
@@ -93,8 +95,9 @@ class LinearKernels:
                 dense_prefill = False
                 why = (f"off by default: the copies would take {copy_bytes / (1 << 20):.0f} MiB, over "
                        f"{DEFAULT_COPY_MAX_BYTES >> 20} MiB (the memory target); --dense-prefill makes them")
+        prompt_tiles = (amx if amx_prompt is None else amx_prompt) and bool(why)
         return cls(amx_int4=amx, dense_prefill=dense_weight_dtype(device) if dense_prefill else None,
-                   why_no_dense_prefill=why, amx_int8=amx_int8, prompt_tiles=amx and bool(why))
+                   why_no_dense_prefill=why, amx_int8=amx_int8, prompt_tiles=prompt_tiles)
 
     @contextlib.contextmanager
     def building(self) -> Iterator[None]:

@@ -35,7 +35,7 @@ from proxy.settings import Settings
 from .arch_zoo import build_model
 
 pytestmark = pytest.mark.skipif(
-    not amx_int4.kernel_available(),
+    not amx_int4.amx_available(),
     reason="bitwise row invariance of the packed linears is the AMX kernel's (README: elsewhere "
     "outputs can differ at near-ties)")
 

@@ -15,7 +15,7 @@ from tests.quant.invariance import PROMPT_ROWS, assert_rows_and_threads_invarian
 
 CPU = torch.device("cpu")
 needs_kernel = pytest.mark.skipif(
-    not amx_int4.kernel_available(), reason="the AMX int4 kernel needs AMX-BF16 (Intel Sapphire Rapids+)"
+    not amx_int4.amx_available(), reason="the AMX int4 kernel needs AMX-BF16 (Intel Sapphire Rapids+)"
 )
 
 
@@ -43,10 +43,10 @@ def test_the_kernel_is_built_where_ci_requires_it() -> None:
 
 
 def test_availability_follows_the_cpu_flags() -> None:
-    if amx_int4.kernel_available():
+    if amx_int4.amx_available():
         assert {"amx_bf16", "amx_tile", "avx512bw"} <= cpu_flags()
     if not {"amx_bf16", "amx_tile"} <= cpu_flags():
-        assert not amx_int4.kernel_available()
+        assert not amx_int4.amx_available()
 
 
 def test_pack_and_unpack_are_inverse() -> None:

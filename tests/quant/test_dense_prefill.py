@@ -159,7 +159,7 @@ def test_a_rows_bits_do_not_depend_on_what_else_the_step_holds() -> None:
         assert torch.equal(layer(decode)[0], decode_alone)  # another row count: the plan is not ours
 
 
-@pytest.mark.skipif(not amx_int4.kernel_available(), reason="the AMX int4 kernel needs AMX-BF16")
+@pytest.mark.skipif(not amx_int4.amx_available(), reason="the AMX int4 kernel needs AMX-BF16")
 def test_prompt_tiles_rows_take_the_prompt_kernel_and_their_bits_alone() -> None:
     """With ``prompt_tiles`` (no copy held), the plan's dense rows take ``amx_int4_prompt_mm`` (a
     row's bits as alone, at any count and place) and the others the packed kernel, each as alone."""
@@ -229,7 +229,7 @@ def test_engine_text_does_not_depend_on_chunking_batching_or_the_prefix_cache(
     if copies == torch.float32 and not _fp32_rows_are_invariant():
         pytest.skip("this CPU's fp32 GEMM gives a row other bits at another place in the call")
     tiles = copies in ("tiles", "tiles8")  # the prompt-row kernels of the int4 / int8 AMX layers
-    if tiles and not amx_int4.kernel_available():
+    if tiles and not amx_int4.amx_available():
         pytest.skip("the AMX kernels need AMX-BF16")
     model = _tiny_bf16(copies)
     assert has_dense_weights(model) == (not tiles)

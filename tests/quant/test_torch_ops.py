@@ -17,7 +17,8 @@ from proxy.quant.linear import quantize_int4
 
 needs_cpp = pytest.mark.skipif(not kernels.cpp_kernels_loaded(),
                                reason=f"the C++ op kernels are not loaded ({kernels.TORCH_OPS_ERROR})")
-needs_amx = pytest.mark.skipif(not amx_int4.kernel_available(), reason="the AMX int4 kernel needs AMX-BF16")
+needs_int4 = pytest.mark.skipif(not amx_int4.kernel_available(),
+                                reason="the int4 kernel needs AMX-BF16 or AVX2 and FMA")
 needs_q8 = pytest.mark.skipif(not int8_linear.kernel_available(), reason="the Q8_0 kernel needs AVX2 and FMA")
 
 
@@ -43,9 +44,10 @@ def _amx_weights(n: int, k: int, group: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 @needs_cpp
-@needs_amx
+@needs_int4
 @pytest.mark.parametrize("group", [32, 64])
-def test_the_amx_op_gives_the_extension_calls_bits(group: int) -> None:
+def test_the_int4_op_gives_the_extension_calls_bits(group: int) -> None:
+    """On this CPU's variant (AMX or AVX2: ``sp_int4_matmul``), in C++ and through the extension."""
     tiles, sz = _amx_weights(48, 192, group)
     x = torch.randn(49, 192, generator=torch.Generator().manual_seed(1)).bfloat16()
     op = torch.ops.streamproxy.amx_int4_mm.default
@@ -59,8 +61,8 @@ def test_the_amx_op_gives_the_extension_calls_bits(group: int) -> None:
 
 
 @needs_cpp
-@needs_amx
-def test_the_amx_op_refuses_arguments_that_do_not_fit() -> None:
+@needs_int4
+def test_the_int4_op_refuses_arguments_that_do_not_fit() -> None:
     tiles, sz = _amx_weights(32, 64, 32)
     op = torch.ops.streamproxy.amx_int4_mm.default
     x = torch.randn(2, 64).bfloat16()
@@ -134,7 +136,7 @@ def test_the_q8_op_gives_the_extension_calls_bits(group: int, with_zeros: bool) 
 
 
 @needs_cpp
-@needs_amx
+@needs_int4
 def test_turned_off_the_ops_keep_their_python_kernels_with_the_same_bits() -> None:
     script = textwrap.dedent("""
         import torch

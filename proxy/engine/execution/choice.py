@@ -91,7 +91,8 @@ class MachineProbe:
 
     Attributes:
         cpu_flags: which of :data:`KERNEL_CPU_FLAGS` the CPU has (``/proc/cpuinfo``).
-        amx_int4: None when the AMX int4 kernel is built and runs here, else why not.
+        amx_int4: None when the int4 kernel (``proxy.quant.amx_int4``: AMX or AVX2) is built and runs here,
+            else why not.
         amx_int8: the same for the AMX int8 kernel (``proxy.quant.amx_int8``).
         q8_isa: the instruction set the Q8_0 kernel runs (``"avx512"``, ``"avx2"``), or None (not
             built, or a CPU without AVX2 and FMA).
@@ -106,6 +107,8 @@ class MachineProbe:
     op_kernels: str | None
     hot_path: str
     amx_int8: str | None = "not probed"
+    #: the int4 kernel's variant where it runs (``proxy.quant.amx_int4.kernel_isa``)
+    int4_isa: str | None = "amx"
 
     @classmethod
     def read(cls) -> MachineProbe:
@@ -114,11 +117,13 @@ class MachineProbe:
         from proxy.quant import amx_int4, amx_int8, int8_linear, kernels
 
         flags = kernels.cpu_flags()
-        amx = None if amx_int4.kernel_available() else (amx_int4.KERNEL_IMPORT_ERROR or "no AMX-BF16 here")
+        amx = None if amx_int4.kernel_available() else (amx_int4.KERNEL_IMPORT_ERROR or "neither AMX-BF16 "
+                                                                                   "nor AVX2 here")
         amx8 = None if amx_int8.kernel_available() else (amx_int8.KERNEL_IMPORT_ERROR or "no AMX-BF16 here")
         return cls(cpu_flags=tuple(f for f in KERNEL_CPU_FLAGS if f in flags), amx_int4=amx,
                    q8_isa=int8_linear.KERNEL_ISA, op_kernels=kernels.TORCH_OPS_ERROR,
-                   hot_path="compiled" if hotpath.IS_COMPILED else "python", amx_int8=amx8)
+                   hot_path="compiled" if hotpath.IS_COMPILED else "python", amx_int8=amx8,
+                   int4_isa=amx_int4.kernel_isa())
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,8 @@ def choose_execution(settings: Settings, device: torch.device, *, switches: Exec
     amx = switches.amx_int4 and device.type == "cpu" and probe.amx_int4 is None
     # one switch turns both AMX kernels off
     amx8 = switches.amx_int4 and device.type == "cpu" and probe.amx_int8 is None
-    linears = LinearKernels.choose(settings.dense_prefill, device, amx, _copy_bytes(settings, device), amx8)
+    linears = LinearKernels.choose(settings.dense_prefill, device, amx, _copy_bytes(settings, device), amx8,
+                                   amx_prompt=amx and probe.int4_isa == "amx")
     prefill = (PrefillPlan.of(linears.dense_prefill) if linears.dense_prefill is not None
                else PrefillPlan.prompt_kernel() if linears.prompt_tiles else None)
     return ExecutionChoice(device=str(device), step=step, linears=linears, prefill=prefill,

@@ -11,7 +11,7 @@ path is measured):
 - **decode attention**: ``pools_op`` (``streamproxy::paged_decode_attention`` over the pools, inside
   the compiled step, where the C++ op kernels are loaded) or ``gather_sdpa`` (a gather of each row's
   keys and ``scaled_dot_product_attention``); prefill attention is always ``gather_sdpa``;
-- **linears**, counted by kernel: ``int4 amx`` (``proxy.quant.amx_int4``), ``int4 torch`` (torch's
+- **linears**, counted by kernel: ``int4 amx`` / ``int4 avx2`` (``proxy.quant.amx_int4``'s variants), ``int4 torch`` (torch's
   packed int4 kernel), ``int8 amx`` (``proxy.quant.amx_int8``, bf16 activations), ``int8 q8 <isa>``
   (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8 reference``, ``skinny fp32``
   (``proxy.quant.skinny``), ``dense``;
@@ -113,7 +113,11 @@ def _linear_kernel(module: nn.Module) -> str | None:
     if isinstance(module, PackedLinear):
         if module.num_planes != 1:
             return "int8 two int4 planes"
-        return "int4 amx" if module.amx else "int4 torch"
+        if not module.amx:
+            return "int4 torch"
+        from proxy.quant import amx_int4
+
+        return f"int4 {amx_int4.kernel_isa()}"
     if isinstance(module, Int8Linear):
         if module.amx:
             return "int8 amx"
@@ -157,7 +161,7 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
     if any(k.startswith("int8 q8") for k in linears) and device.type == "cpu":
         from proxy.quant import amx_int8
 
-        with amx_int8.enabled(choice.linears.amx_int8):
+        with amx_int8.enabled(choice.switches.amx_int4):  # one switch for both (a CPU without AMX: why_not says so)
             why = amx_int8.why_not(16, 32, 32, False, device)
         off["int8 amx"] = why or "layers with zeros or shapes the AMX int8 kernel does not take"
     prefill = runner.prefill_plan

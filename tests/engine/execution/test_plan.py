@@ -47,7 +47,7 @@ def test_a_packed_bf16_model_names_its_kernels(tmp_path: Path) -> None:
     quantize_linears(model, "int4", 32, torch.bfloat16)
     add_dense_weights(model, torch.bfloat16)
     plan = _engine(model, tmp_path, enforce_eager=True).execution
-    int4 = "int4 amx" if amx_int4.in_use() else "int4 torch"
+    int4 = f"int4 {amx_int4.kernel_isa()}" if amx_int4.in_use() else "int4 torch"
     assert plan.linears == {"dense": 1, int4: 14}  # the lm_head of 97 outputs stays dense
     assert plan.prompt_linears == "dense bfloat16 copies" and plan.off["compiled"] == "--enforce-eager"
     assert ("int4 amx" in plan.off) is (int4 == "int4 torch")
