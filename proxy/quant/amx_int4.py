@@ -170,7 +170,8 @@ def amx_int4_mm(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: torch.Te
                          f"{tuple(tiles.shape)}, scales_and_zeros {tuple(scales_and_zeros.shape)}, "
                          f"group {group_size}")
     if not kernel_available():
-        raise RuntimeError(f"the int4 kernel is not available here ({KERNEL_IMPORT_ERROR or 'no AMX or AVX2'})")
+        why = KERNEL_IMPORT_ERROR or "no AMX or AVX2"
+        raise RuntimeError(f"the int4 kernel is not available here ({why})")
     return amx_int4_mm_checked(x.contiguous(), tiles, scales_and_zeros, group_size)
 
 

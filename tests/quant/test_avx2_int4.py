@@ -40,7 +40,8 @@ def _header_order(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, group:
     bits = torch.tensor([4 * (o // 2) + 16 * (o % 2) for o in range(8)]).repeat(k // 8)
     bits = torch.where(bits == 28, 0, bits)
     xs = xf * torch.pow(2.0, -bits.float())
-    prod = (xs[:, None, :] * (codes.float() * torch.pow(2.0, bits.float()))[None]).reshape(m, n, g_count, group)
+    shifted = codes.float() * torch.pow(2.0, bits.float())  # code * 2^b, exact
+    prod = (xs[:, None, :] * shifted[None]).reshape(m, n, g_count, group)
     p = prod[..., 0]
     for j in range(1, group):
         p = p + prod[..., j]  # [M, N, G]: the sum of x * code

@@ -11,9 +11,9 @@ path is measured):
 - **decode attention**: ``pools_op`` (``streamproxy::paged_decode_attention`` over the pools, inside
   the compiled step, where the C++ op kernels are loaded) or ``gather_sdpa`` (a gather of each row's
   keys and ``scaled_dot_product_attention``); prefill attention is always ``gather_sdpa``;
-- **linears**, counted by kernel: ``int4 amx`` / ``int4 avx2`` (``proxy.quant.amx_int4``'s variants), ``int4 torch`` (torch's
-  packed int4 kernel), ``int8 amx`` (``proxy.quant.amx_int8``, bf16 activations), ``int8 q8 <isa>``
-  (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8 reference``, ``skinny fp32``
+- **linears**, counted by kernel: ``int4 amx`` / ``int4 avx2`` (``proxy.quant.amx_int4``'s variants),
+  ``int4 torch`` (torch's packed int4 kernel), ``int8 amx`` (``proxy.quant.amx_int8``, bf16 activations),
+  ``int8 q8 <isa>`` (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8 reference``, ``skinny fp32``
   (``proxy.quant.skinny``), ``dense``;
 - **prompt tokens' linears**: dense copies of the packed weights (``proxy.quant.dense_prefill``) in
   bf16 or fp32, the AMX kernels' prompt-row variants where the copies would take too much memory
@@ -161,7 +161,8 @@ def describe_execution(settings: Settings, model: nn.Module, runner: ModelRunner
     if any(k.startswith("int8 q8") for k in linears) and device.type == "cpu":
         from proxy.quant import amx_int8
 
-        with amx_int8.enabled(choice.switches.amx_int4):  # one switch for both (a CPU without AMX: why_not says so)
+        # one switch for both AMX kernels; on a CPU without AMX why_not says so, not "turned off"
+        with amx_int8.enabled(choice.switches.amx_int4):
             why = amx_int8.why_not(16, 32, 32, False, device)
         off["int8 amx"] = why or "layers with zeros or shapes the AMX int8 kernel does not take"
     prefill = runner.prefill_plan
