@@ -186,6 +186,9 @@ def test_the_default_makes_no_dense_copies_beyond_the_memory_target(tmp_path: Pa
     # no copies: the AMX int4 layers' prompt-row kernel takes the prompt tokens instead
     assert off.linears.dense_prefill is None and off.linears.prompt_tiles
     assert off.prefill == PrefillPlan.prompt_kernel() == PrefillPlan("bfloat16", 1, False, copies=False)
+    # the int4 kernel's AVX2 variant has no prompt-row kernel: prompt tokens take the decode kernels
+    avx2 = choose_execution(settings, CPU, probe=dataclasses.replace(AMX_MACHINE, int4_isa="avx2"))
+    assert avx2.linears.amx_int4 and not avx2.linears.prompt_tiles and avx2.prefill is None
     monkeypatch.setenv("STREAMPROXY_AMX_INT4", "0")
     without_amx = choose_execution(settings, CPU, probe=AMX_MACHINE)
     assert without_amx.prefill is None and not without_amx.linears.prompt_tiles
