@@ -278,9 +278,11 @@ def check_c34b(server: Server) -> None:
     if cpu_bf16_flags():
         assert text == want
     else:  # the two requests run together: without BF16 instructions (fp32 activations, no
-        # batch-invariance promise, README) a near-tie may go another way with the batch; seen on a
-        # 2-core AVX2 EPYC with two engine threads: the same text for 123 characters, then other words
-        assert text[:64] == want[:64], (text, want)
+        # batch-invariance promise, README) a near-tie may go another way with the batch or the prefix
+        # cache. On a 2-core AVX2 EPYC this prompt's second token is a near-tie ("!" at logprob -1.109,
+        # " there" at -1.141, with the int4 kernel's AVX2 variant) and the texts parted there (torch's
+        # int4 kernel parted them after 123 characters); the first token leads by 0.36
+        assert text[:5] == want[:5], (text, want)
     forced = ok(r["forced"])
     assert forced["choices"][0]["message"]["content"] == ""
     assert forced["choices"][0]["finish_reason"] == "stop" and forced["usage"]["completion_tokens"] == 1
