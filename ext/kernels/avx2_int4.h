@@ -53,6 +53,7 @@ static int sp_avx2_int4_available(void) {
 #if SP_I4_AVX2_X86
 /* how far ahead (bytes) a call of at most 2 rows prefetches the codes (a thread reads its blocks' tiles
  * in order: one stream) */
+#define SP_I4_AVX2_CALL_ROWS 256
 #ifndef SP_I4_AVX2_PREFETCH
 #define SP_I4_AVX2_PREFETCH 1024
 #endif
@@ -78,7 +79,7 @@ static inline SP_I4_AVX2 float sp_i4_hsum(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
-/* code - 8 of the nibble at bit `bit` of each 32-bit word of w (its nibbles' top bits flipped), as fp32 */
+/* code * 2^bit of the nibble at bit `bit` of each 32-bit word of w, as fp32 (bit 28: code, shifted down) */
 #define SP_I4_CODES(w, bit) \
     _mm256_cvtepi32_ps((bit) == 28 ? _mm256_srli_epi32((w), 28) : _mm256_and_si256((w), _mm256_set1_epi32(15 << (bit))))
 
@@ -230,7 +231,11 @@ static void sp_avx2_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const u
                                 uint16_t *y, int num_threads) {
 #if SP_I4_AVX2_X86
     if (!sp_avx2_int4_available() || M <= 0) return;
-    sp_avx2_int4_run(x, M, K, codes, scale, zero, N, group, y, num_threads);
+    /* at most SP_I4_AVX2_CALL_ROWS rows a run: x's fp32 copy stays small for a long prompt's call (rows
+     * are independent: the same bits) */
+    for (int64_t m0 = 0; m0 < M; m0 += SP_I4_AVX2_CALL_ROWS)
+        sp_avx2_int4_run(x + m0 * K, M - m0 < SP_I4_AVX2_CALL_ROWS ? M - m0 : SP_I4_AVX2_CALL_ROWS, K, codes, scale,
+                         zero, N, group, y + m0 * N, num_threads);
 #else
     (void)x; (void)M; (void)K; (void)codes; (void)scale; (void)zero; (void)N; (void)group; (void)y; (void)num_threads;
 #endif

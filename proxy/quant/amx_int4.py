@@ -108,9 +108,9 @@ def why_not(out_features: int, in_features: int, group_size: int, num_planes: in
     if not _ENABLED.get():
         return f"turned off ({ENV_SWITCH}=0)"
     if device.type != "cpu" or kernel_dtype != torch.bfloat16 or num_planes != 1:
-        return "the AMX kernel serves one-plane (int4) layers with bf16 activations on the CPU"
+        return "the int4 kernel serves one-plane (int4) layers with bf16 activations on the CPU"
     if group_size % K_TILE or group_size > MAX_GROUP or in_features % group_size or out_features % N_BLOCK:
-        return (f"shape {out_features} x {in_features}, group {group_size}: the AMX kernel needs N % "
+        return (f"shape {out_features} x {in_features}, group {group_size}: the int4 kernel needs N % "
                 f"{N_BLOCK} == 0 and a group size that is a multiple of {K_TILE} up to {MAX_GROUP}")
     if not kernel_available():
         return f"the int4 kernel does not run here ({KERNEL_IMPORT_ERROR or 'neither AMX-BF16 nor AVX2'})"
@@ -233,6 +233,8 @@ def amx_int4_prompt_mm(x: torch.Tensor, tiles: torch.Tensor, scales_and_zeros: t
     Returns:
         bf16 ``[M, N]``; row ``m`` is the same bits whatever the other rows and the thread count.
     """
+    if not amx_available():  # the AVX2 variant has no prompt-row kernel (the execution plan never picks it)
+        raise RuntimeError("the int4 prompt-row kernel needs the AMX variant")
     return _run(x, tiles, scales_and_zeros, group_size, prompt=True)
 
 

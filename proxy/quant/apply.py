@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from proxy.quant import amx_int4
 from proxy.quant.embedding import GROUP_SIZE
 from proxy.quant.int8_linear import Int8Linear, kernel_available
 from proxy.quant.linear import Int4Plane, PackedLinear, quantize_int4, quantize_int8, quantize_int8_codes
@@ -88,13 +89,15 @@ def add_dense_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> 
 
 
 def use_prompt_tiles(model: nn.Module) -> int:
-    """Make every AMX packed linear (int4: ``PackedLinear``, int8: ``Int8Linear``) except the output
-    layer compute a step's prompt tokens through its kernel's prompt-row variant (``prompt_tiles``;
-    where the execution plan chose it: ``LinearKernels.prompt_tiles``). Returns how many layers take it."""
+    """Make every AMX packed linear (int4: ``PackedLinear`` on the AMX variant, int8: ``Int8Linear``)
+    except the output layer compute a step's prompt tokens through its kernel's prompt-row variant
+    (``prompt_tiles``; where the execution plan chose it: ``LinearKernels.prompt_tiles``). Returns how
+    many layers take it."""
     out = output_layer(model)
     count = 0
     for module in model.modules():
-        int4 = type(module) is PackedLinear and module.amx and module.dense_weight is None
+        int4 = (type(module) is PackedLinear and module.amx and module.dense_weight is None
+                and amx_int4.amx_available())  # the AVX2 variant has no prompt-row kernel
         if module is not out and (int4 or (type(module) is Int8Linear and module.amx)):
             setattr(module, "prompt_tiles", True)  # noqa: B010 - PackedLinear's or Int8Linear's
             count += 1

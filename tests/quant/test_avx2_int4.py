@@ -24,8 +24,9 @@ def _weights(n: int, k: int, group: int, seed: int = 0) -> tuple[torch.Tensor, t
 
 
 def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """fp32 ``fma(a, b, c)``: the product of an fp32 and a bf16 value is exact in fp64, so the fp64
-    sum rounded once to fp32 is the fused result."""
+    """fp32 ``fma(a, b, c)``: the product of an fp32 and a bf16 value is exact in fp64, and so is its
+    sum with an fp32 value within 29 binades of it (every sum here: values of like size), so rounding
+    that sum once to fp32 is the fused result."""
     return (a.double() * b.double() + c.double()).float()
 
 
@@ -105,3 +106,21 @@ def test_layers_take_the_avx2_variant_where_there_is_no_amx() -> None:
     _, tiles, sz = _weights(32, 128, 32, seed=6)
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(7)).bfloat16()
     assert torch.equal(amx_int4.amx_int4_mm(x, tiles, sz, 32), amx_int4.avx2_int4_mm(x, tiles, sz, 32))
+
+
+def test_a_long_call_runs_in_chunks_of_rows_with_the_same_bits() -> None:
+    """More than 256 rows run 256 at a time (x's fp32 copy stays small): rows are independent."""
+    codes, tiles, sz = _weights(32, 64, 32, seed=8)
+    x = torch.randn(300, 64, generator=torch.Generator().manual_seed(9)).bfloat16()
+    whole = amx_int4.avx2_int4_mm(x, tiles, sz, 32)
+    assert torch.equal(whole, _header_order(x, codes, sz, 32))
+    for lo, hi in ((0, 1), (255, 257), (299, 300)):
+        assert torch.equal(amx_int4.avx2_int4_mm(x[lo:hi], tiles, sz, 32), whole[lo:hi]), (lo, hi)
+
+
+def test_the_prompt_row_kernel_is_refused_on_the_avx2_variant() -> None:
+    if amx_int4.kernel_isa() != "avx2":
+        pytest.skip(f"this CPU runs the {amx_int4.kernel_isa()} variant")
+    _, tiles, sz = _weights(32, 64, 32)
+    with pytest.raises(RuntimeError, match="needs the AMX variant"):
+        amx_int4.amx_int4_prompt_mm(torch.zeros(2, 64, dtype=torch.bfloat16), tiles, sz, 32)
