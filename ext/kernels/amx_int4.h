@@ -451,7 +451,7 @@ static void sp_amx_int4_prompt_matmul(const uint16_t *x, int64_t M, int64_t K, c
  * tile in other orders, so a process uses one (the same in every call: checked once a process). */
 static int sp_int4_isa(void) {
     static int cached = -1;
-    if (cached < 0) cached = sp_amx_available() ? 2 : sp_avx2_int4_available() ? 1 : 0;
+    if (cached < 0) cached = sp_amx_available() ? 2 : sp_q8_available() ? 1 : 0;
     return cached;
 }
 

@@ -30,7 +30,8 @@
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "q8_matmul.h" /* sp_q8_available (AVX2 and FMA), sp_hsum8 (the lane order below) */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -39,16 +40,6 @@
 #else
 #define SP_I4_AVX2_X86 0
 #endif
-
-/* 1 when this CPU runs the AVX2 int4 kernel (AVX2 and FMA), else 0 */
-static int sp_avx2_int4_available(void) {
-#if SP_I4_AVX2_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
-#endif
-}
 
 #if SP_I4_AVX2_X86
 /* how far ahead (bytes) a call of at most 2 rows prefetches the codes (a thread reads its blocks' tiles
@@ -69,14 +60,6 @@ static inline SP_I4_AVX2 __m128i sp_i4_ps_to_bf16x8(__m256 v) {
                                                                                       _mm256_set1_epi32(1)));
     const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08));
-}
-
-/* the sum of 8 lanes in the header's order */
-static inline SP_I4_AVX2 float sp_i4_hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a);
 }
 
 /* code * 2^bit of the nibble at bit `bit` of each 32-bit word of w, as fp32 (bit 28: code, shifted down) */
@@ -174,7 +157,7 @@ static SP_I4_AVX2 void sp_avx2_int4_run(const uint16_t *x, int64_t M, int64_t K,
                 _mm256_storeu_ps(xo + j, _mm256_mul_ps(v, down));
                 s = _mm256_add_ps(s, v);
             }
-            sums[i] = sp_i4_hsum(s);
+            sums[i] = sp_hsum8(s);
         }
 #pragma omp for schedule(static)
         for (int64_t bp = 0; bp < (blocks + 1) / 2; bp++) { /* pairs of blocks */
@@ -224,13 +207,13 @@ static SP_I4_AVX2 void sp_avx2_int4_run(const uint16_t *x, int64_t M, int64_t K,
 
 /* y[M, N] (bf16) = x[M, K] (bf16) @ W^T in amx_int4.h's weight layout; K % group == 0, group % 32 == 0,
  * N % 16 == 0, all arrays contiguous. Threads (OpenMP, num_threads) take contiguous ranges of the N / 16
- * output blocks. Computes nothing where sp_avx2_int4_available() is 0 (or x's fp32 copy cannot be
+ * output blocks. Computes nothing where sp_q8_available() is 0 (or x's fp32 copy cannot be
  * allocated). */
 static void sp_avx2_int4_matmul(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes,
                                 const uint16_t *scale, const uint16_t *zero, int64_t N, int64_t group,
                                 uint16_t *y, int num_threads) {
 #if SP_I4_AVX2_X86
-    if (!sp_avx2_int4_available() || M <= 0) return;
+    if (!sp_q8_available() || M <= 0) return;
     /* at most SP_I4_AVX2_CALL_ROWS rows a run: x's fp32 copy stays small for a long prompt's call (rows
      * are independent: the same bits) */
     for (int64_t m0 = 0; m0 < M; m0 += SP_I4_AVX2_CALL_ROWS)

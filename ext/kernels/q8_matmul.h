@@ -37,8 +37,8 @@
 #endif
 #define SP_Q8_SPLIT 256 /* inputs a block scale of split group-16 scales covers (Q6_K's super-block) */
 /* how far ahead (bytes) the codes are prefetched in calls of at most SP_Q8_FEW_ROWS rows (0: not at
- * all); a thread reads its weight rows in order, so the codes are one stream. Measured: one row,
- * 1 thread, 1.7B's int8 layers 59.8 -> 44.9 ms (docs/bench/2026-12-06-1.7b-step-profile.md) */
+ * all; AVX2 one-row calls prefetch 4 weight rows on instead, SP_Q8_ROW_STEP); a thread reads its weight
+ * rows in order, so the codes are one stream. Measured: one row, 1 thread, 1.7B's int8 layers 59.8 -> 44.9 ms (docs/bench/2026-12-06-1.7b-step-profile.md) */
 #ifndef SP_Q8_PREFETCH
 #define SP_Q8_PREFETCH 1024
 #endif
@@ -68,7 +68,7 @@ static int sp_q8_available(void) {
 }
 
 /* the best instruction set this CPU runs the kernel with: SP_Q8_AVX512, SP_Q8_AVX2 or SP_Q8_NONE */
-static int sp_q8_best_isa(void) {
+static inline int sp_q8_best_isa(void) {
 #if SP_Q8_X86
     if (!sp_q8_available()) return SP_Q8_NONE;
     return __builtin_cpu_supports("avx512f") ? SP_Q8_AVX512 : SP_Q8_AVX2;
@@ -142,37 +142,73 @@ static inline SP_AVX2 __attribute__((always_inline)) void sp_q8_tile(
     for (int r = 0; r < MB; r++) y[r * ldy] = sp_hsum8(acc[r]);
 }
 
+/* One 32-input step of one weight row in sp_q8_row_x4 / sp_q8_row_x4_split: sp_q8_tile's operations for
+ * one row of x (x0..x3 its 32 inputs, s / s1 the step's two scales, v the row's accumulator). Prefetches
+ * the codes at the same place 4 weight rows on (the next call's rows): a thread reads 4 rows at once,
+ * 4 streams that the hardware prefetchers follow too late (measured:
+ * docs/bench/2026-12-07-q8-one-row.md); once a 64-byte line (even: the step is the line's first). */
+#define SP_Q8_ROW_STEP(qg, s, s1, v, prefetch_at, even)                                                      \
+    do {                                                                                                     \
+        if (SP_Q8_PREFETCH && (even)) _mm_prefetch((const char *)(prefetch_at), _MM_HINT_T0);                 \
+        (v) = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg), (s), zf), x0, (v));                            \
+        (v) = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8((qg) + 8), (s), zf), x1, (v));                      \
+        (v) = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8((qg) + 16), (s1), zf), x2, (v));                    \
+        (v) = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8((qg) + 24), (s1), zf), x3, (v));                    \
+    } while (0)
+
 /* sp_q8_tile for one row of x and 4 consecutive weight rows (row j at q + j * K, its scales at
- * d + j * G, sub-scales sub + j * (K / 16), outputs y[j]; no zeros): the same operations in the same
- * order per weight row, so the same bits. A weight row's sum is one chain of dependent multiply-adds
- * (4 a group: 16 cycles of latency for 32 weights); 4 chains in flight keep the FMA units busy. */
+ * d + j * G, outputs y[j]; no zeros, no split scales): the same operations in the same order per
+ * weight row, so the same bits. A weight row's sum is one chain of dependent multiply-adds (4 a group:
+ * 16 cycles of latency for 32 weights); 4 chains in flight keep the FMA units busy. */
 static inline SP_AVX2 void sp_q8_row_x4(const float *x, int64_t K, const int8_t *q, int64_t G, const float *d,
-                                        const int gs, const int8_t *sub, float *y) {
+                                        const int gs, float *y) {
     const __m256 zf = _mm256_setzero_ps(); /* sp_q8_tile's zero without zeros: fma(code, s, +0) */
-    __m256 a[4] = {zf, zf, zf, zf};
-    float split[4][SP_Q8_SPLIT / 16];
+    __m256 a0 = zf, a1 = zf, a2 = zf, a3 = zf;
     for (int64_t g = 0; g < K / SP_Q8_GROUP; g++) {
         const float *xg = x + g * SP_Q8_GROUP;
         const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
         const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
-#define SP_Q8_ROW(j)                                                                                          \
-    do {                                                                                                      \
-        const float *dg = d + (j) * G + g * gs;                                                               \
-        if (sub) dg = sp_q8_split_scales(sub + (j) * (K / 16), d + (j) * G, g, split[j]);                     \
-        const __m256 s = _mm256_set1_ps(dg[0]), s1 = _mm256_set1_ps(dg[gs - 1]);                              \
-        const int8_t *qg = q + (j) * K + g * SP_Q8_GROUP;                                                     \
-        if (SP_Q8_PREFETCH && !(g & 1)) _mm_prefetch((const char *)qg + SP_Q8_PREFETCH, _MM_HINT_T0);         \
-        __m256 v = a[j];                                                                                      \
-        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg), s, zf), x0, v);                                   \
-        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg + 8), s, zf), x1, v);                               \
-        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg + 16), s1, zf), x2, v);                             \
-        v = _mm256_fmadd_ps(_mm256_fmadd_ps(sp_load_q8(qg + 24), s1, zf), x3, v);                             \
-        a[j] = v;                                                                                             \
-    } while (0)
-        SP_Q8_ROW(0); SP_Q8_ROW(1); SP_Q8_ROW(2); SP_Q8_ROW(3);
+        const int8_t *qg = q + g * SP_Q8_GROUP;
+        const float *dg = d + g * gs;
+#define SP_Q8_ROW(j, v) \
+    SP_Q8_ROW_STEP(qg + (j) * K, _mm256_set1_ps(dg[(j) * G]), _mm256_set1_ps(dg[(j) * G + gs - 1]), v, qg + (4 + (j)) * K, !(g & 1))
+        SP_Q8_ROW(0, a0); SP_Q8_ROW(1, a1); SP_Q8_ROW(2, a2); SP_Q8_ROW(3, a3);
 #undef SP_Q8_ROW
     }
-    y[0] = sp_hsum8(a[0]); y[1] = sp_hsum8(a[1]); y[2] = sp_hsum8(a[2]); y[3] = sp_hsum8(a[3]);
+    y[0] = sp_hsum8(a0); y[1] = sp_hsum8(a1); y[2] = sp_hsum8(a2); y[3] = sp_hsum8(a3);
+}
+
+/* sp_q8_row_x4 with split group-16 scales (Q6_K; block scales at blk + j * (K / SP_Q8_SPLIT), sub-scales
+ * at sub + j * (K / 16) for weight row j): each block's 16 scales of the 4 rows computed with vector
+ * multiplies (the products sp_q8_split_scales computes, so the same bits), then its 8 steps. */
+static inline SP_AVX2 void sp_q8_row_x4_split(const float *x, int64_t K, const int8_t *q, const float *blk,
+                                              const int8_t *sub, float *y) {
+    const __m256 zf = _mm256_setzero_ps();
+    __m256 a0 = zf, a1 = zf, a2 = zf, a3 = zf;
+    float split[4][SP_Q8_SPLIT / 16] __attribute__((aligned(32)));
+    const int64_t B = K / SP_Q8_SPLIT;
+    for (int64_t b = 0; b < B; b++) {
+        for (int j = 0; j < 4; j++) {
+            const __m128i sv = _mm_loadu_si128((const __m128i *)(sub + j * (K / 16) + b * 16));
+            const __m256 bs = _mm256_set1_ps(blk[j * B + b]);
+            _mm256_store_ps(split[j], _mm256_mul_ps(bs, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sv))));
+            _mm256_store_ps(split[j] + 8,
+                            _mm256_mul_ps(bs, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sv, 8)))));
+        }
+        for (int i = 0; i < SP_Q8_SPLIT / SP_Q8_GROUP; i++) {
+            const int64_t g = b * (SP_Q8_SPLIT / SP_Q8_GROUP) + i;
+            const float *xg = x + g * SP_Q8_GROUP;
+            const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+            const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+            const int8_t *qg = q + g * SP_Q8_GROUP;
+#define SP_Q8_ROW(j, v)                                                                                 \
+    SP_Q8_ROW_STEP(qg + (j) * K, _mm256_broadcast_ss(&split[j][2 * i]), _mm256_broadcast_ss(&split[j][2 * i + 1]), \
+                   v, qg + (4 + (j)) * K, !(i & 1))
+            SP_Q8_ROW(0, a0); SP_Q8_ROW(1, a1); SP_Q8_ROW(2, a2); SP_Q8_ROW(3, a3);
+#undef SP_Q8_ROW
+        }
+    }
+    y[0] = sp_hsum8(a0); y[1] = sp_hsum8(a1); y[2] = sp_hsum8(a2); y[3] = sp_hsum8(a3);
 }
 
 /* The whole product with AVX2 (arguments as sp_q8_matmul). */
@@ -184,8 +220,12 @@ static SP_AVX2 void sp_q8_matmul_avx2(const float *x, int64_t M, int64_t K, cons
 #pragma omp parallel for num_threads(num_threads) schedule(static)
         for (int64_t c = 0; c < (N + 3) / 4; c++) {
             const int64_t n = 4 * c;
+            if (n + 4 <= N && subs) {
+                sp_q8_row_x4_split(x, K, codes + n * K, scales + n * G, subs + n * (K / 16), y + n);
+                continue;
+            }
             if (n + 4 <= N) {
-                sp_q8_row_x4(x, K, codes + n * K, G, scales + n * G, gs, subs ? subs + n * (K / 16) : 0, y + n);
+                sp_q8_row_x4(x, K, codes + n * K, G, scales + n * G, gs, y + n);
                 continue;
             }
             for (int64_t j = n; j < N; j++)
@@ -386,9 +426,9 @@ static SP_AVX512 void sp_q8_matmul_avx512(const float *x, int64_t M, int64_t K, 
  * SP_Q8_AVX2 or SP_Q8_AVX512, one this CPU runs (sp_q8_best_isa; anything else computes nothing).
  * Threads (OpenMP, num_threads) take contiguous ranges of N. Group 16 sums in the same order as
  * group 32 (only the scale a product uses differs). */
-static void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
-                         const float *scales, const float *zeros, int64_t group, int64_t N, float *y,
-                         int num_threads, int isa) {
+static inline void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *codes,
+                                const float *scales, const float *zeros, int64_t group, int64_t N, float *y,
+                                int num_threads, int isa) {
 #if SP_Q8_X86
     if (group != 16 && group != SP_Q8_GROUP) return;
     const int gs = (int)(SP_Q8_GROUP / group);
@@ -405,8 +445,9 @@ static void sp_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *cod
  * computed). Where every such product is exact in fp32 and equals the scale it stands for (Q6_K's
  * d * scale; the caller checks), the result is sp_q8_matmul's with those scales bit for bit, from 1.07
  * bytes a weight read instead of 1.25. */
-static void sp_q8_matmul_split(const float *x, int64_t M, int64_t K, const int8_t *codes, const int8_t *sub,
-                               const float *block, int64_t N, float *y, int num_threads, int isa) {
+static inline void sp_q8_matmul_split(const float *x, int64_t M, int64_t K, const int8_t *codes,
+                                      const int8_t *sub, const float *block, int64_t N, float *y, int num_threads,
+                                      int isa) {
 #if SP_Q8_X86
     if (K % SP_Q8_SPLIT) return;
     if (isa == SP_Q8_AVX512) sp_q8_matmul_avx512(x, M, K, codes, block, 0, 2, sub, N, y, num_threads);
