@@ -1,6 +1,6 @@
-"""The linear kernels of ``ext/kernels`` (AMX int4, int8 g16) at a decode step's shapes, a git revision's
-headers against the working tree's, interleaved in one process (steadier than two servers on a
-shared machine).
+"""The linear kernels of ``ext/kernels`` (int4: AMX or its AVX2 variant; int8 g16) at a decode step's
+shapes, a git revision's headers against the working tree's, interleaved in one process (steadier than
+two servers on a shared machine).
 
 Both versions are compiled from their headers (``gcc -O3 -fopenmp``, as ``setup.py`` builds them)
 into two shared libraries called through ``ctypes`` on numpy arrays (no torch: one OpenMP runtime).
@@ -8,16 +8,18 @@ One pass is a whole decode step's linears of the chosen shape set (default SmolL
 144 Q4_K layers as int4 g32, 24 Q6_K layers and the tied Q6_K lm_head as int8 g16, ~1.3 GB of
 weights, so that every pass reads them from memory), random weights, at each row count. Per pass and
 version the time of each layer kind is summed; printed are the medians over ``--repeat`` passes, the
-machine's read bandwidth with 2 threads (the same bytes, summed with AVX-512 loads) and whether the
+machine's read bandwidth with 2 threads (the same bytes, summed with AVX2 loads) and whether the
 two versions' outputs are the same bits (checked before timing, at 1, 3, 16 and 17 rows).
 
 The int8 layers of a version take the AMX int8 kernel (``amx_int8.h``, bf16 activations, its scales
-split where it takes them) where its headers have it, else the split group-16 scales
+split where it takes them) where its headers have it and the CPU runs it, else the split group-16 scales
 (``sp_q8_matmul_split``) where they have them, else the fp32 scales.
 
 Usage: ``python bench/kernel_ab.py [--base HEAD] [--rows 1,16] [--repeat 7] [--threads 2]
 [--kinds int4,int8] [--base-cflags '-DNAME=VALUE'] [--tree-cflags ...]`` (the flags tune a header's
-macros, e.g. ``-DSP_Q8_PREFETCH=2048``). Needs gcc with AMX intrinsics and a CPU with AMX-BF16 and AVX-512.
+macros, e.g. ``-DSP_Q8_PREFETCH=2048``). Needs gcc with AMX intrinsics and a CPU with AMX-BF16, or (headers
+from 35d7cd5 on, which have the int4 kernel's AVX2 variant) AVX2 and FMA; the int8 kernel runs its best
+instruction set (AVX-512 where present).
 """
 
 from __future__ import annotations
@@ -34,39 +36,48 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADERS = ("amx_int4.h", "q8_matmul.h", "amx_int8.h")
+HEADERS = ("amx_int4.h", "avx2_int4.h", "q8_matmul.h", "amx_int8.h")
 HARNESS = r"""
 #include "amx_int4.h"
 #include "q8_matmul.h"
 #if __has_include("amx_int8.h")
 #include "amx_int8.h"
+int amx8(void) { return sp_amx_available(); }
 void a8(const uint16_t *x, int64_t M, int64_t K, const int8_t *codes, const float *block, const int8_t *sub,
         int64_t N, float *y, int nt) {
     sp_amx_int8_matmul(x, M, K, codes, block, sub, 16, 1, N, y, nt);
 }
 #endif
+#if __has_include("avx2_int4.h") /* the int4 kernel's AMX variant, else its AVX2 one */
+int avail(void) { return sp_int4_isa() != 0; }
+#define SP_INT4 sp_int4_matmul
+#else
 int avail(void) { return sp_amx_available(); }
+#define SP_INT4 sp_amx_int4_matmul
+#endif
 void amx(const uint16_t *x, int64_t M, int64_t K, const uint8_t *codes, const uint16_t *scale,
          const uint16_t *zero, int64_t N, int64_t group, uint16_t *y, int nt) {
-    sp_amx_int4_matmul(x, M, K, codes, scale, zero, N, group, y, nt);
+    SP_INT4(x, M, K, codes, scale, zero, N, group, y, nt);
 }
 void q8(const float *x, int64_t M, int64_t K, const int8_t *codes, const float *scales, int64_t group,
         int64_t N, float *y, int nt) {
-    sp_q8_matmul(x, M, K, codes, scales, 0, group, N, y, nt, SP_Q8_AVX512);
+    sp_q8_matmul(x, M, K, codes, scales, 0, group, N, y, nt, sp_q8_best_isa());
 }
 #ifdef SP_Q8_SPLIT
 void q8split(const float *x, int64_t M, int64_t K, const int8_t *codes, const int8_t *sub, const float *block,
              int64_t N, float *y, int nt) {
-    sp_q8_matmul_split(x, M, K, codes, sub, block, N, y, nt, SP_Q8_AVX512);
+    sp_q8_matmul_split(x, M, K, codes, sub, block, N, y, nt, sp_q8_best_isa());
 }
 #endif
-__attribute__((target("avx512f"))) double readbw(const float *p, int64_t n, int nt) {
+__attribute__((target("avx2"))) double readbw(const float *p, int64_t n, int nt) {
     double tot = 0;
 #pragma omp parallel for num_threads(nt) reduction(+:tot) schedule(static)
-    for (int64_t i = 0; i < n; i += 64) {
-        __m512 a = _mm512_loadu_ps(p + i), b = _mm512_loadu_ps(p + i + 16);
-        __m512 c = _mm512_loadu_ps(p + i + 32), d = _mm512_loadu_ps(p + i + 48);
-        tot += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+    for (int64_t i = 0; i < n; i += 32) {
+        __m256 a = _mm256_loadu_ps(p + i), b = _mm256_loadu_ps(p + i + 8);
+        __m256 c = _mm256_loadu_ps(p + i + 16), d = _mm256_loadu_ps(p + i + 24);
+        __m256 v = _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d));
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        tot += _mm_cvtss_f32(_mm_add_ps(h, _mm_movehl_ps(h, h)));
     }
     return tot;
 }
@@ -91,7 +102,7 @@ def build(header_dir: Path, out: Path, flags: list[str]) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(out))
     lib.readbw.restype = ctypes.c_double
     if not lib.avail():
-        raise SystemExit("this CPU or OS does not run the AMX kernel")
+        raise SystemExit("this CPU or OS runs neither int4 kernel (AMX-BF16, or AVX2 and FMA)")
     return lib
 
 
@@ -123,7 +134,7 @@ def run(lib: ctypes.CDLL, layers: list[tuple], xs: tuple[dict, dict], m: int, th
         per: dict[str, float]) -> list[np.ndarray]:
     xb, xf = xs
     outs = []
-    split, amx8 = hasattr(lib, "q8split"), hasattr(lib, "a8")
+    split, amx8 = hasattr(lib, "q8split"), hasattr(lib, "a8") and lib.amx8()
     for kind, name, n, k, codes, s, parts in layers:
         start = CLOCK()
         if kind == "int4":
