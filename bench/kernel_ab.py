@@ -17,9 +17,9 @@ split where it takes them) where its headers have it and the CPU runs it, else t
 
 Usage: ``python bench/kernel_ab.py [--base HEAD] [--rows 1,16] [--repeat 7] [--threads 2]
 [--kinds int4,int8] [--base-cflags '-DNAME=VALUE'] [--tree-cflags ...]`` (the flags tune a header's
-macros, e.g. ``-DSP_Q8_PREFETCH=2048``). Needs gcc with AMX intrinsics and a CPU with AMX-BF16, or (headers
-from 35d7cd5 on, which have the int4 kernel's AVX2 variant) AVX2 and FMA; the int8 kernel runs its best
-instruction set (AVX-512 where present).
+macros, e.g. ``-DSP_Q8_PREFETCH=2048``, the prefetch distance of the int8 calls of 2-4 rows). Needs
+gcc with AMX intrinsics and a CPU with AMX-BF16, or (headers from 35d7cd5 on, which have the int4
+kernel's AVX2 variant) AVX2 and FMA; the int8 kernel runs its best instruction set (AVX-512 where present).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "q8_matmul.h" /* sp_q8_available (AVX2 and FMA), sp_hsum8 (the lane order below) */
+#include "q8_matmul.h" /* sp_q8_available (AVX2 and FMA), sp_hsum8 (the lane order above) */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -42,9 +42,10 @@
 #endif
 
 #if SP_I4_AVX2_X86
+/* the most rows of x a run takes (sp_avx2_int4_matmul: x's fp32 copy stays small) */
+#define SP_I4_AVX2_CALL_ROWS 256
 /* how far ahead (bytes) a call of at most 2 rows prefetches the codes (a thread reads its blocks' tiles
  * in order: one stream) */
-#define SP_I4_AVX2_CALL_ROWS 256
 #ifndef SP_I4_AVX2_PREFETCH
 #define SP_I4_AVX2_PREFETCH 1024
 #endif

@@ -37,8 +37,10 @@
 #endif
 #define SP_Q8_SPLIT 256 /* inputs a block scale of split group-16 scales covers (Q6_K's super-block) */
 /* how far ahead (bytes) the codes are prefetched in calls of at most SP_Q8_FEW_ROWS rows (0: not at
- * all; AVX2 one-row calls prefetch 4 weight rows on instead, SP_Q8_ROW_STEP); a thread reads its weight
- * rows in order, so the codes are one stream. Measured: one row, 1 thread, 1.7B's int8 layers 59.8 -> 44.9 ms (docs/bench/2026-12-06-1.7b-step-profile.md) */
+ * all); a thread reads its weight rows in order, so the codes are one stream. Measured: one row,
+ * 1 thread, 1.7B's int8 layers 59.8 -> 44.9 ms (docs/bench/2026-12-06-1.7b-step-profile.md). The AVX2
+ * one-row loops over 4 weight rows (sp_q8_row_x4, sp_q8_row_x4_split) prefetch 4 rows on instead
+ * (SP_Q8_ROW_STEP): for them the value only turns prefetching on or off. */
 #ifndef SP_Q8_PREFETCH
 #define SP_Q8_PREFETCH 1024
 #endif
@@ -146,7 +148,7 @@ static inline SP_AVX2 __attribute__((always_inline)) void sp_q8_tile(
  * one row of x (x0..x3 its 32 inputs, s / s1 the step's two scales, v the row's accumulator). Prefetches
  * the codes at the same place 4 weight rows on (the next call's rows): a thread reads 4 rows at once,
  * 4 streams that the hardware prefetchers follow too late (measured:
- * docs/bench/2026-12-07-q8-one-row.md); once a 64-byte line (even: the step is the line's first). */
+ * docs/bench/2026-12-07-q8-one-row.md); on even steps only (`even`), 64 bytes apart. */
 #define SP_Q8_ROW_STEP(qg, s, s1, v, prefetch_at, even)                                                      \
     do {                                                                                                     \
         if (SP_Q8_PREFETCH && (even)) _mm_prefetch((const char *)(prefetch_at), _MM_HINT_T0);                 \
@@ -170,8 +172,9 @@ static inline SP_AVX2 void sp_q8_row_x4(const float *x, int64_t K, const int8_t 
         const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
         const int8_t *qg = q + g * SP_Q8_GROUP;
         const float *dg = d + g * gs;
-#define SP_Q8_ROW(j, v) \
-    SP_Q8_ROW_STEP(qg + (j) * K, _mm256_set1_ps(dg[(j) * G]), _mm256_set1_ps(dg[(j) * G + gs - 1]), v, qg + (4 + (j)) * K, !(g & 1))
+#define SP_Q8_ROW(j, v)                                                                                     \
+    SP_Q8_ROW_STEP(qg + (j) * K, _mm256_set1_ps(dg[(j) * G]), _mm256_set1_ps(dg[(j) * G + gs - 1]), v,       \
+                   qg + (4 + (j)) * K, !(g & 1))
         SP_Q8_ROW(0, a0); SP_Q8_ROW(1, a1); SP_Q8_ROW(2, a2); SP_Q8_ROW(3, a3);
 #undef SP_Q8_ROW
     }
@@ -179,8 +182,9 @@ static inline SP_AVX2 void sp_q8_row_x4(const float *x, int64_t K, const int8_t 
 }
 
 /* sp_q8_row_x4 with split group-16 scales (Q6_K; block scales at blk + j * (K / SP_Q8_SPLIT), sub-scales
- * at sub + j * (K / 16) for weight row j): each block's 16 scales of the 4 rows computed with vector
- * multiplies (the products sp_q8_split_scales computes, so the same bits), then its 8 steps. */
+ * at sub + j * (K / 16) for weight row j; K % SP_Q8_SPLIT == 0, as sp_q8_matmul_split checks): each
+ * block's 16 scales of the 4 rows computed with vector multiplies (the products sp_q8_split_scales
+ * computes, so the same bits), then its 8 steps. */
 static inline SP_AVX2 void sp_q8_row_x4_split(const float *x, int64_t K, const int8_t *q, const float *blk,
                                               const int8_t *sub, float *y) {
     const __m256 zf = _mm256_setzero_ps();
@@ -202,7 +206,8 @@ static inline SP_AVX2 void sp_q8_row_x4_split(const float *x, int64_t K, const i
             const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
             const int8_t *qg = q + g * SP_Q8_GROUP;
 #define SP_Q8_ROW(j, v)                                                                                 \
-    SP_Q8_ROW_STEP(qg + (j) * K, _mm256_broadcast_ss(&split[j][2 * i]), _mm256_broadcast_ss(&split[j][2 * i + 1]), \
+    SP_Q8_ROW_STEP(qg + (j) * K, _mm256_broadcast_ss(&split[j][2 * i]),                                   \
+                   _mm256_broadcast_ss(&split[j][2 * i + 1]),                                               \
                    v, qg + (4 + (j)) * K, !(i & 1))
             SP_Q8_ROW(0, a0); SP_Q8_ROW(1, a1); SP_Q8_ROW(2, a2); SP_Q8_ROW(3, a3);
 #undef SP_Q8_ROW
@@ -210,13 +215,14 @@ static inline SP_AVX2 void sp_q8_row_x4_split(const float *x, int64_t K, const i
     }
     y[0] = sp_hsum8(a0); y[1] = sp_hsum8(a1); y[2] = sp_hsum8(a2); y[3] = sp_hsum8(a3);
 }
+#undef SP_Q8_ROW_STEP
 
 /* The whole product with AVX2 (arguments as sp_q8_matmul). */
 static SP_AVX2 void sp_q8_matmul_avx2(const float *x, int64_t M, int64_t K, const int8_t *codes,
                                       const float *scales, const float *zeros, const int gs,
                                       const int8_t *subs, int64_t N, float *y, int num_threads) {
     const int64_t G = subs ? K / SP_Q8_SPLIT : K / SP_Q8_GROUP * gs;
-    if (M == 1 && !zeros) { /* 4 weight rows at a time (sp_q8_row_x4), the last N % 4 alone */
+    if (M == 1 && !zeros) { /* 4 weight rows at a time (sp_q8_row_x4[_split]), the last N % 4 alone */
 #pragma omp parallel for num_threads(num_threads) schedule(static)
         for (int64_t c = 0; c < (N + 3) / 4; c++) {
             const int64_t n = 4 * c;
