@@ -202,6 +202,21 @@ inline __attribute__((always_inline)) float dot_lanes(const float* __restrict a,
     return sum_lanes(part);
 }
 
+// Keys ahead whose K (scores) or V (weighted sum) row is prefetched: a row's keys for one head sit a
+// slot apart (H_kv x Dk values, 4 KiB for 32 heads of 64 in bf16), one page each, where the hardware
+// prefetchers do not follow (measured: docs/bench/2026-12-06-load-warm.md, and for the generic loops
+// docs/bench/2026-12-07-decode-overheads.md).
+#ifndef SP_ATTN_PREFETCH
+#define SP_ATTN_PREFETCH 16
+#endif
+
+// the cache lines of n values from p
+template <typename T>
+inline __attribute__((always_inline)) void prefetch_values(const T* p, int64_t n) {
+    const char* c = reinterpret_cast<const char*>(p);
+    for (int64_t o = 0; o < n * static_cast<int64_t>(sizeof(T)); o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
 struct DecodeScratch {  // one thread's buffers; widths rounded up to kLanes, the tails zero
     std::vector<float> q, scores, acc, k, v;
     DecodeScratch(int64_t groups, int64_t dk_pad, int64_t dv_pad, int64_t keys)
@@ -230,14 +245,24 @@ inline __attribute__((always_inline)) void decode_one(const DecodeArgs& a, const
     float* __restrict kf = s.k.data();
     float* __restrict vf = s.v.data();
     const int64_t* __restrict row_slots = slots + b * a.slot_stride;
+    // fp32 rows of whole vectors are read in place (no copy: the same values, the same bits)
+    constexpr bool f32 = std::is_same_v<T, float>;
+    const bool k_direct = f32 && a.dk == a.dk_pad, v_direct = f32 && a.dv == a.dv_pad;
+    const auto k_row = [&](int64_t j) { return k_pool + row_slots[j] * a.k_slot_stride + h * a.k_head_stride; };
+    const auto v_row = [&](int64_t j) { return v_pool + row_slots[j] * a.v_slot_stride + h * a.v_head_stride; };
     for (int64_t g = 0; g < g_n; ++g) {
         const T* qr = query + b * a.q_row_stride + (h * g_n + g) * a.q_head_stride;
         for (int64_t d = 0; d < a.dk; ++d) qf[g * a.dk_pad + d] = to_float(qr[d]);
     }
+    for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j) prefetch_values(k_row(j), a.dk);
     for (int64_t j = 0; j < ctx; ++j) {  // scores
-        const T* kr = k_pool + row_slots[j] * a.k_slot_stride + h * a.k_head_stride;
-        for (int64_t d = 0; d < a.dk; ++d) kf[d] = to_float(kr[d]);
-        for (int64_t g = 0; g < g_n; ++g) sc[g * ctx + j] = dot_lanes(qf + g * a.dk_pad, kf, a.dk_pad) * a.scale;
+        if (j + SP_ATTN_PREFETCH < ctx) prefetch_values(k_row(j + SP_ATTN_PREFETCH), a.dk);
+        const T* kr = k_row(j);
+        const float* kj = kf;
+        if constexpr (f32) kj = k_direct ? kr : kf;
+        if (!k_direct)
+            for (int64_t d = 0; d < a.dk; ++d) kf[d] = to_float(kr[d]);
+        for (int64_t g = 0; g < g_n; ++g) sc[g * ctx + j] = dot_lanes(qf + g * a.dk_pad, kj, a.dk_pad) * a.scale;
     }
     for (int64_t g = 0; g < g_n; ++g) {  // softmax numerators in place
         float* row = sc + g * ctx;
@@ -246,13 +271,18 @@ inline __attribute__((always_inline)) void decode_one(const DecodeArgs& a, const
         for (int64_t j = 0; j < ctx; ++j) row[j] = exp_nonpositive(row[j] - m);
     }
     std::fill(acc, acc + g_n * a.dv_pad, 0.0f);
+    for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j) prefetch_values(v_row(j), a.dv);
     for (int64_t j = 0; j < ctx; ++j) {  // numerators @ v
-        const T* vr = v_pool + row_slots[j] * a.v_slot_stride + h * a.v_head_stride;
-        for (int64_t d = 0; d < a.dv; ++d) vf[d] = to_float(vr[d]);
+        if (j + SP_ATTN_PREFETCH < ctx) prefetch_values(v_row(j + SP_ATTN_PREFETCH), a.dv);
+        const T* vr = v_row(j);
+        const float* __restrict vj = vf;
+        if constexpr (f32) vj = v_direct ? vr : vf;
+        if (!v_direct)
+            for (int64_t d = 0; d < a.dv; ++d) vf[d] = to_float(vr[d]);
         for (int64_t g = 0; g < g_n; ++g) {
             const float p = sc[g * ctx + j];
             float* __restrict ag = acc + g * a.dv_pad;
-            for (int64_t d = 0; d < a.dv_pad; ++d) ag[d] += p * vf[d];
+            for (int64_t d = 0; d < a.dv_pad; ++d) ag[d] += p * vj[d];
         }
     }
     for (int64_t g = 0; g < g_n; ++g) {
@@ -270,7 +300,9 @@ inline __attribute__((always_inline)) void decode_one(const DecodeArgs& a, const
 }
 
 #if defined(__x86_64__)
-#define SP_DECODE_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+// instruction sets, not "arch=" clones: GCC dispatches those by CPU model (an AMD or a newer Intel
+// CPU took the SSE2 default)
+#define SP_DECODE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SP_DECODE_CLONES
 #endif
@@ -332,13 +364,6 @@ SP_AVX512 inline __m512 transpose_sum16(const __m512* v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-
-// Keys ahead whose K (scores) or V (weighted sum) row is prefetched: a row's keys for one head sit a
-// slot apart (H_kv x Dk values, 4 KiB for 32 heads of 64), one page each, where the hardware
-// prefetchers do not follow (measured: docs/bench/2026-12-06-load-warm.md).
-#ifndef SP_ATTN_PREFETCH
-#define SP_ATTN_PREFETCH 16
-#endif
 
 // the cache lines of one head's row of n vectors of 16 bf16 values (32 bytes each)
 static inline void prefetch_row(const at::BFloat16* p, int n) {
