@@ -31,8 +31,11 @@ from proxy.quant.apply import trim_heap
 from proxy.quant.int8_linear import Int8Linear
 from proxy.quant.linear import PackedLinear
 
-#: sibling names that read one input, in the order their rows are concatenated.
-SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+#: sibling names that read one input, in the order their rows are concatenated; a group is tried
+#: only where no earlier group took its first member (``q_proj`` and ``k_proj`` fuse alone where
+#: ``v_proj`` has another type: a Q4_K_M file's Q6_K ``attn_v`` layers).
+SIBLING_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("q_proj", "k_proj", "v_proj"), ("q_proj", "k_proj"), ("gate_proj", "up_proj"))
 
 
 class _SharedResult:

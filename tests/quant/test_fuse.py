@@ -82,9 +82,16 @@ def test_groups_with_a_dense_or_different_sibling_stay_separate() -> None:
     gate = layer1.mlp.gate_proj
     layer1.mlp.gate_proj = PackedLinear.concat([gate])  # same values, other group size below
     layer1.mlp.gate_proj.group_size = 64
-    assert fuse_sibling_linears(model) == 2  # layer 0 gate/up, layer 1 q/k/v
-    assert type(layer0.self_attn.q_proj) is PackedLinear and isinstance(layer0.mlp.gate_proj, FusedSlice)
+    separate = copy.deepcopy(model)
+    assert fuse_sibling_linears(model) == 3  # layer 0 q/k and gate/up, layer 1 q/k/v
+    attn0 = layer0.self_attn
+    assert isinstance(attn0.q_proj, FusedSlice) and isinstance(attn0.k_proj, FusedSlice)
+    assert type(attn0.v_proj) is nn.Linear and attn0.fused_q_proj_k_proj.out_features == 128 + 64
+    assert isinstance(layer0.mlp.gate_proj, FusedSlice)
     assert isinstance(layer1.self_attn.q_proj, FusedSlice) and type(layer1.mlp.up_proj) is PackedLinear
+    ids = torch.randint(0, 112, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, separate(ids).logits)
 
 
 def test_projections_of_32_rows_are_not_fused() -> None:
