@@ -18,6 +18,11 @@ try:
 except ImportError as exc:  # pragma: no cover - build-system requires Cython
     raise SystemExit("Cython is required to build streamproxy (pip install Cython)") from exc
 
+#: the kernels' flags after Python's own (``sysconfig``'s CFLAGS come first): Python builds with
+#: ``-fwrapv`` (signed overflow wraps), which made the int4 kernel's loops 13-15% slower
+#: (docs/bench/2026-12-07-decode-overheads.md); the kernels never overflow a signed integer.
+KERNEL_FLAGS = ["-fno-wrapv"]
+
 sources = sorted(Path("ext").glob("*.pyx"))
 extensions = [
     Extension(f"proxy.hotpath._{src.stem}", [str(src)], extra_compile_args=["-O3"]) for src in sources
@@ -28,7 +33,7 @@ extensions += [
         [str(src)],
         depends=sorted(str(p) for p in Path("ext/kernels").glob("*.h")),  # headers include headers
         include_dirs=["ext/kernels"],
-        extra_compile_args=["-O3", "-fopenmp"],
+        extra_compile_args=["-O3", "-fopenmp", *KERNEL_FLAGS],
         extra_link_args=["-fopenmp"],
         optional=True,
     )
@@ -51,11 +56,12 @@ def torch_ops_extension() -> Extension | None:
     return Extension(
         "proxy.quant._torch_ops",
         ["ext/kernels/torch_ops.cpp"],
-        depends=sorted(str(p) for p in Path("ext/kernels").glob("*.h")),  # rebuilt when a kernel header changes
+        # rebuilt when a kernel header changes
+        depends=sorted(str(p) for p in Path("ext/kernels").glob("*.h")),
         include_dirs=["ext/kernels", *cpp_extension.include_paths()],
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch_cpu"],
-        extra_compile_args=["-O3", "-fopenmp", "-std=c++20",
+        extra_compile_args=["-O3", "-fopenmp", "-std=c++20", *KERNEL_FLAGS,
                             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"],
         extra_link_args=["-fopenmp"],
         language="c++",
