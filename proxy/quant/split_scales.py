@@ -36,7 +36,9 @@ def split_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
     Per block of 16 scales the block scale is their greatest common factor: each scale is an integer
     times a power of two (its significand), all at the block's lowest power; the integers' gcd times
     that power is the block scale, each integer over the gcd its sub-scale (``Q6_K``'s ``d * scale``
-    gives ``d`` times the gcd of the scales, or a multiple of it by a power of two).
+    gives ``d`` times the gcd of the scales, or a multiple of it by a power of two). The block scale
+    is negative where a sub-scale would be 128 (``Q6_K`` files as llama.cpp quantizes them: a
+    negative ``d`` and a scale of -128 in every block).
 
     Args:
         scales: fp32 ``[N, K / 16]``, ``K`` a multiple of 256.
@@ -60,6 +62,10 @@ def split_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
         g = torch.gcd(g, ints[..., j].abs())
     g = g.unsqueeze(-1)
     sub = torch.where(g > 0, ints // g.clamp(min=1), 0)
+    # a negative block scale where a sub-scale is 128: llama.cpp's Q6_K quantizer sets d = -max / 128,
+    # so the block's largest scale is d * -128 (the same products: -block * -sub == block * sub)
+    flip = (sub > 127).any(-1, keepdim=True)
+    sub, g = torch.where(flip, -sub, sub), torch.where(flip, -g, g)
     if bool(((sub < -128) | (sub > 127)).any()):
         return None
     block = torch.ldexp(g.double(), low.double()).squeeze(-1)

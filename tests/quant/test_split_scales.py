@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from proxy.engine.execution.plan import _linear_kernel
 from proxy.quant import amx_int8, int8_linear
 from proxy.quant.int8_linear import Int8Linear, kernel_available, q8_matmul
 from proxy.quant.split_scales import q8_matmul_split, split_scales
@@ -40,6 +41,28 @@ def test_q6_k_scales_split_exactly() -> None:
     assert torch.equal(sub[3, :16], torch.zeros(16, dtype=torch.int8)) and block[3, 0].item() == 0.0
     assert torch.equal(sub[4, 16:32].abs().unique(), torch.tensor([1, 2], dtype=torch.int8))
     assert block[4, 1].item() == d[4, 1].item() * 64
+
+
+def test_llama_cpp_q6_k_scales_split_with_a_negative_block_scale() -> None:
+    """llama.cpp's ``quantize_row_q6_K_ref``: ``iscale = -128 / max_scale``, ``d = 1 / iscale`` and
+    ``sc = min(127, round(iscale * scale))``, so a block's largest scale is ``d * -128`` with ``d``
+    negative (its sub-scale over the block's common factor would be 128)."""
+    g = torch.Generator().manual_seed(3)
+    wanted = torch.rand(6, 32, generator=g) * 2e-3 - 1e-3  # the sub-blocks' float scales, 2 blocks a row
+    wanted[0, 5] = 2e-3  # a block whose largest scale is positive: d < 0
+    wanted[1, 20] = -2e-3  # one whose largest is negative: d > 0
+    blocks = wanted.view(6, 2, 16)
+    max_scale = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+    d = (max_scale / -128).half().float()
+    sc = torch.clamp(torch.round(blocks * (-128 / max_scale)), max=127).to(torch.int8)
+    assert bool((sc == -128).any(-1).all())  # every block holds a -128
+    scales = (d * sc.float()).view(6, 32)
+    split = split_scales(scales)
+    assert split is not None
+    sub, block = split
+    assert bool((block[0, 0] < 0) & (block[1, 1] > 0))
+    rebuilt = block.repeat_interleave(16, dim=1) * sub.float()
+    assert torch.equal(rebuilt.view(torch.int32), scales.view(torch.int32))
 
 
 def test_scales_that_do_not_split_are_refused() -> None:
@@ -97,6 +120,9 @@ def test_an_int8_linear_of_group_16_takes_the_split_entry(monkeypatch: pytest.Mo
         assert Int8Linear(codes[:, :256], scales[:, :16], None).sub_scales is not None
         group_32 = Int8Linear(codes, scales[:, ::2].contiguous(), None)
     assert group_32.sub_scales is None  # only groups of 16 are split
+    # the execution plan names the split (GET /server_info, the log's execution line)
+    assert _linear_kernel(layer) == f"int8 q8 {int8_linear.KERNEL_ISA} split scales"
+    assert _linear_kernel(group_32) == f"int8 q8 {int8_linear.KERNEL_ISA}"
 
 
 @needs_kernel

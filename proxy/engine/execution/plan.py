@@ -13,7 +13,8 @@ path is measured):
   keys and ``scaled_dot_product_attention``); prefill attention is always ``gather_sdpa``;
 - **linears**, counted by kernel: ``int4 amx`` / ``int4 avx2`` (``proxy.quant.amx_int4``'s variants),
   ``int4 torch`` (torch's packed int4 kernel), ``int8 amx`` (``proxy.quant.amx_int8``, bf16 activations),
-  ``int8 q8 <isa>`` (``proxy.quant.int8_linear``'s Q8_0 kernel) or ``int8 q8 reference``, ``skinny fp32``
+  ``int8 q8 <isa>`` (``proxy.quant.int8_linear``'s Q8_0 kernel; both int8 kernels' names end in ``split
+  scales`` where a layer's group-16 scales are held split) or ``int8 q8 reference``, ``skinny fp32``
   (``proxy.quant.skinny``), ``dense``;
 - **prompt tokens' linears**: dense copies of the packed weights (``proxy.quant.dense_prefill``) in
   bf16 or fp32, the AMX kernels' prompt-row variants where the copies would take too much memory
@@ -119,10 +120,12 @@ def _linear_kernel(module: nn.Module) -> str | None:
 
         return f"int4 {amx_int4.kernel_isa()}"
     if isinstance(module, Int8Linear):
+        # group-16 scales held split (proxy.quant.split_scales: fewer bytes a step, the same bits)
+        split = " split scales" if module.amx_sub is not None or module.sub_scales is not None else ""
         if module.amx:
-            return "int8 amx"
+            return "int8 amx" + split
         if module._mm is int8_linear.q8_matmul:
-            return f"int8 q8 {int8_linear.KERNEL_ISA}"
+            return f"int8 q8 {int8_linear.KERNEL_ISA}{split}"
         return "int8 q8 reference"
     if isinstance(module, SkinnyLinear):
         return "skinny fp32"
