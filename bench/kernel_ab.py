@@ -2,7 +2,8 @@
 shapes, a git revision's headers against the working tree's, interleaved in one process (steadier than
 two servers on a shared machine).
 
-Both versions are compiled from their headers (``gcc -O3 -fopenmp``, as ``setup.py`` builds them)
+Both versions are compiled from their headers (``gcc -O3 -fopenmp``, no ``-fwrapv``: as ``setup.py``
+builds the kernels)
 into two shared libraries called through ``ctypes`` on numpy arrays (no torch: one OpenMP runtime).
 One pass is a whole decode step's linears of the chosen shape set (default SmolLM2-1.7B in Q4_K_M:
 144 Q4_K layers as int4 g32, 24 Q6_K layers and the tied Q6_K lm_head as int8 g16, ~1.3 GB of

@@ -365,11 +365,6 @@ SP_AVX512 inline __m512 transpose_sum16(const __m512* v) {
                          _mm512_shuffle_f32x4(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// the cache lines of one head's row of n vectors of 16 bf16 values (32 bytes each)
-static inline void prefetch_row(const at::BFloat16* p, int n) {
-    for (int c = 0; c < n; c += 2) _mm_prefetch(reinterpret_cast<const char*>(p + c * kLanes), _MM_HINT_T0);
-}
-
 // One (row, KV head) item with G query heads and K/V widths of NK/NV vectors of 16: queries and
 // accumulators stay in registers; scores 16 keys at a time.
 template <int G, int NK, int NV>
@@ -385,15 +380,15 @@ SP_AVX512 void decode_item_bf16_avx512(const DecodeArgs& a, const at::BFloat16* 
     const auto k_row = [&](int64_t j) { return k_pool + row_slots[j] * a.k_slot_stride + h * a.k_head_stride; };
     const auto v_row = [&](int64_t j) { return v_pool + row_slots[j] * a.v_slot_stride + h * a.v_head_stride; };
     for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j) {  // the first keys' rows
-        prefetch_row(k_row(j), NK);
-        prefetch_row(v_row(j), NV);
+        prefetch_values(k_row(j), NK * kLanes);
+        prefetch_values(v_row(j), NV * kLanes);
     }
     const __m512 scale = _mm512_set1_ps(a.scale);
     alignas(64) __m512 dots[G][kLanes];
     for (int64_t j0 = 0; j0 < ctx; j0 += kLanes) {  // scores
         const int n = static_cast<int>(std::min<int64_t>(kLanes, ctx - j0));
         for (int jj = 0; jj < n; ++jj) {
-            if (j0 + jj + SP_ATTN_PREFETCH < ctx) prefetch_row(k_row(j0 + jj + SP_ATTN_PREFETCH), NK);
+            if (j0 + jj + SP_ATTN_PREFETCH < ctx) prefetch_values(k_row(j0 + jj + SP_ATTN_PREFETCH), NK * kLanes);
             const at::BFloat16* kr = k_row(j0 + jj);
             __m512 k[NK];
             for (int c = 0; c < NK; ++c) k[c] = bf16x16_to_f32(kr + c * kLanes);
@@ -435,7 +430,7 @@ SP_AVX512 void decode_item_bf16_avx512(const DecodeArgs& a, const at::BFloat16* 
     for (int g = 0; g < G; ++g)
         for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < ctx; ++j) {  // numerators @ v
-        if (j + SP_ATTN_PREFETCH < ctx) prefetch_row(v_row(j + SP_ATTN_PREFETCH), NV);
+        if (j + SP_ATTN_PREFETCH < ctx) prefetch_values(v_row(j + SP_ATTN_PREFETCH), NV * kLanes);
         const at::BFloat16* vr = v_row(j);
         __m512 v[NV];
         for (int c = 0; c < NV; ++c) v[c] = bf16x16_to_f32(vr + c * kLanes);
