@@ -217,6 +217,19 @@ inline __attribute__((always_inline)) void prefetch_values(const T* p, int64_t n
     for (int64_t o = 0; o < n * static_cast<int64_t>(sizeof(T)); o += 64) __builtin_prefetch(c + o, 0, 3);
 }
 
+// A K or V row of n values as fp32 (n_pad, n rounded up to whole vectors): an fp32 row of whole
+// vectors read in place (no copy: the same values, the same bits), else converted into scratch
+// (whose tail past n stays zero).
+template <typename T>
+inline __attribute__((always_inline)) const float* row_values(const T* row, int64_t n, int64_t n_pad,
+                                                              float* scratch) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (n == n_pad) return row;
+    }
+    for (int64_t d = 0; d < n; ++d) scratch[d] = to_float(row[d]);
+    return scratch;
+}
+
 struct DecodeScratch {  // one thread's buffers; widths rounded up to kLanes, the tails zero
     std::vector<float> q, scores, acc, k, v;
     DecodeScratch(int64_t groups, int64_t dk_pad, int64_t dv_pad, int64_t keys)
@@ -245,9 +258,6 @@ inline __attribute__((always_inline)) void decode_one(const DecodeArgs& a, const
     float* __restrict kf = s.k.data();
     float* __restrict vf = s.v.data();
     const int64_t* __restrict row_slots = slots + b * a.slot_stride;
-    // fp32 rows of whole vectors are read in place (no copy: the same values, the same bits)
-    constexpr bool f32 = std::is_same_v<T, float>;
-    const bool k_direct = f32 && a.dk == a.dk_pad, v_direct = f32 && a.dv == a.dv_pad;
     const auto k_row = [&](int64_t j) { return k_pool + row_slots[j] * a.k_slot_stride + h * a.k_head_stride; };
     const auto v_row = [&](int64_t j) { return v_pool + row_slots[j] * a.v_slot_stride + h * a.v_head_stride; };
     for (int64_t g = 0; g < g_n; ++g) {
@@ -257,11 +267,7 @@ inline __attribute__((always_inline)) void decode_one(const DecodeArgs& a, const
     for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j) prefetch_values(k_row(j), a.dk);
     for (int64_t j = 0; j < ctx; ++j) {  // scores
         if (j + SP_ATTN_PREFETCH < ctx) prefetch_values(k_row(j + SP_ATTN_PREFETCH), a.dk);
-        const T* kr = k_row(j);
-        const float* kj = kf;
-        if constexpr (f32) kj = k_direct ? kr : kf;
-        if (!k_direct)
-            for (int64_t d = 0; d < a.dk; ++d) kf[d] = to_float(kr[d]);
+        const float* kj = row_values(k_row(j), a.dk, a.dk_pad, kf);
         for (int64_t g = 0; g < g_n; ++g) sc[g * ctx + j] = dot_lanes(qf + g * a.dk_pad, kj, a.dk_pad) * a.scale;
     }
     for (int64_t g = 0; g < g_n; ++g) {  // softmax numerators in place
@@ -274,11 +280,7 @@ inline __attribute__((always_inline)) void decode_one(const DecodeArgs& a, const
     for (int64_t j = 0; j < std::min<int64_t>(ctx, SP_ATTN_PREFETCH); ++j) prefetch_values(v_row(j), a.dv);
     for (int64_t j = 0; j < ctx; ++j) {  // numerators @ v
         if (j + SP_ATTN_PREFETCH < ctx) prefetch_values(v_row(j + SP_ATTN_PREFETCH), a.dv);
-        const T* vr = v_row(j);
-        const float* __restrict vj = vf;
-        if constexpr (f32) vj = v_direct ? vr : vf;
-        if (!v_direct)
-            for (int64_t d = 0; d < a.dv; ++d) vf[d] = to_float(vr[d]);
+        const float* vj = row_values(v_row(j), a.dv, a.dv_pad, vf);
         for (int64_t g = 0; g < g_n; ++g) {
             const float p = sc[g * ctx + j];
             float* __restrict ag = acc + g * a.dv_pad;
