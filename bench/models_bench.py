@@ -20,7 +20,12 @@ ended: seconds after the load began, and before it returned), ``median_gap_ratio
 median before), ``stream_outlived_load`` (False: the stream of ``--max-tokens`` ended before the
 load did, and the gaps miss the load's end: a load starved by the stream reads so), the nice
 value B loaded at (``load_nice``, from the engine process's ready line; None in thread mode) and
-the RSS in MB; then the process / thread ratio of the max gap.
+the RSS in MB; then the process / thread ratio of the max gap. With ``--same-positions`` (the
+default) the same greedy stream runs again after the load, on A alone: ``tpot_same_positions_ms`` is
+its median gap over the positions the load's gaps had (a stream slows as its context grows, so the
+median of the first chunks understates the pace there), ``max_gap_ratio_same_positions`` the load's
+largest gap over it (the issue's "keep their pace": at most 2) and ``control_max_ratio_same_positions``
+the same stream's own largest gap there over it (what the machine gives without a load).
 
 Usage: ``python bench/models_bench.py [--model F] [--modes process,thread] [--json out.json]
 [--gil-watch PATH]`` (the server under ``bench/gil_watch.py``: the holds, collections and long
@@ -62,6 +67,10 @@ def _stream(base: str, arrivals: list[float], stop: threading.Event, max_tokens:
     body = {"model": "A", "stream": True, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}]}
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=600) as reply:
+        if reply.status_code != 200:  # e.g. max_tokens over --max-model-len: say so, do not wait for chunks
+            reply.read()
+            print(f"the stream on A was refused: {reply.status_code} {reply.text}", file=sys.stderr)
+            return
         for line in reply.iter_lines():
             if line.startswith("data: {"):
                 arrivals.append(time.monotonic())
@@ -103,6 +112,37 @@ def watched(watch: Path, t0: float, t1: float, top: int = 6) -> dict[str, Any]:
     return out
 
 
+def pace_at_positions(arrivals: list[float], first: int, end: int, max_during: float) -> dict[str, Any]:
+    """The figures of a control stream (no load): ``arrivals`` its chunk times (s), ``first:end`` the
+    gap indices the load's gaps had, ``max_during`` the load's largest gap (s). Empty when the control
+    has none of those gaps. ``tpot_same_positions_ms`` is the control's median gap there (ms),
+    ``max_gap_ratio_same_positions`` the load's largest gap over it, ``control_max_ratio_same_positions``
+    the control's own largest gap there over it."""
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)][first:end]
+    if not gaps:
+        return {}
+    tpot = statistics.median(gaps)
+    return {"tpot_same_positions_ms": round(tpot * 1000, 1),
+            "max_gap_same_positions_ms": round(max(gaps) * 1000, 1),
+            "max_gap_ratio_same_positions": round(max_during / tpot, 2),
+            "control_max_ratio_same_positions": round(max(gaps) / tpot, 2)}
+
+
+def same_positions(base: str, max_tokens: int, first: int, end: int, max_during: float) -> dict[str, Any]:
+    """The pace the stream keeps without a load: the same greedy stream again on A alone (B loaded and
+    idle), read by :func:`pace_at_positions` over the gaps ``first:end``. A stream slows as its context
+    grows, so the median of the first chunks (``tpot_ms``) understates the pace at those positions."""
+    arrivals: list[float] = []
+    stop = threading.Event()
+    streamer = threading.Thread(target=_stream, args=(base, arrivals, stop, max_tokens))
+    streamer.start()
+    while len(arrivals) < end + 1 and streamer.is_alive():
+        time.sleep(0.01)
+    stop.set()
+    streamer.join(600)
+    return pace_at_positions(arrivals, first, end, max_during)
+
+
 def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     # no memory budget: on a machine short of memory it would hold B's load until A's stream ended
     watch = Path(args.gil_watch).with_suffix(f".{mode}.jsonl") if args.gil_watch else None
@@ -123,6 +163,8 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         streamer = threading.Thread(target=_stream, args=(base, arrivals, stop, args.max_tokens))
         streamer.start()
         while len(arrivals) < args.warm_chunks:
+            if not streamer.is_alive():
+                raise SystemExit(f"the stream on A ended after {len(arrivals)} chunks, before the load")
             time.sleep(0.01)
         client = httpx.Client(timeout=600)  # made before the load: a client's own start-up is not the load's
         t0 = time.monotonic()
@@ -158,6 +200,13 @@ def run_mode(mode: str, folder: str, args: argparse.Namespace, log_dir: Path) ->
         out["rss_two_mb"] = rss_mb(proc.pid)
         if watch is not None:
             out["watched_during_load"] = watched(watch, t0, t1)
+        if args.arrivals:  # the chunks' wall-clock times, to set beside the server log's timestamps
+            shift = time.time() - time.monotonic()
+            Path(args.arrivals).with_suffix(f".{mode}.json").write_text(json.dumps(
+                {"load": [t0 + shift, t1 + shift], "arrivals": [a + shift for a in arrivals]}))
+        if during and args.same_positions and not args.control_s:
+            first = next(i for i, (_, end) in enumerate(gaps) if end >= t0)
+            out |= same_positions(base, args.max_tokens, first, first + len(during), max(during))
         for name in ("B", "A"):
             start = time.monotonic()
             httpx.post(f"{base}/models/unload", json={"model": name}, timeout=600).raise_for_status()
@@ -184,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                              "B is then not loaded and the unload of B is a no-op)")
     parser.add_argument("--warm-chunks", type=int, default=30)
     parser.add_argument("--after-chunks", type=int, default=20)
+    parser.add_argument("--same-positions", action=argparse.BooleanOptionalAction, default=True,
+                        help="after the load, the same stream again without one: its median gap over the "
+                             "positions of the load's gaps (tpot_same_positions_ms) and the ratio of the "
+                             "load's largest gap to it (max_gap_ratio_same_positions)")
+    parser.add_argument("--arrivals", default=None, metavar="PATH",
+                        help="write the stream's chunk times (wall clock) and the load's to PATH.<mode>.json")
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--json", default=None)
     parser.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
