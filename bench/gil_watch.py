@@ -7,9 +7,9 @@ is appended to ``OUT.jsonl``, each with ``t`` (``time.monotonic()``, comparable 
 
 - ``hold``: a thread that sleeps 1 ms at a time woke ``ms`` late: ``runqueue_ms`` of it waiting for a
   core (the kernel's ``schedstat`` of the thread: the machine was busy), the rest (``gil_ms``) waiting
-  for another thread of the process to let the lock go; ``stacks``: the innermost frames of the
-  process's loading threads (``streamproxy-load``) and its main thread (the event loop) as the
-  ticker found them on waking: a thread that held the lock in one long C call has just returned
+  for another thread of the process to let the lock go; ``stacks``: the innermost frames of every
+  thread of the process but the ticker (by name; a name two threads share gets the thread's ident),
+  as the ticker found them on waking: a thread that held the lock in one long C call has just returned
   from it, so its frame is the caller's, one line on.
 - ``gc``: a collection of ``generation`` that took ``ms``, with the stack of the thread that ran it.
 - ``callback``: an event-loop callback (``asyncio.Handle._run``) that ran ``ms``; ``stack``: the
@@ -54,11 +54,18 @@ def _runqueue_s() -> float:
         return 0.0
 
 
+def _thread_key(names: dict[int | None, str], ident: int) -> str:
+    """A thread's name, with its ident where another live thread has the same name (the loading
+    thread and the read-ahead are both ``streamproxy-load``)."""
+    name = names.get(ident, str(ident))
+    return f"{name} {ident}" if list(names.values()).count(name) > 1 else name
+
+
 def install(out_path: str, threshold_s: float) -> None:
     """Start the ticker thread, the collector callback and the callback timer (module docs)."""
     out = open(out_path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
     lock = threading.Lock()
-    main_id = threading.main_thread().ident
+    main_id = threading.main_thread().ident or 0  # started: it has one
 
     def emit(kind: str, **fields: Any) -> None:
         line = json.dumps({"kind": kind, "t": round(time.monotonic(), 4), **fields})
@@ -105,8 +112,7 @@ def install(out_path: str, threshold_s: float) -> None:
                 late, waited = now - start - 0.001, _runqueue_s() - queued
                 frames = sys._current_frames()
                 names = {t.ident: t.name for t in threading.enumerate()}
-                stacks = {names.get(i, str(i)): _stack(f) for i, f in frames.items()
-                          if i == main_id or names.get(i, "").startswith("streamproxy-load")}
+                stacks = {_thread_key(names, i): _stack(f) for i, f in frames.items() if i != ticker_id}
                 emit("hold", ms=round(late * 1000, 1), runqueue_ms=round(waited * 1000, 1),
                      gil_ms=round(max(0.0, late - waited) * 1000, 1), stacks=stacks)
             began = running.get("start")
@@ -114,7 +120,9 @@ def install(out_path: str, threshold_s: float) -> None:
                 frames = frames or sys._current_frames()
                 running["stack"] = _stack(frames.get(main_id))
 
-    threading.Thread(target=tick, name="gil-watch", daemon=True).start()
+    ticker = threading.Thread(target=tick, name="gil-watch", daemon=True)
+    ticker.start()
+    ticker_id = ticker.ident
 
 
 def main() -> int:
