@@ -146,6 +146,7 @@ class RequestResult:
     local_prompt_len: int | None = None
     cached_tokens: int | None = None
     turn: int = 0
+    retries: int = 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,7 +198,8 @@ def calculate_metrics(
         dict with ``duration``, ``completed``, ``failed``, ``total_input_tokens``,
         ``total_output_tokens``, ``request_throughput`` (req/s), ``output_throughput`` (tok/s),
         ``total_token_throughput`` (tok/s), ``mean/median/std/p*_{ttft,tpot,itl,e2el}_ms``,
-        ``max_concurrent_requests`` and the per-request lists ``input_lens``, ``output_lens``,
+        ``max_concurrent_requests``, ``retried`` (requests sent again because the server never
+        answered them: :func:`send_request`) and the per-request lists ``input_lens``, ``output_lens``,
         ``ttfts``, ``itls``, ``latencies``, ``start_times``, ``errors`` (seconds, as vLLM writes them).
         TPOT of a request is ``(latency - ttft) / (output_len - 1)``, only for output_len > 1.
 
@@ -233,6 +235,7 @@ def calculate_metrics(
         "duration": duration_s,
         "completed": completed,
         "failed": len(results) - completed,
+        "retried": sum(r.retries for r in results),
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": completed / duration_s,
@@ -526,25 +529,48 @@ def _content_of(choice: dict[str, Any]) -> str:
     return choice.get("text") or ""
 
 
+#: how many times :func:`send_request` sends again a request the server never answered
+UNANSWERED_RETRIES = 2
+
+
 async def send_request(
     client: httpx.AsyncClient, cfg: ClientConfig, req: SampleRequest, stamps: list[float] | None = None
 ) -> RequestResult:
     """Send one streamed request and time it. Never raises: failures are ``success=False`` results.
     ``stamps``, when given, gets the ``time.perf_counter()`` of each content chunk as it arrives
-    (for a caller watching running streams, :func:`long_prompt_point`)."""
+    (for a caller watching running streams, :func:`long_prompt_point`).
+
+    A request the server never answered (the connection failed or was closed before a status line:
+    a keep-alive connection the server had closed) is sent again, at most :data:`UNANSWERED_RETRIES`
+    times, as the OpenAI SDKs do for connection errors (``max_retries`` 2); ``retries`` counts them and
+    the times run from the first try."""
     res = RequestResult(local_prompt_len=req.prompt_len)
     body = build_payload(cfg, req)
     url = cfg.base_url.rstrip("/") + cfg.endpoint
     st = time.perf_counter()
     res.start_time = st
+    while True:
+        answered = await _stream_once(client, cfg, url, body, res, st, stamps)
+        if answered or res.retries >= UNANSWERED_RETRIES:
+            return res
+        res.retries += 1
+        res.error = ""
+
+
+async def _stream_once(client: httpx.AsyncClient, cfg: ClientConfig, url: str, body: dict[str, Any],
+                       res: RequestResult, st: float, stamps: list[float] | None) -> bool:
+    """One try of :func:`send_request`, filling ``res``; False when the server sent no status line
+    (``res.error`` says why), True otherwise (success or failure alike)."""
     last = st
     parts: list[str] = []
+    answered = False
     try:
         async with client.stream("POST", url, json=body, timeout=cfg.timeout_s) as resp:
+            answered = True
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
                 res.latency = time.perf_counter() - st
-                return res
+                return True
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -594,7 +620,9 @@ async def send_request(
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
         res.latency = time.perf_counter() - st
         res.error = f"{type(exc).__name__}: {exc}"[:300]
-    return res
+        unanswered = isinstance(exc, httpx.TransportError) and not isinstance(exc, httpx.TimeoutException)
+        return answered or not unanswered  # a timeout is not sent again: the server may be slow
+    return True
 
 
 def _arrival_gaps(num: int, rate: float, burstiness: float, seed: int) -> list[float]:
@@ -908,6 +936,8 @@ def summary_line(m: dict[str, Any]) -> str:
         f"E2E p90={m['p90_e2el_ms']:8.1f} ms  mean out "
         f"len={m['total_output_tokens'] / max(m['completed'], 1):.1f}"
     )
+    if m.get("retried"):  # requests the server never answered, sent again (send_request)
+        line += f"  retried={m['retried']}"
     if m.get("ttft_by_turn"):
         turns = " ".join(f"{t}:{v['mean_ttft_ms']:.0f}" for t, v in m["ttft_by_turn"].items())
         ratio = m.get("ttft_later_over_turn1")

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import testdata
@@ -705,3 +706,45 @@ def test_compare_sends_the_image_option_and_finds_the_mmproj(tmp_path: Path) -> 
     assert cmp.mmproj_file(args, model) == tmp_path / "mmproj-vlm-F16.gguf"
     with pytest.raises(cmp.PeerUnavailable, match="chat handler"):
         cmp.make_peer("llama-cpp-python", args, tmp_path, 1)
+
+
+def test_a_request_the_server_never_answered_is_sent_again() -> None:
+    """A keep-alive connection the server closed before answering (llama-server did so for 1-2 of 16
+    one-stream requests): sent again, as the OpenAI SDKs do; a reply of any status is not."""
+    calls: list[int] = []
+    sse = (b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+           b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+           b'"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\ndata: [DONE]\n\n')
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        await reader.readexactly(length)
+        calls.append(1)
+        if len(calls) == 1:  # the first try: closed without a status line
+            writer.close()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + sse)
+        await writer.drain()
+        writer.close()
+
+    async def run() -> tuple[Any, Any]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        cfg = sb.ClientConfig(base_url=f"http://127.0.0.1:{port}", model="m")
+        req = sb.SampleRequest(messages=[{"role": "user", "content": "hello"}], max_tokens=1, prompt_len=3)
+        async with httpx.AsyncClient() as client:
+            answered = await sb.send_request(client, cfg, req)
+            calls.clear()
+            calls.append(1)  # every later try is answered: a 200 is not sent again
+            once = await sb.send_request(client, cfg, req)
+        server.close()
+        await server.wait_closed()
+        return answered, once
+
+    answered, once = asyncio.run(run())
+    assert answered.success and answered.retries == 1 and answered.generated_text == "hi"
+    assert once.success and once.retries == 0 and len(calls) == 2
+    m = sb.calculate_metrics([answered, once], duration_s=1.0)
+    assert m["retried"] == 1 and m["failed"] == 0
