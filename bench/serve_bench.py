@@ -72,7 +72,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -533,6 +533,20 @@ def _content_of(choice: dict[str, Any]) -> str:
 UNANSWERED_RETRIES = 2
 
 
+async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
+    """The lines of an SSE body, split on ``\\n`` only (a trailing ``\\r`` dropped), as the SSE
+    spec splits them. httpx's ``aiter_lines`` splits as ``str.splitlines`` does, so a chunk whose
+    raw UTF-8 text holds U+2028, U+0085 or a form feed (servers send JSON with ``ensure_ascii``
+    off) came as two lines, neither of them JSON: a failed request."""
+    pending = ""
+    async for text in resp.aiter_text():
+        *lines, pending = (pending + text).split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if pending:
+        yield pending.removesuffix("\r")
+
+
 async def send_request(
     client: httpx.AsyncClient, cfg: ClientConfig, req: SampleRequest, stamps: list[float] | None = None
 ) -> RequestResult:
@@ -571,7 +585,7 @@ async def _stream_once(client: httpx.AsyncClient, cfg: ClientConfig, url: str, b
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
                 res.latency = time.perf_counter() - st
                 return True
-            async for line in resp.aiter_lines():
+            async for line in sse_lines(resp):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()

@@ -710,9 +710,13 @@ def test_compare_sends_the_image_option_and_finds_the_mmproj(tmp_path: Path) -> 
 
 def test_a_request_the_server_never_answered_is_sent_again() -> None:
     """A keep-alive connection the server closed before answering (llama-server did so for 1-2 of 16
-    one-stream requests): sent again, as the OpenAI SDKs do; a reply of any status is not."""
+    one-stream requests): sent again, as the OpenAI SDKs do; a reply of any status is not. The SSE
+    lines are split on \\n only."""
     calls: list[int] = []
-    sse = (b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+    # raw UTF-8 with U+2028 and U+0085 in the content, as a server with ensure_ascii off sends it:
+    # one SSE line each (httpx's aiter_lines would split them)
+    sse = ('data: {"choices":[{"index":0,"delta":{"content":"h\u2028i\u0085"},"finish_reason":null}]}\r\n\n'
+           .encode() +
            b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
            b'"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\ndata: [DONE]\n\n')
 
@@ -744,7 +748,7 @@ def test_a_request_the_server_never_answered_is_sent_again() -> None:
         return answered, once
 
     answered, once = asyncio.run(run())
-    assert answered.success and answered.retries == 1 and answered.generated_text == "hi"
+    assert answered.success and answered.retries == 1 and answered.generated_text == "h\u2028i\u0085"
     assert once.success and once.retries == 0 and len(calls) == 2
     m = sb.calculate_metrics([answered, once], duration_s=1.0)
     assert m["retried"] == 1 and m["failed"] == 0
