@@ -10,7 +10,10 @@ is appended to ``OUT.jsonl``, each with ``t`` (``time.monotonic()``, comparable 
   for another thread of the process to let the lock go; ``stacks``: the innermost frames of every
   thread of the process but the ticker (by name; a name two threads share gets the thread's ident),
   as the ticker found them on waking: a thread that held the lock in one long C call has just returned
-  from it, so its frame is the caller's, one line on.
+  from it, so its frame is the caller's, one line on. ``steal_ms``: the time the hypervisor took
+  from the machine's vCPUs over the last ``steal_window_ms`` (``/proc/stat``, 10 ms ticks; read
+  every :data:`STEAL_EVERY_S`): a guest does not count a vCPU taken away as run-queue wait, so
+  ``gil_ms`` holds such time too.
 - ``gc``: a collection of ``generation`` that took ``ms``, with the stack of the thread that ran it.
 - ``callback``: an event-loop callback (``asyncio.Handle._run``) that ran ``ms``; ``stack``: the
   main thread's frames sampled once while it ran.
@@ -50,6 +53,20 @@ def _runqueue_s() -> float:
     try:
         with open("/proc/thread-self/schedstat") as f:
             return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+#: how often the ticker reads the machine's steal time (a hold reports the steal since that read)
+STEAL_EVERY_S = 0.1
+
+
+def _steal_s() -> float:
+    """Seconds of CPU time the hypervisor took from this machine's vCPUs, summed (``/proc/stat``'s
+    ``cpu`` line, 8th field, in clock ticks); 0 where the kernel does not say."""
+    try:
+        with open("/proc/stat") as f:
+            return int(f.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -103,6 +120,7 @@ def install(out_path: str, threshold_s: float) -> None:
     asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
 
     def tick() -> None:
+        steal_at = (time.perf_counter(), _steal_s())  # the machine's steal time, read every STEAL_EVERY_S
         while True:
             start, queued = time.perf_counter(), _runqueue_s()
             time.sleep(0.001)
@@ -114,7 +132,11 @@ def install(out_path: str, threshold_s: float) -> None:
                 names = {t.ident: t.name for t in threading.enumerate()}
                 stacks = {_thread_key(names, i): _stack(f) for i, f in frames.items() if i != ticker_id}
                 emit("hold", ms=round(late * 1000, 1), runqueue_ms=round(waited * 1000, 1),
-                     gil_ms=round(max(0.0, late - waited) * 1000, 1), stacks=stacks)
+                     gil_ms=round(max(0.0, late - waited) * 1000, 1), stacks=stacks,
+                     steal_ms=round((_steal_s() - steal_at[1]) * 1000), steal_window_ms=round(
+                         (now - steal_at[0]) * 1000))
+            if now - steal_at[0] >= STEAL_EVERY_S:
+                steal_at = (now, _steal_s())
             began = running.get("start")
             if began is not None and running.get("stack") is None and now - began >= threshold_s / 2:
                 frames = frames or sys._current_frames()
